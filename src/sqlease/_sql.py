@@ -1,0 +1,380 @@
+"""Every SQL statement of the lease store, per dialect.
+
+This is the only module that knows how PostgreSQL and SQLite differ. Statements are written as
+SQL text because the claim is a chain of data-modifying CTEs on PostgreSQL that SQLAlchemy's
+expression language would only obscure; table names come from the validated prefix.
+
+Time: every statement takes ``:now`` (epoch milliseconds). When it is NULL the database's own
+clock is used, so that on PostgreSQL all workers compare leases against one clock whatever their
+own clocks say; tests bind a fake clock instead.
+
+Fence lists (``:fences``) are JSON arrays of ``[message_id, attempt]`` pairs, so one statement
+handles a whole batch on both dialects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import TextClause, text
+
+from .schema import Tables
+
+_SELECT_COLS = (
+    "id, queue, payload, priority, available_at_ms, created_at_ms, run_id, task_id, state, "
+    "reason, lease_owner, lease_expires_at_ms, attempt, max_attempts"
+)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    now: str
+    greatest: str
+    fences: str
+    strings: str
+    json_owner: str
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.name == "postgresql"
+
+
+POSTGRESQL = Dialect(
+    name="postgresql",
+    # statement_timestamp() is stable within a statement, so every comparison in one claim
+    # sees the same instant.
+    now="COALESCE(CAST(:now AS BIGINT), "
+    "CAST(floor(EXTRACT(EPOCH FROM statement_timestamp()) * 1000) AS BIGINT))",
+    greatest="GREATEST",
+    fences="SELECT CAST(f->>0 AS BIGINT) AS id, CAST(f->>1 AS INTEGER) AS attempt "
+    "FROM jsonb_array_elements(CAST(:fences AS JSONB)) AS f",
+    strings="SELECT jsonb_array_elements_text(CAST(:{name} AS JSONB))",
+    json_owner="json_build_object('owner', CAST(:owner AS TEXT))::text",
+)
+
+SQLITE = Dialect(
+    name="sqlite",
+    now="COALESCE(:now, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))",
+    greatest="max",
+    fences="SELECT CAST(json_extract(value, '$[0]') AS INTEGER) AS id, "
+    "CAST(json_extract(value, '$[1]') AS INTEGER) AS attempt FROM json_each(:fences)",
+    strings="SELECT value FROM json_each(:{name})",
+    json_owner="json_object('owner', :owner)",
+)
+
+
+def dialect_for(name: str) -> Dialect:
+    return POSTGRESQL if name == "postgresql" else SQLITE
+
+
+class Statements:
+    """The compiled statements for one dialect and table prefix."""
+
+    def __init__(self, dialect: Dialect, tables: Tables) -> None:
+        self.d = d = dialect
+        m = tables.messages.name
+        runs = tables.runs.name
+        ev = tables.events.name
+        tasks = tables.tasks.name
+        now = d.now
+        queues_in = d.strings.format(name="queues")
+
+        # A message is held while it is ready, leased to this owner at this attempt, and the
+        # lease has not expired by the database's clock.
+        held = (
+            f"m.state = 'ready' AND m.lease_owner = :owner AND m.lease_expires_at_ms > {now}"
+        )
+        self.held_predicate = held
+
+        # ---- enqueue --------------------------------------------------------------------
+        insert_cols = (
+            "queue, payload, priority, available_at_ms, created_at_ms, run_id, task_id, "
+            "state, attempt, max_attempts"
+        )
+        insert_vals = (
+            f":queue, :payload, :priority, {now} + :delay_ms, {now}, :run_id, :task_id, "
+            "'ready', 0, :max_attempts"
+        )
+        if d.is_postgresql:
+            self.enqueue = text(
+                f"WITH ins AS (INSERT INTO {m} ({insert_cols}) VALUES ({insert_vals}) "
+                "RETURNING id, task_id, queue), "
+                f"e AS (INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
+                f"SELECT task_id, id, 0, 'enqueued', NULL, {now} FROM ins "
+                "WHERE CAST(:record AS BOOLEAN)) "
+                "SELECT id FROM ins"
+            )
+        else:
+            self.enqueue = text(
+                f"INSERT INTO {m} ({insert_cols}) VALUES ({insert_vals}) RETURNING id"
+            )
+        self.event_insert = text(
+            f"INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
+            f"VALUES (:task_id, :message_id, :attempt, :kind, CAST(:data AS TEXT), {now})"
+        )
+
+        # ---- claim ----------------------------------------------------------------------
+        # Ready: available now, not leased (or lease expired), and either without a run or
+        # the head of its run (its lowest unfinished message), which keeps a run in order.
+        ready = (
+            f"m.state = 'ready' AND m.queue IN ({queues_in}) AND m.available_at_ms <= {now} "
+            f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {now}) "
+            f"AND (m.run_id IS NULL OR m.id = (SELECT min(h.id) FROM {m} h "
+            "WHERE h.run_id = m.run_id AND h.state IN ('ready', 'parked')))"
+        )
+        order = "ORDER BY m.priority DESC, m.available_at_ms, m.id"
+        q = "m." if d.is_postgresql else ""  # SQLite's RETURNING takes bare column names
+        returning = "RETURNING " + ", ".join(q + c for c in _SELECT_COLS.split(", "))
+        if d.is_postgresql:
+            # One statement. The candidate CTE locks rows with SKIP LOCKED so claimers do not
+            # convoy on the head row; the per-run upsert takes the run's row lock (it waits,
+            # then re-checks the run's lease on the newest row version), so two claimers can
+            # never both lease messages of one run; the outer UPDATE re-checks the lease
+            # predicate (READ COMMITTED).
+            self.claim = text(
+                "WITH cand AS ("
+                f"SELECT m.id, m.run_id, m.attempt, (m.attempt >= m.max_attempts) AS exhausted "
+                f"FROM {m} m WHERE {ready} {order} LIMIT :limit FOR UPDATE OF m SKIP LOCKED), "
+                "run_locks AS ("
+                f"INSERT INTO {runs} AS r (run_id, message_id, attempt, lease_owner, "
+                "lease_expires_at_ms) "
+                f"SELECT c.run_id, c.id, c.attempt + 1, CAST(:owner AS TEXT), {now} + :lease_ms "
+                "FROM cand c "
+                "WHERE c.run_id IS NOT NULL AND NOT c.exhausted "
+                "ON CONFLICT (run_id) DO UPDATE SET message_id = excluded.message_id, "
+                "attempt = excluded.attempt, lease_owner = excluded.lease_owner, "
+                "lease_expires_at_ms = excluded.lease_expires_at_ms "
+                f"WHERE r.lease_expires_at_ms <= {now} OR r.message_id = excluded.message_id "
+                "RETURNING r.run_id), "
+                f"claimed AS (UPDATE {m} m SET "
+                "attempt = CASE WHEN c.exhausted THEN m.attempt ELSE m.attempt + 1 END, "
+                "lease_owner = CASE WHEN c.exhausted THEN NULL ELSE CAST(:owner AS TEXT) END, "
+                f"lease_expires_at_ms = CASE WHEN c.exhausted THEN NULL ELSE {now} + :lease_ms "
+                "END, "
+                "state = CASE WHEN c.exhausted THEN 'dead' ELSE 'ready' END, "
+                "reason = CASE WHEN c.exhausted THEN 'attempts_exhausted' ELSE m.reason END "
+                "FROM cand c WHERE m.id = c.id AND m.state = 'ready' "
+                f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {now}) "
+                "AND (c.exhausted OR c.run_id IS NULL "
+                "OR c.run_id IN (SELECT run_id FROM run_locks)) "
+                f"{returning}), "
+                f"e AS (INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
+                "SELECT m.task_id, m.id, m.attempt, "
+                "CASE WHEN m.state = 'dead' THEN 'attempts_exhausted' ELSE 'claimed' END, "
+                f"{d.json_owner}, {now} FROM claimed m) "
+                "SELECT * FROM claimed"
+            )
+            self.claim_runs = None
+            self.claim_events = None
+        else:
+            # SQLite: the engine opens every transaction with BEGIN IMMEDIATE, so the claim's
+            # statements run under the database's single write lock and no other writer can
+            # interleave; the UPDATE still picks and leases in one statement.
+            run_free = (
+                f"NOT EXISTS (SELECT 1 FROM {runs} r WHERE r.run_id = m.run_id "
+                f"AND r.lease_expires_at_ms > {now} AND r.message_id <> m.id)"
+            )
+            exhausted = "attempt >= max_attempts"
+            self.claim = text(
+                f"UPDATE {m} AS m SET "
+                f"lease_owner = CASE WHEN {exhausted} THEN NULL ELSE :owner END, "
+                f"lease_expires_at_ms = CASE WHEN {exhausted} THEN NULL "
+                f"ELSE {now} + :lease_ms END, "
+                f"state = CASE WHEN {exhausted} THEN 'dead' ELSE 'ready' END, "
+                f"reason = CASE WHEN {exhausted} THEN 'attempts_exhausted' ELSE reason END, "
+                f"attempt = CASE WHEN {exhausted} THEN attempt ELSE attempt + 1 END "
+                f"WHERE m.id IN (SELECT m.id FROM {m} m WHERE {ready} "
+                f"AND (m.run_id IS NULL OR {run_free}) {order} LIMIT :limit) "
+                f"{returning}"
+            )
+            self.claim_runs = text(
+                f"INSERT INTO {runs} (run_id, message_id, attempt, lease_owner, "
+                "lease_expires_at_ms) VALUES (:run_id, :message_id, :attempt, :owner, "
+                ":lease_expires_at_ms) ON CONFLICT (run_id) DO UPDATE SET "
+                "message_id = excluded.message_id, attempt = excluded.attempt, "
+                "lease_owner = excluded.lease_owner, "
+                "lease_expires_at_ms = excluded.lease_expires_at_ms"
+            )
+            self.claim_events = self.event_insert
+
+        # ---- renew ----------------------------------------------------------------------
+        # The new expiry is max(old, now + lease): based on now, never on the old expiry, and
+        # never shortened. An expired lease is not renewed.
+        fenced_join = f"m.id = f.id AND m.attempt = f.attempt AND {held}"
+        if d.is_postgresql:
+            self.renew = text(
+                f"WITH f AS ({d.fences}), "
+                f"up AS (UPDATE {m} m SET lease_expires_at_ms = "
+                f"{d.greatest}(m.lease_expires_at_ms, {now} + :lease_ms) FROM f "
+                f"WHERE {fenced_join} RETURNING m.id, m.run_id, m.lease_expires_at_ms), "
+                f"r AS (UPDATE {runs} r SET lease_expires_at_ms = up.lease_expires_at_ms "
+                "FROM up WHERE r.run_id = up.run_id AND r.message_id = up.id) "
+                "SELECT id, lease_expires_at_ms FROM up"
+            )
+            self.renew_runs = None
+        else:
+            self.renew = text(
+                f"UPDATE {m} AS m SET lease_expires_at_ms = "
+                f"{d.greatest}(lease_expires_at_ms, {now} + :lease_ms) "
+                f"WHERE m.id IN (SELECT m.id FROM {m} m JOIN ({d.fences}) f "
+                f"ON {fenced_join}) RETURNING id, run_id, lease_expires_at_ms"
+            )
+            self.renew_runs = text(
+                f"UPDATE {runs} SET lease_expires_at_ms = :lease_expires_at_ms "
+                "WHERE run_id = :run_id AND message_id = :message_id"
+            )
+
+        # ---- ack / release / park / fail (fenced) -----------------------------------------
+        if d.is_postgresql:
+            self.ack = text(
+                f"WITH f AS ({d.fences}), "
+                f"del AS (DELETE FROM {m} m USING f WHERE {fenced_join} "
+                "RETURNING m.id, m.task_id, m.attempt, m.run_id), "
+                f"r AS (DELETE FROM {runs} r USING del WHERE r.run_id = del.run_id "
+                "AND r.message_id = del.id), "
+                f"e AS (INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
+                f"SELECT task_id, id, attempt, 'acked', NULL, {now} FROM del) "
+                "SELECT id FROM del"
+            )
+        else:
+            self.ack = text(
+                f"DELETE FROM {m} WHERE id IN (SELECT m.id FROM {m} m JOIN ({d.fences}) f "
+                f"ON {fenced_join}) RETURNING id, task_id, attempt, run_id"
+            )
+        self.release_run = text(
+            f"DELETE FROM {runs} WHERE run_id = :run_id AND message_id = :message_id"
+        )
+
+        # release: lease cleared, optionally delayed; ``refund`` gives the delivery back to
+        # the attempt budget (the message was never started, e.g. warm shutdown).
+        transition = (
+            "lease_owner = NULL, lease_expires_at_ms = NULL, "
+            f"available_at_ms = CASE WHEN :delay_ms > 0 THEN {now} + :delay_ms "
+            "ELSE available_at_ms END, "
+            "max_attempts = max_attempts + :refund, "
+            "state = CAST(:new_state AS TEXT), reason = CAST(:reason AS TEXT), "
+            "last_error = COALESCE(CAST(:error AS TEXT), last_error)"
+        )
+        if d.is_postgresql:
+            self.transition = text(
+                f"WITH f AS ({d.fences}), "
+                f"up AS (UPDATE {m} m SET {transition} FROM f WHERE {fenced_join} "
+                "RETURNING m.id, m.task_id, m.attempt, m.run_id), "
+                f"r AS (DELETE FROM {runs} r USING up WHERE r.run_id = up.run_id "
+                "AND r.message_id = up.id), "
+                f"e AS (INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
+                f"SELECT task_id, id, attempt, CAST(:kind AS TEXT), CAST(:data AS TEXT), {now} "
+                "FROM up) "
+                "SELECT id FROM up"
+            )
+        else:
+            self.transition = text(
+                f"UPDATE {m} AS m SET {transition} WHERE m.id IN (SELECT m.id FROM {m} m "
+                f"JOIN ({d.fences}) f ON {fenced_join}) "
+                "RETURNING id, task_id, attempt, run_id"
+            )
+
+        # ---- compare-and-set on the task's durable state --------------------------------
+        # Locks and renews the message row first (so no takeover can interleave), then
+        # writes the task row only at the expected revision.
+        self.hold = text(
+            f"UPDATE {m} AS m SET lease_expires_at_ms = "
+            f"{d.greatest}(m.lease_expires_at_ms, {now} + :lease_ms) "
+            f"WHERE m.id = :message_id AND m.attempt = :attempt AND {held} "
+            f"RETURNING {q}id, {q}lease_expires_at_ms, {q}run_id"
+        )
+        self.hold_run = text(
+            f"UPDATE {runs} SET lease_expires_at_ms = :lease_expires_at_ms "
+            "WHERE run_id = :run_id AND message_id = :message_id"
+        )
+        self.task_ensure = text(
+            f"INSERT INTO {tasks} (task_id, state, checkpoint, revision, run_id, "
+            f"created_at_ms, updated_at_ms) VALUES (:task_id, NULL, '{{}}', 0, :run_id, "
+            f"{now}, {now}) ON CONFLICT (task_id) DO NOTHING"
+        )
+        self.task_cas = text(
+            f"UPDATE {tasks} SET state = COALESCE(CAST(:state AS TEXT), state), "
+            "reason = CASE WHEN CAST(:state AS TEXT) IS NULL THEN reason "
+            "ELSE CAST(:reason AS TEXT) END, "
+            "checkpoint = COALESCE(CAST(:checkpoint AS TEXT), checkpoint), "
+            "revision = revision + 1, "
+            f"updated_at_ms = {now} WHERE task_id = :task_id AND revision = :expected "
+            "RETURNING revision"
+        )
+        self.task_get = text(
+            f"SELECT task_id, state, reason, checkpoint, revision, run_id, created_at_ms, "
+            f"updated_at_ms FROM {tasks} WHERE task_id = :task_id"
+        )
+
+        # ---- no-ack fetch: delete on fetch (pidbox, events) -----------------------------
+        take_ready = (
+            f"m.state = 'ready' AND m.queue IN ({queues_in}) AND m.available_at_ms <= {now} "
+            f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {now}) "
+            "AND m.run_id IS NULL"
+        )
+        lock = " FOR UPDATE OF m SKIP LOCKED" if d.is_postgresql else ""
+        self.take = text(
+            f"DELETE FROM {m} WHERE id IN (SELECT m.id FROM {m} m WHERE {take_ready} "
+            f"{order} LIMIT :limit{lock}) "
+            "RETURNING id, queue, payload, priority, available_at_ms, created_at_ms, run_id, "
+            "task_id, state, reason, lease_owner, lease_expires_at_ms, attempt, max_attempts"
+        )
+
+        # ---- queue-level ----------------------------------------------------------------
+        unleased = f"(lease_expires_at_ms IS NULL OR lease_expires_at_ms <= {now})"
+        self.size = text(
+            f"SELECT count(*) FROM {m} WHERE state = 'ready' AND queue = :queue "
+            f"AND available_at_ms <= {now} AND {unleased}"
+        )
+        self.purge = text(
+            f"DELETE FROM {m} WHERE state = 'ready' AND queue = :queue AND {unleased} "
+            "RETURNING id, task_id, attempt"
+        )
+        self.requeue = text(
+            f"UPDATE {m} SET state = 'ready', reason = NULL, lease_owner = NULL, "
+            f"lease_expires_at_ms = NULL, available_at_ms = {now} + :delay_ms, "
+            "max_attempts = attempt + :budget "
+            "WHERE id = :message_id AND state IN ('parked', 'dead') "
+            "RETURNING id, task_id, attempt"
+        )
+        self.message_get = text(f"SELECT {_SELECT_COLS}, last_error FROM {m} WHERE id = :id")
+        self.events_for_task = text(
+            f"SELECT id, task_id, message_id, attempt, kind, data, at_ms FROM {ev} "
+            "WHERE task_id = :task_id ORDER BY id"
+        )
+        self.events_for_message = text(
+            f"SELECT id, task_id, message_id, attempt, kind, data, at_ms FROM {ev} "
+            "WHERE message_id = :message_id ORDER BY id"
+        )
+        self.now = text(f"SELECT {now}")
+
+        # ---- bindings and queues --------------------------------------------------------
+        b = tables.bindings.name
+        q = tables.queues.name
+        self.bind = text(
+            f"INSERT INTO {b} (exchange, queue, routing_key, pattern) "
+            "VALUES (:exchange, :queue, :routing_key, :pattern) ON CONFLICT DO NOTHING"
+        )
+        self.unbind = text(
+            f"DELETE FROM {b} WHERE exchange = :exchange AND queue = :queue "
+            "AND routing_key = :routing_key AND pattern = :pattern"
+        )
+        self.bindings_for = text(
+            f"SELECT routing_key, pattern, queue FROM {b} WHERE exchange = :exchange "
+            "ORDER BY queue, routing_key"
+        )
+        self.declare_queue = text(
+            f"INSERT INTO {q} (name, created_at_ms) VALUES (:queue, {now}) ON CONFLICT DO NOTHING"
+        )
+        self.has_queue = text(f"SELECT 1 FROM {q} WHERE name = :queue")
+        self.delete_queue = text(f"DELETE FROM {q} WHERE name = :queue")
+        self.delete_queue_bindings = text(f"DELETE FROM {b} WHERE queue = :queue")
+        self.delete_queue_messages = text(
+            f"DELETE FROM {m} WHERE queue = :queue AND state = 'ready' AND {unleased}"
+        )
+
+
+def compile_all(statements: Statements) -> list[TextClause]:
+    """Every statement object (used by tests to make sure each one compiles)."""
+    return [v for v in vars(statements).values() if isinstance(v, TextClause)]

@@ -1,0 +1,124 @@
+"""Engines, one per database URL per process, set up for short lease transactions.
+
+SQLite: a file in WAL mode with a busy timeout, every transaction opened with
+``BEGIN IMMEDIATE`` so that a writer takes the write lock up front (a deferred transaction
+that later upgrades to a writer can fail with SQLITE_BUSY instead of waiting).
+PostgreSQL: psycopg 3 through SQLAlchemy's pool, with pre-ping so a restarted server is
+survived, and ``idle_in_transaction_session_timeout`` as a backstop: no stalled worker can
+hold a row lock that blocks a takeover.
+
+Engines are shared by the threads of a process and disposed in a forked child (a pooled
+connection must never be used by two processes).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL, Engine
+
+from .urls import to_sqlalchemy_url
+
+_engines: dict[tuple[str, tuple[tuple[str, Any], ...]], Engine] = {}
+_lock = threading.Lock()
+
+SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+def get_engine(
+    url: str | URL,
+    *,
+    sqlite_synchronous: str = "NORMAL",
+    busy_timeout_ms: int = 30_000,
+    pool_size: int = 5,
+) -> Engine:
+    """The process-wide engine for ``url`` (created on first use)."""
+    sa_url = to_sqlalchemy_url(url)
+    options = (
+        ("sqlite_synchronous", sqlite_synchronous.upper()),
+        ("busy_timeout_ms", busy_timeout_ms),
+        ("pool_size", pool_size),
+    )
+    key = (sa_url.render_as_string(hide_password=False), options)
+    with _lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _create(sa_url, dict(options))
+            _engines[key] = engine
+        return engine
+
+
+def _create(url: URL, options: dict[str, Any]) -> Engine:
+    if url.get_backend_name() == "sqlite":
+        return _create_sqlite(url, options)
+    return _create_postgresql(url, options)
+
+
+def _create_sqlite(url: URL, options: dict[str, Any]) -> Engine:
+    synchronous = options["sqlite_synchronous"]
+    busy_ms = int(options["busy_timeout_ms"])
+    engine = create_engine(
+        url,
+        connect_args={"timeout": busy_ms / 1000.0, "check_same_thread": False},
+        pool_size=options["pool_size"],
+        max_overflow=10,
+        pool_pre_ping=False,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from pysqlite so that "begin" below decides.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
+            cursor.execute(f"PRAGMA synchronous={synchronous}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _create_postgresql(url: URL, options: dict[str, Any]) -> Engine:
+    return create_engine(
+        url,
+        pool_size=options["pool_size"],
+        max_overflow=10,
+        pool_pre_ping=True,
+        pool_recycle=3600,
+        connect_args={
+            # A worker stopped mid-transaction (SIGSTOP) must not hold locks for long.
+            "options": "-c idle_in_transaction_session_timeout=60000",
+            "application_name": "sqlease",
+        },
+    )
+
+
+def dispose_all(close: bool = False) -> None:
+    """Forget pooled connections (after fork, pass ``close=False``: the parent owns them)."""
+    with _lock:
+        for engine in _engines.values():
+            engine.dispose(close=close)
+        if close:
+            _engines.clear()
+
+
+def _after_fork_in_child() -> None:
+    # The lock may have been held by another thread at fork time: replace it.
+    global _lock
+    _lock = threading.Lock()
+    for engine in list(_engines.values()):
+        engine.dispose(close=False)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

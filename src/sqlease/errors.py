@@ -1,0 +1,81 @@
+"""The errors sqlease raises, as one tree so callers can catch everything with one class.
+
+::
+
+    SqleaseError
+    ├── ConfigurationError (also ValueError)   bad URL or option, raised at construction
+    ├── SchemaError
+    │   ├── SchemaMissing                      tables absent and auto_migrate is off
+    │   └── SchemaVersionMismatch              the database was migrated by a newer sqlease
+    ├── DatabaseUnavailable                    the database cannot be reached (transient)
+    ├── PayloadTooLarge (also ValueError)      a message body over the configured limit
+    ├── LeaseLost                              a fenced write found the lease gone
+    ├── OutcomeUnknown                         a durable step started but never recorded finishing
+    └── ContextUnavailable (also RuntimeError) sqlease.context() outside a sqlease delivery
+"""
+
+from __future__ import annotations
+
+
+class SqleaseError(Exception):
+    """Base class of every error sqlease raises on purpose."""
+
+
+class ConfigurationError(SqleaseError, ValueError):
+    """A URL or an option is wrong. The message names the option and what was expected."""
+
+
+class SchemaError(SqleaseError):
+    """The database schema is not the one this version of sqlease works with."""
+
+
+class SchemaMissing(SchemaError):
+    """sqlease's tables are absent and ``auto_migrate`` is off."""
+
+
+class SchemaVersionMismatch(SchemaError):
+    """The database schema is newer than this code: upgrade sqlease before using it."""
+
+    def __init__(self, found: int, expected: int) -> None:
+        self.found = found
+        self.expected = expected
+        super().__init__(
+            f"database schema version {found} is newer than this sqlease understands "
+            f"(version {expected}); upgrade the sqlease package on this machine"
+        )
+
+
+class DatabaseUnavailable(SqleaseError):
+    """The database could not be reached; the operation may be retried."""
+
+
+class PayloadTooLarge(SqleaseError, ValueError):
+    """A message body is larger than ``max_payload_bytes``; it was not enqueued."""
+
+
+class LeaseLost(SqleaseError):
+    """This delivery no longer holds its lease: another worker took the task over, or it
+    was paused or cancelled. A control signal, not a task failure: stop work, write nothing."""
+
+    def __init__(self, message_id: int, attempt: int, detail: str = "") -> None:
+        self.message_id = message_id
+        self.attempt = attempt
+        text = f"lease lost for message {message_id} attempt {attempt}"
+        super().__init__(f"{text}: {detail}" if detail else text)
+
+
+class OutcomeUnknown(SqleaseError):
+    """A durable step started in an earlier delivery and never recorded an outcome, so it
+    may or may not have had its side effect. Declare the step idempotent to run it again."""
+
+    def __init__(self, task_id: str, step: str) -> None:
+        self.task_id = task_id
+        self.step = step
+        super().__init__(
+            f"step {step!r} of task {task_id} started in an earlier attempt and its outcome "
+            "is unknown; resolve it by hand or declare the step idempotent"
+        )
+
+
+class ContextUnavailable(SqleaseError, RuntimeError):
+    """``sqlease.context()`` was called outside a task delivered by sqlease."""

@@ -1,0 +1,260 @@
+"""Tables, schema versions and migrations.
+
+The tables are SQLAlchemy Core objects built per ``table_prefix``; they are the single source
+of truth for the DDL. ``migrate()`` applies the numbered migrations below under a lock, so two
+processes starting at once never both create a table, and refuses a database that a newer
+sqlease has migrated.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Connection,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+    inspect,
+    select,
+    text,
+)
+from sqlalchemy.engine import Engine
+
+from .errors import ConfigurationError, SchemaError, SchemaMissing, SchemaVersionMismatch
+
+_PREFIX_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
+
+# A BIGINT on PostgreSQL; on SQLite an INTEGER PRIMARY KEY (the rowid) with AUTOINCREMENT so
+# that an id is never handed out twice, even after the highest row is deleted: a reused id
+# would let a stale (id, attempt) fence match a different message.
+_Id = BigInteger().with_variant(Integer(), "sqlite")
+
+MESSAGE_STATES = ("ready", "parked", "dead")
+
+
+def validate_prefix(prefix: str) -> str:
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        raise ConfigurationError(
+            f"table_prefix {prefix!r} is not usable: use letters, digits and underscores, "
+            "starting with a letter or underscore, at most 41 characters"
+        )
+    return prefix
+
+
+@dataclass(frozen=True)
+class Tables:
+    prefix: str
+    metadata: MetaData
+    schema_version: Table
+    messages: Table
+    runs: Table
+    tasks: Table
+    events: Table
+    bindings: Table
+    queues: Table
+
+    def name(self, short: str) -> str:
+        return f"{self.prefix}{short}"
+
+
+def build_tables(prefix: str = "sqlease_") -> Tables:
+    p = validate_prefix(prefix)
+    md = MetaData(
+        naming_convention={
+            "ix": "%(table_name)s_%(column_0_N_name)s_ix",
+            "pk": "%(table_name)s_pk",
+            "ck": "%(table_name)s_%(constraint_name)s_ck",
+        }
+    )
+    schema_version = Table(
+        f"{p}schema_version",
+        md,
+        Column("id", Integer, primary_key=True, autoincrement=False),
+        Column("version", Integer, nullable=False),
+    )
+    messages = Table(
+        f"{p}messages",
+        md,
+        Column("id", _Id, primary_key=True, autoincrement=True),
+        Column("queue", Text, nullable=False),
+        Column("payload", Text, nullable=False),
+        Column("priority", SmallInteger, nullable=False, server_default="0"),
+        Column("available_at_ms", BigInteger, nullable=False),
+        Column("created_at_ms", BigInteger, nullable=False),
+        Column("run_id", Text),
+        Column("task_id", Text),
+        Column("state", Text, nullable=False, server_default="ready"),
+        Column("reason", Text),
+        Column("lease_owner", Text),
+        Column("lease_expires_at_ms", BigInteger),
+        Column("attempt", Integer, nullable=False, server_default="0"),
+        Column("max_attempts", Integer, nullable=False),
+        Column("last_error", Text),
+        CheckConstraint("state IN ('ready', 'parked', 'dead')", name="state"),
+        CheckConstraint("max_attempts >= 1", name="max_attempts"),
+        sqlite_autoincrement=True,
+    )
+    # The claim path: ready rows by queue in delivery order. Partial, so parked and dead rows
+    # never slow it down (acked rows are deleted).
+    Index(
+        f"{p}messages_claim_ix",
+        messages.c.queue,
+        messages.c.priority.desc(),
+        messages.c.available_at_ms,
+        messages.c.id,
+        postgresql_where=messages.c.state == "ready",
+        sqlite_where=messages.c.state == "ready",
+    )
+    # The head of a run: the lowest id among its unfinished messages.
+    Index(
+        f"{p}messages_run_ix",
+        messages.c.run_id,
+        messages.c.id,
+        postgresql_where=messages.c.run_id.isnot(None),
+        sqlite_where=messages.c.run_id.isnot(None),
+    )
+    Index(f"{p}messages_task_ix", messages.c.task_id)
+    Index(
+        f"{p}messages_inactive_ix",
+        messages.c.state,
+        messages.c.queue,
+        postgresql_where=messages.c.state != "ready",
+        sqlite_where=messages.c.state != "ready",
+    )
+    # One row per run whose head is (or was) leased: the per-run lock that concurrent
+    # claimers serialise on (a NOT EXISTS read alone lets two transactions both pass).
+    runs = Table(
+        f"{p}runs",
+        md,
+        Column("run_id", Text, primary_key=True),
+        Column("message_id", BigInteger, nullable=False),
+        Column("attempt", Integer, nullable=False),
+        Column("lease_owner", Text),
+        Column("lease_expires_at_ms", BigInteger, nullable=False),
+    )
+    tasks = Table(
+        f"{p}tasks",
+        md,
+        Column("task_id", Text, primary_key=True),
+        Column("state", Text),
+        Column("reason", Text),
+        Column("checkpoint", Text, nullable=False, server_default="{}"),
+        Column("revision", BigInteger, nullable=False, server_default="0"),
+        Column("run_id", Text),
+        Column("created_at_ms", BigInteger, nullable=False),
+        Column("updated_at_ms", BigInteger, nullable=False),
+    )
+    events = Table(
+        f"{p}events",
+        md,
+        Column("id", _Id, primary_key=True, autoincrement=True),
+        Column("task_id", Text),
+        Column("message_id", BigInteger),
+        Column("attempt", Integer),
+        Column("kind", Text, nullable=False),
+        Column("data", Text),
+        Column("at_ms", BigInteger, nullable=False),
+        sqlite_autoincrement=True,
+    )
+    Index(f"{p}events_task_ix", events.c.task_id, events.c.id)
+    Index(f"{p}events_message_ix", events.c.message_id, events.c.id)
+    bindings = Table(
+        f"{p}bindings",
+        md,
+        Column("exchange", Text, nullable=False),
+        Column("queue", Text, nullable=False),
+        Column("routing_key", Text, nullable=False, server_default=""),
+        Column("pattern", Text, nullable=False, server_default=""),
+        PrimaryKeyConstraint("exchange", "queue", "routing_key", "pattern"),
+    )
+    queues = Table(
+        f"{p}queues",
+        md,
+        Column("name", Text, primary_key=True),
+        Column("created_at_ms", BigInteger, nullable=False),
+    )
+    return Tables(p, md, schema_version, messages, runs, tasks, events, bindings, queues)
+
+
+def _migration_1(conn: Connection, tables: Tables) -> None:
+    tables.metadata.create_all(conn, checkfirst=True)
+
+
+# Each entry moves the schema from version N-1 to N. Append; never edit a released one.
+MIGRATIONS: list[Callable[[Connection, Tables], None]] = [_migration_1]
+CURRENT_VERSION = len(MIGRATIONS)
+
+
+def read_version(conn: Connection, tables: Tables) -> int | None:
+    """The version recorded in the database, or None when sqlease's tables are absent."""
+    if not inspect(conn).has_table(tables.schema_version.name):
+        return None
+    row = conn.execute(select(tables.schema_version.c.version)).first()
+    return None if row is None else int(row[0])
+
+
+def _lock_for_migration(conn: Connection, tables: Tables) -> None:
+    if conn.dialect.name == "postgresql":
+        # Serialises concurrent migrators; released at commit. (SQLite: BEGIN IMMEDIATE
+        # already holds the database's write lock.)
+        conn.execute(
+            text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
+            {"key": f"sqlease-migrate:{tables.prefix}"},
+        )
+
+
+def migrate(engine: Engine, tables: Tables) -> int:
+    """Bring the schema to CURRENT_VERSION; safe to call from many processes at once."""
+    with engine.begin() as conn:
+        _lock_for_migration(conn, tables)
+        found = read_version(conn, tables) or 0
+        if found > CURRENT_VERSION:
+            raise SchemaVersionMismatch(found, CURRENT_VERSION)
+        for version in range(found + 1, CURRENT_VERSION + 1):
+            MIGRATIONS[version - 1](conn, tables)
+        if found == 0:
+            conn.execute(tables.schema_version.insert().values(id=1, version=CURRENT_VERSION))
+        elif found < CURRENT_VERSION:
+            conn.execute(tables.schema_version.update().values(version=CURRENT_VERSION))
+    return CURRENT_VERSION
+
+
+def check(engine: Engine, tables: Tables) -> None:
+    """Raise unless the database holds exactly the schema this code expects."""
+    with engine.connect() as conn:
+        found = read_version(conn, tables)
+        conn.rollback()
+    if found is None:
+        raise SchemaMissing(
+            f"sqlease tables with prefix {tables.prefix!r} are missing; run "
+            "'sqlease migrate --url …' or enable auto_migrate"
+        )
+    if found > CURRENT_VERSION:
+        raise SchemaVersionMismatch(found, CURRENT_VERSION)
+    if found < CURRENT_VERSION:
+        raise SchemaError(
+            f"database schema version {found} is older than {CURRENT_VERSION}; run "
+            "'sqlease migrate --url …' or enable auto_migrate"
+        )
+
+
+def ensure_schema(engine: Engine, tables: Tables, *, auto_migrate: bool) -> None:
+    if auto_migrate:
+        with engine.connect() as conn:
+            found = read_version(conn, tables)
+            conn.rollback()
+        if found == CURRENT_VERSION:
+            return
+        migrate(engine, tables)
+    else:
+        check(engine, tables)

@@ -1,0 +1,885 @@
+"""The lease store: durable messages held by fenced SQL leases.
+
+Every operation is one statement or one short transaction that commits at once; nothing is
+held open across client-side work. Every write to a leased message carries its fence
+``(message_id, owner, attempt)`` and is refused (reported, not raised) when the fence no longer
+matches a live lease, so a stale worker can never ack, renew or overwrite work that another
+worker now holds. Each state change appends an event in the same transaction.
+
+``now`` (epoch milliseconds) may be passed to any operation; by default the store asks its
+``clock`` and, without one, the database's clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import Connection, Row
+from sqlalchemy.engine import URL, Engine
+
+from ._sql import Statements, dialect_for
+from .engine import get_engine
+from .errors import ConfigurationError, PayloadTooLarge
+from .schema import Tables, build_tables, ensure_schema
+
+Clock = Callable[[], int]
+
+
+@dataclass(frozen=True, order=True)
+class Fence:
+    """The identity of one delivery: only its holder may write to the message."""
+
+    message_id: int
+    owner: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Message:
+    """A snapshot of one message row."""
+
+    id: int
+    queue: str
+    payload: str
+    priority: int
+    available_at_ms: int
+    created_at_ms: int
+    run_id: str | None
+    task_id: str | None
+    state: str
+    reason: str | None
+    lease_owner: str | None
+    lease_expires_at_ms: int | None
+    attempt: int
+    max_attempts: int
+    last_error: str | None = None
+
+    @property
+    def fence(self) -> Fence:
+        if self.lease_owner is None:
+            raise ValueError(f"message {self.id} is not leased")
+        return Fence(self.id, self.lease_owner, self.attempt)
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    """What ``enqueue_many`` takes: one message to add."""
+
+    queue: str
+    payload: str
+    priority: int = 0
+    delay_ms: int = 0
+    run_id: str | None = None
+    task_id: str | None = None
+    max_attempts: int | None = None
+    record: bool = True
+
+
+class Outcome(StrEnum):
+    """The database's answer to a fenced compare-and-set."""
+
+    UPDATED = "updated"
+    REVISION_CONFLICT = "revision_conflict"
+    LEASE_LOST = "lease_lost"
+
+
+@dataclass(frozen=True)
+class CasResult:
+    outcome: Outcome
+    revision: int | None = None
+    lease_expires_at_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """The durable state of a task (keyed by Celery task id, stable across redeliveries)."""
+
+    task_id: str
+    state: str | None
+    reason: str | None
+    checkpoint: dict[str, Any]
+    revision: int
+    run_id: str | None
+    created_at_ms: int
+    updated_at_ms: int
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    task_id: str | None
+    message_id: int | None
+    attempt: int | None
+    kind: str
+    data: Any
+    at_ms: int
+
+
+def _row_to_message(row: Row[Any]) -> Message:
+    mapping = row._mapping
+    return Message(
+        id=int(mapping["id"]),
+        queue=mapping["queue"],
+        payload=mapping["payload"],
+        priority=int(mapping["priority"]),
+        available_at_ms=int(mapping["available_at_ms"]),
+        created_at_ms=int(mapping["created_at_ms"]),
+        run_id=mapping["run_id"],
+        task_id=mapping["task_id"],
+        state=mapping["state"],
+        reason=mapping["reason"],
+        lease_owner=mapping["lease_owner"],
+        lease_expires_at_ms=(
+            None if mapping["lease_expires_at_ms"] is None else int(mapping["lease_expires_at_ms"])
+        ),
+        attempt=int(mapping["attempt"]),
+        max_attempts=int(mapping["max_attempts"]),
+        last_error=mapping.get("last_error"),
+    )
+
+
+def _fences_json(fences: Iterable[Fence]) -> str:
+    # Sorted by id: concurrent batches lock rows in one order, so they cannot deadlock.
+    return json.dumps(sorted([f.message_id, f.attempt] for f in fences))
+
+
+def _by_owner(fences: Iterable[Fence]) -> dict[str, list[Fence]]:
+    groups: dict[str, list[Fence]] = defaultdict(list)
+    for fence in fences:
+        groups[fence.owner].append(fence)
+    return groups
+
+
+def _dump(data: Any) -> str | None:
+    return None if data is None else json.dumps(data, sort_keys=True, default=str)
+
+
+class Store:
+    """Lease operations on one database (SQLite file or PostgreSQL) and table prefix."""
+
+    def __init__(
+        self,
+        url: str | URL | Engine,
+        *,
+        table_prefix: str = "sqlease_",
+        auto_migrate: bool = True,
+        max_attempts: int = 3,
+        max_payload_bytes: int = 16 * 1024 * 1024,
+        sqlite_synchronous: str = "NORMAL",
+        clock: Clock | None = None,
+    ) -> None:
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
+        if not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
+            raise ConfigurationError(
+                f"max_payload_bytes must be a positive integer, not {max_payload_bytes!r}"
+            )
+        self.engine: Engine = (
+            url
+            if isinstance(url, Engine)
+            else get_engine(url, sqlite_synchronous=sqlite_synchronous)
+        )
+        self.tables: Tables = build_tables(table_prefix)
+        self.dialect = dialect_for(self.engine.dialect.name)
+        self.sql = Statements(self.dialect, self.tables)
+        self.max_attempts = max_attempts
+        self.max_payload_bytes = max_payload_bytes
+        self.clock = clock
+        ensure_schema(self.engine, self.tables, auto_migrate=auto_migrate)
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.dialect.is_postgresql
+
+    # ---- time --------------------------------------------------------------------------
+
+    def _now(self, now: int | None) -> int | None:
+        if now is not None:
+            return int(now)
+        return None if self.clock is None else int(self.clock())
+
+    def now_ms(self) -> int:
+        """The time the store compares leases against (the clock, else the database's)."""
+        if self.clock is not None:
+            return int(self.clock())
+        with self.engine.connect() as conn:
+            value = conn.execute(self.sql.now, {"now": None}).scalar_one()
+            conn.rollback()
+        return int(value)
+
+    # ---- enqueue -----------------------------------------------------------------------
+
+    def _check_new(self, msg: NewMessage) -> dict[str, Any]:
+        if not isinstance(msg.queue, str) or not msg.queue:
+            raise ConfigurationError(f"queue name must be a non-empty string, not {msg.queue!r}")
+        if not isinstance(msg.payload, str):
+            raise TypeError(f"payload must be str, not {type(msg.payload).__name__}")
+        size = len(msg.payload.encode("utf-8"))
+        if size > self.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"message for queue {msg.queue!r} is {size} bytes, over max_payload_bytes="
+                f"{self.max_payload_bytes}; it was not enqueued"
+            )
+        if not isinstance(msg.priority, int) or not -32768 <= msg.priority <= 32767:
+            raise ConfigurationError(f"priority must be a small integer, not {msg.priority!r}")
+        max_attempts = self.max_attempts if msg.max_attempts is None else msg.max_attempts
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
+        return {
+            "queue": msg.queue,
+            "payload": msg.payload,
+            "priority": msg.priority,
+            "delay_ms": max(0, int(msg.delay_ms)),
+            "run_id": msg.run_id,
+            "task_id": msg.task_id,
+            "max_attempts": max_attempts,
+            "record": bool(msg.record),
+        }
+
+    def enqueue(
+        self,
+        queue: str,
+        payload: str,
+        *,
+        priority: int = 0,
+        delay_ms: int = 0,
+        run_id: str | None = None,
+        task_id: str | None = None,
+        max_attempts: int | None = None,
+        record: bool = True,
+        now: int | None = None,
+        connection: Connection | None = None,
+    ) -> int:
+        """Add one message; returns its id. With ``connection`` it joins that transaction."""
+        ids = self.enqueue_many(
+            [NewMessage(queue, payload, priority, delay_ms, run_id, task_id, max_attempts, record)],
+            now=now,
+            connection=connection,
+        )
+        return ids[0]
+
+    def enqueue_many(
+        self,
+        messages: Sequence[NewMessage],
+        *,
+        now: int | None = None,
+        connection: Connection | None = None,
+    ) -> list[int]:
+        """Add messages in one transaction; returns their ids in order."""
+        rows = [self._check_new(m) for m in messages]
+        if not rows:
+            return []
+        if connection is not None:
+            return self._enqueue_on(connection, rows, self._now(now))
+        with self.engine.begin() as conn:
+            return self._enqueue_on(conn, rows, self._now(now))
+
+    def _enqueue_on(
+        self, conn: Connection, rows: list[dict[str, Any]], now: int | None
+    ) -> list[int]:
+        ids: list[int] = []
+        for row in rows:
+            params = dict(row, now=now)
+            message_id = int(conn.execute(self.sql.enqueue, params).scalar_one())
+            ids.append(message_id)
+            if not self.is_postgresql and row["record"]:
+                conn.execute(
+                    self.sql.event_insert,
+                    {
+                        "task_id": row["task_id"],
+                        "message_id": message_id,
+                        "attempt": 0,
+                        "kind": "enqueued",
+                        "data": None,
+                        "now": now,
+                    },
+                )
+        return ids
+
+    # ---- claim -------------------------------------------------------------------------
+
+    def claim(
+        self,
+        queues: Sequence[str],
+        owner: str,
+        *,
+        lease_ms: int,
+        limit: int = 1,
+        now: int | None = None,
+    ) -> list[Message]:
+        """Lease up to ``limit`` ready messages from ``queues`` to ``owner``.
+
+        Messages whose delivery budget is spent are marked dead (``attempts_exhausted``)
+        instead of being delivered, and are not returned.
+        """
+        if not queues or limit < 1:
+            return []
+        if lease_ms < 1:
+            raise ConfigurationError(f"lease_ms must be positive, not {lease_ms!r}")
+        now = self._now(now)
+        delivered: list[Message] = []
+        while len(delivered) < limit:
+            claimed = self._claim_once(queues, owner, lease_ms, limit - len(delivered), now)
+            delivered.extend(m for m in claimed if m.state == "ready")
+            # Only when the batch was spent on exhausted messages is another look useful:
+            # a delivery must not wait a polling interval behind a dead message.
+            if all(m.state == "ready" for m in claimed):
+                break
+        delivered.sort(key=lambda m: (-m.priority, m.available_at_ms, m.id))
+        return delivered
+
+    def _claim_once(
+        self, queues: Sequence[str], owner: str, lease_ms: int, limit: int, now: int | None
+    ) -> list[Message]:
+        params = {
+            "queues": json.dumps(list(queues)),
+            "owner": owner,
+            "lease_ms": int(lease_ms),
+            "limit": int(limit),
+            "now": now,
+        }
+        with self.engine.begin() as conn:
+            rows = conn.execute(self.sql.claim, params).fetchall()
+            claimed = [_row_to_message(r) for r in rows]
+            if not self.is_postgresql:
+                self._claim_bookkeeping_sqlite(conn, claimed, owner, now)
+        return claimed
+
+    def _claim_bookkeeping_sqlite(
+        self, conn: Connection, claimed: list[Message], owner: str, now: int | None
+    ) -> None:
+        assert self.sql.claim_runs is not None
+        for msg in claimed:
+            exhausted = msg.state == "dead"
+            if msg.run_id is not None and not exhausted:
+                conn.execute(
+                    self.sql.claim_runs,
+                    {
+                        "run_id": msg.run_id,
+                        "message_id": msg.id,
+                        "attempt": msg.attempt,
+                        "owner": owner,
+                        "lease_expires_at_ms": msg.lease_expires_at_ms,
+                    },
+                )
+            conn.execute(
+                self.sql.event_insert,
+                {
+                    "task_id": msg.task_id,
+                    "message_id": msg.id,
+                    "attempt": msg.attempt,
+                    "kind": "attempts_exhausted" if exhausted else "claimed",
+                    "data": None if exhausted else json.dumps({"owner": owner}),
+                    "now": now,
+                },
+            )
+
+    def take(
+        self, queues: Sequence[str], *, limit: int = 1, now: int | None = None
+    ) -> list[Message]:
+        """Delete and return up to ``limit`` ready messages (for consumers that never ack)."""
+        if not queues or limit < 1:
+            return []
+        params = {"queues": json.dumps(list(queues)), "limit": int(limit), "now": self._now(now)}
+        with self.engine.begin() as conn:
+            rows = conn.execute(self.sql.take, params).fetchall()
+        taken = [_row_to_message(r) for r in rows]
+        taken.sort(key=lambda m: (-m.priority, m.available_at_ms, m.id))
+        return taken
+
+    # ---- renew -------------------------------------------------------------------------
+
+    def renew(
+        self, fences: Iterable[Fence], *, lease_ms: int, now: int | None = None
+    ) -> dict[int, int]:
+        """Extend every lease still held; returns ``{message_id: new expiry}`` for those.
+
+        A fence missing from the answer is lost (expired, taken over, parked or acked).
+        """
+        now = self._now(now)
+        held: dict[int, int] = {}
+        groups = _by_owner(fences)
+        if not groups:
+            return held
+        with self.engine.begin() as conn:
+            for owner, group in groups.items():
+                params = {
+                    "fences": _fences_json(group),
+                    "owner": owner,
+                    "lease_ms": int(lease_ms),
+                    "now": now,
+                }
+                rows = conn.execute(self.sql.renew, params).fetchall()
+                for row in rows:
+                    m = row._mapping
+                    held[int(m["id"])] = int(m["lease_expires_at_ms"])
+                    if self.sql.renew_runs is not None and m["run_id"] is not None:
+                        conn.execute(
+                            self.sql.renew_runs,
+                            {
+                                "run_id": m["run_id"],
+                                "message_id": m["id"],
+                                "lease_expires_at_ms": m["lease_expires_at_ms"],
+                            },
+                        )
+        return held
+
+    # ---- ack / release / park / fail ---------------------------------------------------
+
+    def ack(self, fences: Iterable[Fence], *, now: int | None = None) -> set[int]:
+        """Finish deliveries (the rows leave the table); returns the ids actually acked."""
+        now = self._now(now)
+        done: set[int] = set()
+        groups = _by_owner(fences)
+        if not groups:
+            return done
+        with self.engine.begin() as conn:
+            for owner, group in groups.items():
+                params = {"fences": _fences_json(group), "owner": owner, "now": now}
+                rows = conn.execute(self.sql.ack, params).fetchall()
+                for row in rows:
+                    m = row._mapping
+                    done.add(int(m["id"]))
+                    if not self.is_postgresql:
+                        self._after_transition_sqlite(conn, m, "acked", None, now)
+        return done
+
+    def _after_transition_sqlite(
+        self, conn: Connection, m: Any, kind: str, data: str | None, now: int | None
+    ) -> None:
+        if m["run_id"] is not None:
+            conn.execute(self.sql.release_run, {"run_id": m["run_id"], "message_id": m["id"]})
+        conn.execute(
+            self.sql.event_insert,
+            {
+                "task_id": m["task_id"],
+                "message_id": m["id"],
+                "attempt": m["attempt"],
+                "kind": kind,
+                "data": data,
+                "now": now,
+            },
+        )
+
+    def _transition(
+        self,
+        fences: Iterable[Fence],
+        *,
+        new_state: str,
+        kind: str,
+        reason: str | None = None,
+        delay_ms: int = 0,
+        refund: bool = False,
+        error: str | None = None,
+        data: Any = None,
+        now: int | None = None,
+    ) -> set[int]:
+        now = self._now(now)
+        changed: set[int] = set()
+        groups = _by_owner(fences)
+        if not groups:
+            return changed
+        data_text = _dump(data)
+        with self.engine.begin() as conn:
+            for owner, group in groups.items():
+                params = {
+                    "fences": _fences_json(group),
+                    "owner": owner,
+                    "now": now,
+                    "delay_ms": max(0, int(delay_ms)),
+                    "refund": 1 if refund else 0,
+                    "new_state": new_state,
+                    "reason": reason,
+                    "error": error,
+                    "kind": kind,
+                    "data": data_text,
+                }
+                rows = conn.execute(self.sql.transition, params).fetchall()
+                for row in rows:
+                    m = row._mapping
+                    changed.add(int(m["id"]))
+                    if not self.is_postgresql:
+                        self._after_transition_sqlite(conn, m, kind, data_text, now)
+        return changed
+
+    def release(
+        self,
+        fences: Iterable[Fence],
+        *,
+        delay_ms: int = 0,
+        refund: bool = False,
+        error: str | None = None,
+        now: int | None = None,
+    ) -> set[int]:
+        """Give leases back so the messages can be claimed again (after ``delay_ms``).
+
+        ``refund`` returns the delivery to the attempt budget: use it for deliveries that
+        never started (warm shutdown, prefetched messages). The attempt number itself never
+        goes back, so the old fence stays stale.
+        """
+        return self._transition(
+            fences,
+            new_state="ready",
+            kind="released",
+            delay_ms=delay_ms,
+            refund=refund,
+            error=error,
+            data={"delay_ms": delay_ms, "refund": refund} if (delay_ms or refund) else None,
+            now=now,
+        )
+
+    def park(self, fence: Fence, reason: str, *, data: Any = None, now: int | None = None) -> bool:
+        """Take a held message out of circulation (paused, waiting for input, …) until
+        ``requeue``; the event kind is ``reason``. Its run stays blocked behind it."""
+        return bool(
+            self._transition(
+                [fence], new_state="parked", kind=reason, reason=reason, data=data, now=now
+            )
+        )
+
+    def fail(
+        self,
+        fence: Fence,
+        reason: str,
+        *,
+        error: str | None = None,
+        now: int | None = None,
+    ) -> bool:
+        """Mark a held message dead (kept, listable, requeueable)."""
+        return bool(
+            self._transition(
+                [fence],
+                new_state="dead",
+                kind="failed",
+                reason=reason,
+                error=error,
+                data={"reason": reason},
+                now=now,
+            )
+        )
+
+    def requeue(
+        self,
+        message_id: int,
+        *,
+        delay_ms: int = 0,
+        max_attempts: int | None = None,
+        now: int | None = None,
+    ) -> bool:
+        """Make a parked or dead message claimable again with a fresh attempt budget. The
+        attempt counter keeps growing (it is the fence), the budget is counted from it."""
+        budget = self.max_attempts if max_attempts is None else max_attempts
+        if not isinstance(budget, int) or budget < 1:
+            raise ConfigurationError(f"max_attempts must be an integer >= 1, not {budget!r}")
+        now = self._now(now)
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                self.sql.requeue,
+                {
+                    "message_id": message_id,
+                    "delay_ms": max(0, delay_ms),
+                    "budget": budget,
+                    "now": now,
+                },
+            ).first()
+            if row is None:
+                return False
+            m = row._mapping
+            conn.execute(
+                self.sql.event_insert,
+                {
+                    "task_id": m["task_id"],
+                    "message_id": m["id"],
+                    "attempt": m["attempt"],
+                    "kind": "requeued",
+                    "data": None,
+                    "now": now,
+                },
+            )
+        return True
+
+    # ---- fenced task state -------------------------------------------------------------
+
+    def compare_and_set(
+        self,
+        fence: Fence,
+        task_id: str,
+        expected_revision: int,
+        *,
+        checkpoint: Mapping[str, Any] | None = None,
+        state: str | None = None,
+        reason: str | None = None,
+        lease_ms: int = 0,
+        event: str | None = "checkpoint",
+        event_data: Any = None,
+        run_id: str | None = None,
+        now: int | None = None,
+    ) -> CasResult:
+        """Write the task's checkpoint and/or state if this delivery still holds its lease
+        and the task is at ``expected_revision``. Renews the lease by ``lease_ms``."""
+        now = self._now(now)
+        checkpoint_text = None if checkpoint is None else json.dumps(dict(checkpoint))
+        with self.engine.begin() as conn:
+            held = conn.execute(
+                self.sql.hold,
+                {
+                    "message_id": fence.message_id,
+                    "attempt": fence.attempt,
+                    "owner": fence.owner,
+                    "lease_ms": int(lease_ms),
+                    "now": now,
+                },
+            ).first()
+            if held is None:
+                return CasResult(Outcome.LEASE_LOST)
+            expires = int(held._mapping["lease_expires_at_ms"])
+            if held._mapping["run_id"] is not None:
+                conn.execute(
+                    self.sql.hold_run,
+                    {
+                        "run_id": held._mapping["run_id"],
+                        "message_id": fence.message_id,
+                        "lease_expires_at_ms": expires,
+                    },
+                )
+            conn.execute(self.sql.task_ensure, {"task_id": task_id, "run_id": run_id, "now": now})
+            revision = conn.execute(
+                self.sql.task_cas,
+                {
+                    "task_id": task_id,
+                    "expected": int(expected_revision),
+                    "state": state,
+                    "reason": reason,
+                    "checkpoint": checkpoint_text,
+                    "now": now,
+                },
+            ).scalar()
+            if revision is None:
+                return CasResult(Outcome.REVISION_CONFLICT, lease_expires_at_ms=expires)
+            if event is not None:
+                data = (
+                    event_data
+                    if event_data is not None
+                    else (
+                        {"revision": int(revision)}
+                        if checkpoint is None
+                        else {"revision": int(revision), "checkpoint": dict(checkpoint)}
+                    )
+                )
+                conn.execute(
+                    self.sql.event_insert,
+                    {
+                        "task_id": task_id,
+                        "message_id": fence.message_id,
+                        "attempt": fence.attempt,
+                        "kind": event,
+                        "data": _dump(data),
+                        "now": now,
+                    },
+                )
+        return CasResult(Outcome.UPDATED, int(revision), expires)
+
+    def append_event(
+        self,
+        fence: Fence,
+        kind: str,
+        data: Any = None,
+        *,
+        task_id: str | None = None,
+        now: int | None = None,
+    ) -> bool:
+        """Append a timeline event under the lease; False (nothing written) if it is lost."""
+        now = self._now(now)
+        with self.engine.begin() as conn:
+            held = conn.execute(
+                self.sql.hold,
+                {
+                    "message_id": fence.message_id,
+                    "attempt": fence.attempt,
+                    "owner": fence.owner,
+                    "lease_ms": 0,
+                    "now": now,
+                },
+            ).first()
+            if held is None:
+                return False
+            conn.execute(
+                self.sql.event_insert,
+                {
+                    "task_id": task_id,
+                    "message_id": fence.message_id,
+                    "attempt": fence.attempt,
+                    "kind": kind,
+                    "data": _dump(data),
+                    "now": now,
+                },
+            )
+        return True
+
+    def record_event(
+        self,
+        kind: str,
+        data: Any = None,
+        *,
+        task_id: str | None = None,
+        message_id: int | None = None,
+        attempt: int | None = None,
+        now: int | None = None,
+    ) -> None:
+        """Append an observation that needs no lease (e.g. ``lease_lost`` seen by a worker)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                self.sql.event_insert,
+                {
+                    "task_id": task_id,
+                    "message_id": message_id,
+                    "attempt": attempt,
+                    "kind": kind,
+                    "data": _dump(data),
+                    "now": self._now(now),
+                },
+            )
+
+    def is_held(self, fence: Fence, *, now: int | None = None) -> bool:
+        """Does this delivery still hold its lease, by the database's answer?"""
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                self.sql.hold,
+                {
+                    "message_id": fence.message_id,
+                    "attempt": fence.attempt,
+                    "owner": fence.owner,
+                    "lease_ms": 0,
+                    "now": self._now(now),
+                },
+            ).first()
+        return row is not None
+
+    # ---- reads -------------------------------------------------------------------------
+
+    def get_message(self, message_id: int) -> Message | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(self.sql.message_get, {"id": message_id}).first()
+            conn.rollback()
+        return None if row is None else _row_to_message(row)
+
+    def get_task(self, task_id: str) -> TaskRecord | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(self.sql.task_get, {"task_id": task_id}).first()
+            conn.rollback()
+        if row is None:
+            return None
+        m = row._mapping
+        return TaskRecord(
+            task_id=m["task_id"],
+            state=m["state"],
+            reason=m["reason"],
+            checkpoint=json.loads(m["checkpoint"] or "{}"),
+            revision=int(m["revision"]),
+            run_id=m["run_id"],
+            created_at_ms=int(m["created_at_ms"]),
+            updated_at_ms=int(m["updated_at_ms"]),
+        )
+
+    def events(self, *, task_id: str | None = None, message_id: int | None = None) -> list[Event]:
+        if (task_id is None) == (message_id is None):
+            raise ValueError("pass exactly one of task_id or message_id")
+        stmt = self.sql.events_for_task if task_id is not None else self.sql.events_for_message
+        params = {"task_id": task_id} if task_id is not None else {"message_id": message_id}
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt, params).fetchall()
+            conn.rollback()
+        return [
+            Event(
+                int(r.id),
+                r.task_id,
+                None if r.message_id is None else int(r.message_id),
+                None if r.attempt is None else int(r.attempt),
+                r.kind,
+                None if r.data is None else json.loads(r.data),
+                int(r.at_ms),
+            )
+            for r in rows
+        ]
+
+    # ---- queues ------------------------------------------------------------------------
+
+    def size(self, queue: str, *, now: int | None = None) -> int:
+        """Messages ready to be delivered now (not leased, not scheduled for later)."""
+        with self.engine.connect() as conn:
+            value = conn.execute(self.sql.size, {"queue": queue, "now": self._now(now)}).scalar()
+            conn.rollback()
+        return int(value or 0)
+
+    def purge(self, queue: str, *, now: int | None = None) -> int:
+        """Delete the queue's undelivered messages (leased ones are left to their holders)."""
+        now = self._now(now)
+        with self.engine.begin() as conn:
+            rows = conn.execute(self.sql.purge, {"queue": queue, "now": now}).fetchall()
+            for r in rows:
+                conn.execute(
+                    self.sql.event_insert,
+                    {
+                        "task_id": r.task_id,
+                        "message_id": r.id,
+                        "attempt": r.attempt,
+                        "kind": "purged",
+                        "data": None,
+                        "now": now,
+                    },
+                )
+        return len(rows)
+
+    def declare_queue(self, queue: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(self.sql.declare_queue, {"queue": queue, "now": self._now(None)})
+
+    def has_queue(self, queue: str) -> bool:
+        with self.engine.connect() as conn:
+            found = conn.execute(self.sql.has_queue, {"queue": queue}).first() is not None
+            conn.rollback()
+        return found
+
+    def delete_queue(self, queue: str, *, now: int | None = None) -> None:
+        """Forget a queue: its bindings and undelivered messages."""
+        with self.engine.begin() as conn:
+            params = {"queue": queue, "now": self._now(now)}
+            conn.execute(self.sql.delete_queue_messages, params)
+            conn.execute(self.sql.delete_queue_bindings, params)
+            conn.execute(self.sql.delete_queue, params)
+
+    def bind(self, exchange: str, queue: str, routing_key: str = "", pattern: str = "") -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                self.sql.bind,
+                {
+                    "exchange": exchange,
+                    "queue": queue,
+                    "routing_key": routing_key or "",
+                    "pattern": pattern or "",
+                },
+            )
+
+    def unbind(self, exchange: str, queue: str, routing_key: str = "", pattern: str = "") -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                self.sql.unbind,
+                {
+                    "exchange": exchange,
+                    "queue": queue,
+                    "routing_key": routing_key or "",
+                    "pattern": pattern or "",
+                },
+            )
+
+    def bindings(self, exchange: str) -> list[tuple[str, str, str]]:
+        """``(routing_key, pattern, queue)`` for every binding of ``exchange``."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(self.sql.bindings_for, {"exchange": exchange}).fetchall()
+            conn.rollback()
+        return [(r.routing_key, r.pattern, r.queue) for r in rows]

@@ -1,0 +1,83 @@
+"""Turn the URLs users write (``sqlease+postgresql://…``, ``sqlease+sqlite:///app.db``,
+``sqlease://``) into SQLAlchemy URLs, and mask passwords wherever a URL is shown."""
+
+from __future__ import annotations
+
+import re
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from .errors import ConfigurationError
+
+PREFIX = "sqlease"
+DEFAULT_SQLITE_URL = "sqlite:///sqlease.db"
+
+_SCHEME_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][\w+.-]*://[^:/@\s]*:)(?P<pw>[^@\s]*)(?P<at>@)")
+
+
+def strip_prefix(url: str) -> str:
+    """``sqlease+X`` → ``X``; ``sqlease://`` → the default SQLite file; anything else as is."""
+    text = url.strip()
+    if text in ("sqlease://", "sqlease:", "sqlease"):
+        return DEFAULT_SQLITE_URL
+    if text.startswith(PREFIX + "+"):
+        return text[len(PREFIX) + 1 :]
+    if text.startswith(PREFIX + "://"):
+        raise ConfigurationError(
+            f"{mask_password(text)!r}: 'sqlease://' takes no host or path; write "
+            "'sqlease+sqlite:///path.db' or 'sqlease+postgresql://user@host/db'"
+        )
+    return text
+
+
+def to_sqlalchemy_url(url: str | URL) -> URL:
+    """Parse and normalise a database URL: PostgreSQL always goes through psycopg 3."""
+    if isinstance(url, URL):
+        parsed = url
+    else:
+        text = strip_prefix(url)
+        try:
+            parsed = make_url(text)
+        except ArgumentError as exc:
+            raise ConfigurationError(
+                f"not a database URL: {mask_password(text)!r}; expected e.g. "
+                "'sqlease+sqlite:///app.db' or 'sqlease+postgresql://user@host/db'"
+            ) from exc
+    backend = parsed.get_backend_name()
+    driver = parsed.get_driver_name()
+    if backend in ("postgresql", "postgres"):
+        if parsed.drivername not in ("postgresql", "postgres", "postgresql+psycopg"):
+            raise ConfigurationError(
+                f"unsupported PostgreSQL driver {driver!r} in {mask_password(str(parsed))!r}: "
+                "sqlease uses psycopg 3; write 'postgresql://' or 'postgresql+psycopg://'"
+            )
+        return parsed.set(drivername="postgresql+psycopg")
+    if backend == "sqlite":
+        if parsed.drivername != "sqlite":
+            raise ConfigurationError(
+                f"unsupported SQLite driver {driver!r}; write 'sqlite:///path/to/file.db'"
+            )
+        database = parsed.database or ""
+        if database in ("", ":memory:") or database.startswith("file::memory:"):
+            raise ConfigurationError(
+                "an in-memory SQLite database cannot be shared by a worker and its producers; "
+                "name a file, e.g. 'sqlease+sqlite:///app.db'"
+            )
+        return parsed
+    raise ConfigurationError(
+        f"unsupported database {backend!r} in {mask_password(str(parsed))!r}: "
+        "sqlease supports 'sqlite' and 'postgresql'"
+    )
+
+
+def mask_password(url: str) -> str:
+    """Replace any password in a URL-looking string with ``**``."""
+    return _SCHEME_PASSWORD.sub(lambda m: f"{m['head']}**{m['at']}", url)
+
+
+def display_url(url: str | URL) -> str:
+    """A URL safe to log: the password masked, the query kept."""
+    if isinstance(url, URL):
+        return url.render_as_string(hide_password=True)
+    return mask_password(url)

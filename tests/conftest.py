@@ -1,0 +1,92 @@
+"""Shared fixtures: every store test runs on SQLite (a WAL file) and on PostgreSQL.
+
+PostgreSQL: one fresh database per test session (created and dropped here), and a fresh table
+prefix per test, so runs never see each other's rows. Outside CI a PostgreSQL test skips with
+the reason when no server answers; in CI (``CI`` or ``SQLEASE_REQUIRE_PG`` set) it fails.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from sqlease.store import Store
+from sqlease.testing import FakeClock
+
+PG_URL = os.environ.get("SQLEASE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REQUIRE_PG = bool(os.environ.get("CI") or os.environ.get("SQLEASE_REQUIRE_PG"))
+_prefixes = itertools.count()
+
+
+def _admin_engine() -> Any:
+    url = make_url(PG_URL).set(drivername="postgresql+psycopg")
+    return create_engine(url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+
+
+@pytest.fixture(scope="session")
+def pg_database_url() -> Iterator[str]:
+    """URL of a PostgreSQL database made for this test session."""
+    try:
+        admin = _admin_engine()
+        with admin.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:  # any failure to reach the server
+        message = f"PostgreSQL at {PG_URL} did not answer ({type(exc).__name__}: {exc})"
+        if REQUIRE_PG:
+            pytest.fail(message + "; PostgreSQL tests are required here", pytrace=False)
+        pytest.skip(message + "; set SQLEASE_TEST_PG_URL to run PostgreSQL tests")
+    name = f"sqlease_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        from sqlease.engine import dispose_all
+
+        dispose_all(close=True)
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def unique_prefix() -> str:
+    return f"t{os.getpid()}_{next(_prefixes)}_"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """A database URL: a SQLite file in WAL mode, or this session's PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sqlease.db'}"
+    url: str = request.getfixturevalue("pg_database_url")
+    return url
+
+
+@pytest.fixture
+def make_store(db_url: str, clock: FakeClock) -> Callable[..., Store]:
+    """Build stores on the test's database with its own table prefix and the fake clock."""
+    prefix = unique_prefix()
+
+    def build(**kwargs: Any) -> Store:
+        kwargs.setdefault("table_prefix", prefix)
+        kwargs.setdefault("clock", clock)
+        return Store(db_url, **kwargs)
+
+    return build
+
+
+@pytest.fixture
+def store(make_store: Callable[..., Store]) -> Store:
+    return make_store()
