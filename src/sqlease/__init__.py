@@ -1,6 +1,16 @@
-"""sqlease: durable Celery on SQL leases (SQLite embedded, PostgreSQL for many machines)."""
+"""sqlease: durable Celery on SQL leases (SQLite embedded, PostgreSQL for many machines).
+
+``import sqlease`` registers the ``sqlease`` Kombu transport, so ``broker_url =
+"sqlease+postgresql://…"`` (or ``"sqlease+sqlite:///app.db"``, or ``"sqlease://"``) works, and
+makes sqlease apps durable by default (late acks). Heavier names load on first use.
+"""
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from kombu.transport import TRANSPORT_ALIASES
 
 from .errors import (
     ConfigurationError,
@@ -14,9 +24,41 @@ from .errors import (
     SchemaVersionMismatch,
     SqleaseError,
 )
-from .store import CasResult, Event, Fence, Message, NewMessage, Outcome, Store, TaskRecord
+
+TRANSPORT_ALIASES["sqlease"] = "sqlease.transport:Transport"
+
+try:
+    from . import celery_defaults as _celery_defaults  # noqa: F401  (registers the hooks)
+except ImportError:  # pragma: no cover - kombu without celery
+    pass
+
+if TYPE_CHECKING:
+    from .store import CasResult, Event, Fence, Message, NewMessage, Outcome, Store, TaskRecord
+    from .transactions import transaction
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "CasResult": "store",
+    "Event": "store",
+    "Fence": "store",
+    "Message": "store",
+    "NewMessage": "store",
+    "Outcome": "store",
+    "Store": "store",
+    "TaskRecord": "store",
+    "transaction": "transactions",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sqlease' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CasResult",
@@ -38,4 +80,5 @@ __all__ = [
     "Store",
     "TaskRecord",
     "__version__",
+    "transaction",
 ]

@@ -82,9 +82,7 @@ class Statements:
 
         # A message is held while it is ready, leased to this owner at this attempt, and the
         # lease has not expired by the database's clock.
-        held = (
-            f"m.state = 'ready' AND m.lease_owner = :owner AND m.lease_expires_at_ms > {now}"
-        )
+        held = f"m.state = 'ready' AND m.lease_owner = :owner AND m.lease_expires_at_ms > {now}"
         self.held_predicate = held
 
         # ---- enqueue --------------------------------------------------------------------
@@ -103,7 +101,10 @@ class Statements:
                 f"e AS (INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
                 f"SELECT task_id, id, 0, 'enqueued', NULL, {now} FROM ins "
                 "WHERE CAST(:record AS BOOLEAN)) "
-                "SELECT id FROM ins"
+                # Wake listening workers; delivered at commit, so a rolled-back enqueue
+                # never wakes anyone.
+                "SELECT ins.id FROM ins CROSS JOIN "
+                "(SELECT pg_notify(CAST(:channel AS TEXT), ins2.queue) FROM ins ins2) n"
             )
         else:
             self.enqueue = text(
@@ -123,6 +124,10 @@ class Statements:
             f"AND (m.run_id IS NULL OR m.id = (SELECT min(h.id) FROM {m} h "
             "WHERE h.run_id = m.run_id AND h.state IN ('ready', 'parked')))"
         )
+        run_free = (
+            f"NOT EXISTS (SELECT 1 FROM {runs} r WHERE r.run_id = m.run_id "
+            f"AND r.lease_expires_at_ms > {now} AND r.message_id <> m.id)"
+        )
         order = "ORDER BY m.priority DESC, m.available_at_ms, m.id"
         q = "m." if d.is_postgresql else ""  # SQLite's RETURNING takes bare column names
         returning = "RETURNING " + ", ".join(q + c for c in _SELECT_COLS.split(", "))
@@ -135,7 +140,8 @@ class Statements:
             self.claim = text(
                 "WITH cand AS ("
                 f"SELECT m.id, m.run_id, m.attempt, (m.attempt >= m.max_attempts) AS exhausted "
-                f"FROM {m} m WHERE {ready} {order} LIMIT :limit FOR UPDATE OF m SKIP LOCKED), "
+                f"FROM {m} m WHERE {ready} AND (m.run_id IS NULL OR {run_free}) "
+                f"{order} LIMIT :limit FOR UPDATE OF m SKIP LOCKED), "
                 "run_locks AS ("
                 f"INSERT INTO {runs} AS r (run_id, message_id, attempt, lease_owner, "
                 "lease_expires_at_ms) "
@@ -162,7 +168,8 @@ class Statements:
                 f"e AS (INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
                 "SELECT m.task_id, m.id, m.attempt, "
                 "CASE WHEN m.state = 'dead' THEN 'attempts_exhausted' ELSE 'claimed' END, "
-                f"{d.json_owner}, {now} FROM claimed m) "
+                f"CASE WHEN m.state = 'dead' THEN NULL ELSE {d.json_owner} END, {now} "
+                "FROM claimed m) "
                 "SELECT * FROM claimed"
             )
             self.claim_runs = None
@@ -171,10 +178,6 @@ class Statements:
             # SQLite: the engine opens every transaction with BEGIN IMMEDIATE, so the claim's
             # statements run under the database's single write lock and no other writer can
             # interleave; the UPDATE still picks and leases in one statement.
-            run_free = (
-                f"NOT EXISTS (SELECT 1 FROM {runs} r WHERE r.run_id = m.run_id "
-                f"AND r.lease_expires_at_ms > {now} AND r.message_id <> m.id)"
-            )
             exhausted = "attempt >= max_attempts"
             self.claim = text(
                 f"UPDATE {m} AS m SET "
@@ -282,6 +285,8 @@ class Statements:
             f"UPDATE {m} AS m SET lease_expires_at_ms = "
             f"{d.greatest}(m.lease_expires_at_ms, {now} + :lease_ms) "
             f"WHERE m.id = :message_id AND m.attempt = :attempt AND {held} "
+            "AND (CAST(:task_id AS TEXT) IS NULL OR m.task_id IS NULL "
+            "OR m.task_id = CAST(:task_id AS TEXT)) "
             f"RETURNING {q}id, {q}lease_expires_at_ms, {q}run_id"
         )
         self.hold_run = text(
@@ -337,6 +342,12 @@ class Statements:
             "max_attempts = attempt + :budget "
             "WHERE id = :message_id AND state IN ('parked', 'dead') "
             "RETURNING id, task_id, attempt"
+        )
+        # When will something in these queues next become due? (Lets an idle worker sleep
+        # until exactly then instead of polling.)
+        self.next_due = text(
+            f"SELECT min(available_at_ms) - {now} FROM {m} WHERE state = 'ready' "
+            f"AND queue IN ({queues_in}) AND available_at_ms > {now}"
         )
         self.message_get = text(f"SELECT {_SELECT_COLS}, last_error FROM {m} WHERE id = :id")
         self.events_for_task = text(

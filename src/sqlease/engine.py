@@ -83,7 +83,11 @@ def _create_sqlite(url: URL, options: dict[str, Any]) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # Readers (sizes, snapshots, timelines) must not take the write lock.
+        if connection.get_execution_options().get("sqlease_read_only"):
+            connection.exec_driver_sql("BEGIN")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -144,7 +145,7 @@ def _row_to_message(row: Row[Any]) -> Message:
 
 
 def _fences_json(fences: Iterable[Fence]) -> str:
-    # Sorted by id: concurrent batches lock rows in one order, so they cannot deadlock.
+    # Sorted by id, so concurrent batches tend to lock rows in one order (fewer deadlocks).
     return json.dumps(sorted([f.message_id, f.attempt] for f in fences))
 
 
@@ -190,11 +191,23 @@ class Store:
         self.max_attempts = max_attempts
         self.max_payload_bytes = max_payload_bytes
         self.clock = clock
+        # PostgreSQL channel that enqueue notifies and idle workers LISTEN on.
+        self.notify_channel = f"{self.tables.prefix}wakeup"
         ensure_schema(self.engine, self.tables, auto_migrate=auto_migrate)
 
     @property
     def is_postgresql(self) -> bool:
         return self.dialect.is_postgresql
+
+    @contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        """A read-only transaction (on SQLite a deferred one: no write lock)."""
+        with self.engine.connect() as conn:
+            conn.execution_options(sqlease_read_only=True)
+            try:
+                yield conn
+            finally:
+                conn.rollback()
 
     # ---- time --------------------------------------------------------------------------
 
@@ -207,9 +220,8 @@ class Store:
         """The time the store compares leases against (the clock, else the database's)."""
         if self.clock is not None:
             return int(self.clock())
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             value = conn.execute(self.sql.now, {"now": None}).scalar_one()
-            conn.rollback()
         return int(value)
 
     # ---- enqueue -----------------------------------------------------------------------
@@ -284,7 +296,7 @@ class Store:
     ) -> list[int]:
         ids: list[int] = []
         for row in rows:
-            params = dict(row, now=now)
+            params = dict(row, now=now, channel=self.notify_channel)
             message_id = int(conn.execute(self.sql.enqueue, params).scalar_one())
             ids.append(message_id)
             if not self.is_postgresql and row["record"]:
@@ -378,6 +390,16 @@ class Store:
                     "now": now,
                 },
             )
+
+    def next_due_in_ms(self, queues: Sequence[str], *, now: int | None = None) -> int | None:
+        """Milliseconds until the next scheduled message of ``queues`` becomes due, if any."""
+        if not queues:
+            return None
+        with self._reading() as conn:
+            value = conn.execute(
+                self.sql.next_due, {"queues": json.dumps(list(queues)), "now": self._now(now)}
+            ).scalar()
+        return None if value is None else max(0, int(value))
 
     def take(
         self, queues: Sequence[str], *, limit: int = 1, now: int | None = None
@@ -632,6 +654,7 @@ class Store:
                     "attempt": fence.attempt,
                     "owner": fence.owner,
                     "lease_ms": int(lease_ms),
+                    "task_id": task_id,
                     "now": now,
                 },
             ).first()
@@ -703,6 +726,7 @@ class Store:
                     "attempt": fence.attempt,
                     "owner": fence.owner,
                     "lease_ms": 0,
+                    "task_id": task_id,
                     "now": now,
                 },
             ).first()
@@ -755,6 +779,7 @@ class Store:
                     "attempt": fence.attempt,
                     "owner": fence.owner,
                     "lease_ms": 0,
+                    "task_id": None,
                     "now": self._now(now),
                 },
             ).first()
@@ -763,15 +788,13 @@ class Store:
     # ---- reads -------------------------------------------------------------------------
 
     def get_message(self, message_id: int) -> Message | None:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             row = conn.execute(self.sql.message_get, {"id": message_id}).first()
-            conn.rollback()
         return None if row is None else _row_to_message(row)
 
     def get_task(self, task_id: str) -> TaskRecord | None:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             row = conn.execute(self.sql.task_get, {"task_id": task_id}).first()
-            conn.rollback()
         if row is None:
             return None
         m = row._mapping
@@ -791,9 +814,8 @@ class Store:
             raise ValueError("pass exactly one of task_id or message_id")
         stmt = self.sql.events_for_task if task_id is not None else self.sql.events_for_message
         params = {"task_id": task_id} if task_id is not None else {"message_id": message_id}
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             rows = conn.execute(stmt, params).fetchall()
-            conn.rollback()
         return [
             Event(
                 int(r.id),
@@ -811,9 +833,8 @@ class Store:
 
     def size(self, queue: str, *, now: int | None = None) -> int:
         """Messages ready to be delivered now (not leased, not scheduled for later)."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             value = conn.execute(self.sql.size, {"queue": queue, "now": self._now(now)}).scalar()
-            conn.rollback()
         return int(value or 0)
 
     def purge(self, queue: str, *, now: int | None = None) -> int:
@@ -840,9 +861,8 @@ class Store:
             conn.execute(self.sql.declare_queue, {"queue": queue, "now": self._now(None)})
 
     def has_queue(self, queue: str) -> bool:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             found = conn.execute(self.sql.has_queue, {"queue": queue}).first() is not None
-            conn.rollback()
         return found
 
     def delete_queue(self, queue: str, *, now: int | None = None) -> None:
@@ -879,7 +899,6 @@ class Store:
 
     def bindings(self, exchange: str) -> list[tuple[str, str, str]]:
         """``(routing_key, pattern, queue)`` for every binding of ``exchange``."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             rows = conn.execute(self.sql.bindings_for, {"exchange": exchange}).fetchall()
-            conn.rollback()
         return [(r.routing_key, r.pattern, r.queue) for r in rows]

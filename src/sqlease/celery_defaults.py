@@ -1,0 +1,94 @@
+"""Durable by default: a Celery app whose broker is sqlease acknowledges tasks late and
+requeues a task whose worker process died, unless the app says otherwise.
+
+Celery acks a task *before* running it unless ``task_acks_late`` is set; then a worker killed
+mid-task loses it. Celery binds those settings to task classes when the app is finalized, so
+the defaults are changed just before that (``connect_on_app_finalize``), only for settings the
+app did not set itself, and so that per-task options (``@app.task(acks_late=False)``) still win.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import signals
+from celery._state import connect_on_app_finalize
+
+logger = logging.getLogger(__name__)
+
+_DEFAULTS = {
+    # setting: (old-style name, durable value)
+    "task_acks_late": ("CELERY_ACKS_LATE", True),
+    "task_reject_on_worker_lost": ("CELERY_REJECT_ON_WORKER_LOST", True),
+}
+
+
+def uses_sqlease(app: Any) -> bool:
+    conf = app.conf
+    for key in ("broker_url", "broker_read_url", "broker_write_url"):
+        value = conf.get(key)
+        values = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(v, str) and v.strip().lower().startswith("sqlease") for v in values):
+            return True
+    transport = conf.get("broker_transport")
+    if transport is None:
+        return False
+    name = transport if isinstance(transport, str) else getattr(transport, "__module__", "")
+    return "sqlease" in str(name)
+
+
+def _explicit(conf: Any, *keys: str) -> bool:
+    # Settings is a chain: [changes, the app's config sources…, Celery's defaults].
+    maps = getattr(conf, "maps", None)
+    if not maps:
+        return False
+    return any(key in layer for layer in maps[:-1] for key in keys)
+
+
+def _durable_defaults(app: Any) -> None:
+    try:
+        if not uses_sqlease(app):
+            return
+        for key, (old_key, value) in _DEFAULTS.items():
+            if not _explicit(app.conf, key, old_key):
+                app.conf[key] = value
+    except Exception:  # never break an app's finalization over a default
+        logger.debug("sqlease could not apply durable defaults", exc_info=True)
+
+
+# The defaults must be in place before any task class is bound. Celery runs its finalize
+# callbacks in no fixed order (shared tasks bind inside them), so ours goes first by wrapping
+# the announcement; the plain registration stays as a fallback for other Celery versions.
+connect_on_app_finalize(_durable_defaults)
+
+
+def _run_first() -> None:
+    import celery.app.base as app_base
+
+    announce = getattr(app_base, "_announce_app_finalized", None)
+    if announce is None or getattr(announce, "_sqlease_first", False):
+        return
+
+    def announce_with_durable_defaults(app: Any) -> None:
+        _durable_defaults(app)
+        announce(app)
+
+    announce_with_durable_defaults._sqlease_first = True  # type: ignore[attr-defined]
+    app_base._announce_app_finalized = announce_with_durable_defaults
+
+
+_run_first()
+
+
+@signals.worker_init.connect
+def _warn_if_early_ack(sender: Any = None, **kwargs: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is None or not uses_sqlease(app):
+        return
+    if not app.conf.task_acks_late:
+        logger.warning(
+            "sqlease: task_acks_late is False, so tasks are acknowledged before they run and a "
+            "worker killed mid-task loses its task. Remove that setting to make tasks durable "
+            "(opt out per task with @app.task(acks_late=False))."
+        )

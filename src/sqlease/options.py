@@ -1,0 +1,165 @@
+"""Transport options (``broker_transport_options``): parsed once, validated with clear errors.
+
+Seconds are floats, as in Kombu's own options. Options that other brokers use (a Redis or SQS
+``visibility_timeout``, ``fanout_prefix`` …) are ignored with a warning, so that an app moving
+from those brokers works by changing only its URL.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigurationError
+from .schema import validate_prefix
+
+logger = logging.getLogger(__name__)
+
+# Options Kombu or Celery themselves read from transport_options: accepted silently.
+_GENERIC = frozenset(
+    {
+        "body_encoding",
+        "max_retries",
+        "interval_start",
+        "interval_step",
+        "interval_max",
+        "confirm_publish",
+        "client_properties",
+        "connect_timeout",
+    }
+)
+_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+def _seconds(name: str, value: Any, *, minimum: float) -> float:
+    if isinstance(value, bool):
+        raise ConfigurationError(f"transport option {name!r} must be a number of seconds")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"transport option {name!r} must be a number of seconds, not {value!r}"
+        ) from None
+    if math.isnan(number) or math.isinf(number) or number < minimum:
+        raise ConfigurationError(
+            f"transport option {name!r} must be at least {minimum} seconds, not {value!r}"
+        )
+    return number
+
+
+def _integer(name: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigurationError(f"transport option {name!r} must be an integer, not {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"transport option {name!r} must be an integer, not {value!r}"
+        ) from None
+    if number < minimum:
+        raise ConfigurationError(f"transport option {name!r} must be >= {minimum}, not {value!r}")
+    return number
+
+
+def _boolean(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in (
+        "1",
+        "true",
+        "yes",
+        "on",
+        "0",
+        "false",
+        "no",
+        "off",
+    ):
+        return value.lower() in ("1", "true", "yes", "on")
+    raise ConfigurationError(f"transport option {name!r} must be true or false, not {value!r}")
+
+
+@dataclass(frozen=True)
+class TransportOptions:
+    """The options of DESIGN §2, with their defaults."""
+
+    #: How long a delivery is held without a heartbeat before another worker may take it over.
+    lease_seconds: float = 60.0
+    #: How often this process renews every lease it holds (default: a third of the lease).
+    heartbeat_interval: float | None = None
+    #: Deliveries before a message is failed ``attempts_exhausted``.
+    max_attempts: int = 3
+    #: The safety poll: the longest an idle worker goes without looking for work.
+    polling_interval: float = 1.0
+    #: Prefix of every table (and of the PostgreSQL notification channel).
+    table_prefix: str = "sqlease_"
+    #: Create or upgrade the schema at first connect.
+    auto_migrate: bool = True
+    #: Largest message accepted at publish (bytes of the stored message).
+    max_payload_bytes: int = 16 * 1024 * 1024
+    #: SQLite ``PRAGMA synchronous`` (WAL mode): NORMAL survives any process crash.
+    sqlite_synchronous: str = "NORMAL"
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.lease_seconds * 1000)
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        if self.heartbeat_interval is not None:
+            return self.heartbeat_interval
+        return self.lease_seconds / 3.0
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any] | None) -> TransportOptions:
+        raw = dict(raw or {})
+        values: dict[str, Any] = {}
+        if "lease_seconds" in raw:
+            values["lease_seconds"] = _seconds(
+                "lease_seconds", raw.pop("lease_seconds"), minimum=0.05
+            )
+        if "heartbeat_interval" in raw:
+            value = raw.pop("heartbeat_interval")
+            if value is not None:
+                values["heartbeat_interval"] = _seconds("heartbeat_interval", value, minimum=0.01)
+        if "max_attempts" in raw:
+            values["max_attempts"] = _integer("max_attempts", raw.pop("max_attempts"), minimum=1)
+        if "polling_interval" in raw:
+            value = raw.pop("polling_interval")
+            if value is not None:
+                values["polling_interval"] = _seconds("polling_interval", value, minimum=0.001)
+        if "table_prefix" in raw:
+            values["table_prefix"] = validate_prefix(raw.pop("table_prefix"))
+        if "auto_migrate" in raw:
+            values["auto_migrate"] = _boolean("auto_migrate", raw.pop("auto_migrate"))
+        if "max_payload_bytes" in raw:
+            values["max_payload_bytes"] = _integer(
+                "max_payload_bytes", raw.pop("max_payload_bytes"), minimum=1
+            )
+        if "sqlite_synchronous" in raw:
+            sync = str(raw.pop("sqlite_synchronous")).upper()
+            if sync not in _SYNCHRONOUS:
+                raise ConfigurationError(
+                    f"transport option 'sqlite_synchronous' must be one of {_SYNCHRONOUS}, "
+                    f"not {sync!r}"
+                )
+            values["sqlite_synchronous"] = sync
+        options = cls(**values)
+        if options.heartbeat_seconds >= options.lease_seconds:
+            raise ConfigurationError(
+                f"heartbeat_interval ({options.heartbeat_seconds}s) must be shorter than "
+                f"lease_seconds ({options.lease_seconds}s), or leases expire between heartbeats"
+            )
+        unknown = sorted(set(raw) - _GENERIC)
+        if "visibility_timeout" in unknown:
+            logger.warning(
+                "transport option 'visibility_timeout' is a Redis/SQS setting and is ignored: "
+                "sqlease holds deliveries by a renewed lease (lease_seconds=%s)",
+                options.lease_seconds,
+            )
+            unknown.remove("visibility_timeout")
+        if unknown:
+            logger.warning("sqlease ignores unknown transport options: %s", ", ".join(unknown))
+        return options

@@ -1,0 +1,683 @@
+"""The Kombu transport: Celery's broker on SQL leases.
+
+``broker_url = "sqlease+postgresql://user@host/db"`` (or ``"sqlease+sqlite:///app.db"``, or
+``"sqlease://"`` for ``./sqlease.db``).
+
+Delivery is a lease: a consumer claims a batch of messages (up to its free prefetch credit) in
+one statement that writes owner, expiry and ``attempt + 1``; the process's heartbeat renews every
+lease it holds; ack, reject and restore are fenced SQL writes on ``(id, owner, attempt)``. A
+crashed worker's messages come back when their leases expire, and its late acks change nothing.
+
+Routing: direct, topic and fanout exchanges, with bindings persisted in SQL so that remote
+control (``celery inspect``), events and topic routing work across processes and machines.
+Consumers that never ack (pidbox, event receivers) delete on fetch.
+
+Wake-ups: PostgreSQL LISTEN/NOTIFY in the worker's event loop; SQLite watches the file's
+``data_version``; both keep a safety poll (``polling_interval``) and sleep exactly until the
+next scheduled (``eta``/``countdown``) message is due.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+from queue import Empty
+from typing import Any
+
+import psycopg
+import sqlalchemy
+import sqlalchemy.exc
+from kombu.transport import virtual
+from sqlalchemy.engine import URL
+
+from .errors import ConfigurationError, DatabaseUnavailable
+from .heartbeat import heartbeat
+from .options import TransportOptions
+from .store import Fence, Message, NewMessage, Store
+from .urls import display_url, to_sqlalchemy_url
+from .wakeup import PostgresListener, SqliteWatcher, Waker
+
+logger = logging.getLogger(__name__)
+
+#: Most messages one claim statement takes (the prefetch credit usually bounds it first).
+CLAIM_BATCH = 128
+#: Most messages one delete-on-fetch statement takes for consumers that never ack.
+TAKE_BATCH = 64
+
+# Keys the transport adds to properties['delivery_info']; Celery passes them to the task as
+# ``self.request.properties['delivery_info']`` and to the result backend.
+ID_KEY = "sqlease_id"
+ATTEMPT_KEY = "sqlease_attempt"
+OWNER_KEY = "sqlease_owner"
+LEASE_KEY = "sqlease_lease_ms"
+
+_stores: dict[tuple[str, TransportOptions], Store] = {}
+_stores_lock = threading.Lock()
+
+
+def store_for(url: URL, options: TransportOptions) -> Store:
+    """The process-wide store for a database and options (the schema is checked once)."""
+    key = (url.render_as_string(hide_password=False), options)
+    with _stores_lock:
+        store = _stores.get(key)
+        if store is None:
+            store = Store(
+                url,
+                table_prefix=options.table_prefix,
+                auto_migrate=options.auto_migrate,
+                max_attempts=options.max_attempts,
+                max_payload_bytes=options.max_payload_bytes,
+                sqlite_synchronous=options.sqlite_synchronous,
+            )
+            _stores[key] = store
+        return store
+
+
+def fence_of(delivery_info: dict[str, Any] | None) -> Fence | None:
+    """The lease a delivery was made under, from its ``delivery_info`` (None if unleased)."""
+    if not delivery_info or ID_KEY not in delivery_info:
+        return None
+    return Fence(
+        int(delivery_info[ID_KEY]), str(delivery_info[OWNER_KEY]), int(delivery_info[ATTEMPT_KEY])
+    )
+
+
+def _eta_delay_ms(headers: dict[str, Any]) -> int:
+    eta = headers.get("eta")
+    if not eta:
+        return 0
+    try:
+        when = eta if isinstance(eta, datetime) else datetime.fromisoformat(str(eta))
+    except ValueError:
+        logger.warning("ignoring unparseable eta header %r: delivering now", eta)
+        return 0
+    return max(0, int((when.timestamp() - time.time()) * 1000))
+
+
+class Channel(virtual.Channel):
+    """A virtual channel whose deliveries are SQL leases."""
+
+    supports_fanout = True
+    do_restore = True
+    connection: Transport
+
+    def __init__(self, connection: Transport, **kwargs: Any) -> None:
+        super().__init__(connection, **kwargs)
+        self._noack_queues: set[str] = set()
+
+    @property
+    def store(self) -> Store:
+        return self.connection.store
+
+    # ---- publishing --------------------------------------------------------------------
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        self.connection.publish([(queue, message)])
+
+    def _put_fanout(
+        self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any
+    ) -> None:
+        queues = sorted({queue for _, _, queue in self.get_table(exchange)})
+        if queues:
+            self.connection.publish([(queue, message) for queue in queues])
+
+    # ---- consuming ---------------------------------------------------------------------
+
+    def basic_consume(
+        self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any
+    ) -> Any:
+        if no_ack:
+            self._noack_queues.add(queue)
+        else:
+            self._noack_queues.discard(queue)
+        self.connection.wake_soon()
+        return super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
+
+    def basic_cancel(self, consumer_tag: str) -> Any:
+        queue = self._tag_to_queue.get(consumer_tag)
+        result = super().basic_cancel(consumer_tag)
+        if queue is not None and queue not in self._active_queues:
+            self._noack_queues.discard(queue)
+        return result
+
+    def _claim(self, queues: list[str], limit: int) -> list[Message]:
+        transport = self.connection
+        messages = self.store.claim(
+            queues, transport.owner, lease_ms=transport.options.lease_ms, limit=limit
+        )
+        beat = heartbeat()
+        for message in messages:
+            beat.hold(
+                self.store,
+                message.fence,
+                lease_ms=transport.options.lease_ms,
+                interval=transport.options.heartbeat_seconds,
+                task_id=message.task_id,
+            )
+        return messages
+
+    def _decode(self, message: Message, *, leased: bool) -> dict[str, Any] | None:
+        """The Kombu payload of a claimed row, stamped with its lease; None if the row is
+        not a readable message (it is then failed ``undecodable`` and kept for inspection)."""
+        try:
+            payload = json.loads(message.payload)
+            properties = payload["properties"]
+            delivery_info = properties.setdefault("delivery_info", {})
+            if not isinstance(delivery_info, dict):
+                raise TypeError("properties.delivery_info is not an object")
+        except (ValueError, KeyError, TypeError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            logger.error(
+                "sqlease: message %s in queue %r is not a readable Kombu message (%s); "
+                "it is kept as failed 'undecodable' for inspection",
+                message.id,
+                message.queue,
+                error,
+            )
+            if leased:
+                heartbeat().drop([message.fence])
+                self.store.fail(message.fence, "undecodable", error=error)
+            else:
+                self.store.record_event(
+                    "undecodable",
+                    {"error": error, "payload": message.payload[:1000]},
+                    task_id=message.task_id,
+                    message_id=message.id,
+                )
+            return None
+        properties["delivery_tag"] = f"{message.id}.{message.attempt}"
+        delivery_info["redelivered"] = message.attempt > 1
+        if leased:
+            delivery_info.update(
+                {
+                    ID_KEY: message.id,
+                    ATTEMPT_KEY: message.attempt,
+                    OWNER_KEY: message.lease_owner,
+                    LEASE_KEY: self.connection.options.lease_ms,
+                }
+            )
+        payload["redelivered"] = message.attempt > 1
+        return payload
+
+    def drain_events(self, timeout: float | None = None, callback: Any = None) -> int:
+        """Deliver what is ready on this channel's queues: one delete-on-fetch batch for
+        no-ack consumers and one claim batch, sized by the free prefetch credit."""
+        if not self._consumers:
+            raise Empty()
+        callback = callback or self.connection._deliver
+        delivered = 0
+        noack = [q for q in self._active_queues if q in self._noack_queues]
+        acked = [q for q in self._active_queues if q not in self._noack_queues]
+        if noack:
+            taken = self.store.take(noack, limit=TAKE_BATCH)
+            if len(taken) == TAKE_BATCH:
+                self.connection._more = True
+            for message in taken:
+                payload = self._decode(message, leased=False)
+                if payload is not None:
+                    callback(payload, message.queue)
+                    delivered += 1
+        if acked and self.qos.can_consume():
+            credit = self.qos.can_consume_max_estimate() if self.qos.prefetch_count else None
+            limit = min(credit or CLAIM_BATCH, CLAIM_BATCH)
+            claimed = self._claim(acked, limit)
+            if len(claimed) == limit:
+                self.connection._more = True
+            for message in claimed:
+                payload = self._decode(message, leased=True)
+                if payload is not None:
+                    callback(payload, message.queue)
+                    delivered += 1
+        if not delivered:
+            raise Empty()
+        return delivered
+
+    def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
+        for message in self._claim([queue], 1):
+            payload = self._decode(message, leased=True)
+            if payload is not None:
+                return payload
+        raise Empty()
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        if no_ack:
+            taken = self.store.take([queue], limit=1)
+            payload = self._decode(taken[0], leased=False) if taken else None
+        else:
+            try:
+                payload = self._get(queue)
+            except Empty:
+                payload = None
+        if payload is None:
+            return None
+        message = self.Message(payload, channel=self)
+        if not no_ack:
+            self.qos.append(message, message.delivery_tag)
+        return message
+
+    # ---- acknowledgement (fenced) --------------------------------------------------------
+
+    def _fence_for_tag(self, delivery_tag: str) -> Fence | None:
+        try:
+            message = self.qos.get(delivery_tag)
+        except KeyError:
+            return None
+        return fence_of(message.delivery_info)
+
+    def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
+        fence = self._fence_for_tag(delivery_tag)
+        try:
+            if fence is not None:
+                heartbeat().drop([fence])
+                if not self.store.ack([fence]):
+                    # Never raised into Celery: the task was taken over (or its lease expired)
+                    # and the new holder's delivery is the one that counts.
+                    logger.warning(
+                        "sqlease: stale ack refused for message %s attempt %s: the lease was "
+                        "lost (expired or taken over); the message stays with its new holder",
+                        fence.message_id,
+                        fence.attempt,
+                        extra={"message_id": fence.message_id, "attempt": fence.attempt},
+                    )
+        finally:
+            super().basic_ack(delivery_tag, multiple=multiple)
+
+    def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        fence = self._fence_for_tag(delivery_tag)
+        try:
+            if fence is not None:
+                heartbeat().drop([fence])
+                if requeue:
+                    done = bool(self.store.release([fence]))
+                else:
+                    # Rejected without requeue: kept as failed (inspectable, requeueable),
+                    # never silently dropped.
+                    done = self.store.fail(fence, "rejected")
+                if not done:
+                    logger.warning(
+                        "sqlease: stale reject ignored for message %s attempt %s",
+                        fence.message_id,
+                        fence.attempt,
+                    )
+        finally:
+            # Our SQL did the requeue; the base class would publish a copy.
+            self.qos.reject(delivery_tag, requeue=False)
+
+    def _restore(self, message: Any) -> None:
+        """Give an unacked delivery back (channel close, warm shutdown): a fenced release
+        that refunds the attempt, never a re-published copy."""
+        fence = fence_of(message.delivery_info)
+        if fence is None:
+            return super()._restore(message)
+        heartbeat().drop([fence])
+        self.store.release([fence], refund=True)
+        return None
+
+    def _restore_at_beginning(self, message: Any) -> None:
+        self._restore(message)
+
+    # ---- queues and bindings -----------------------------------------------------------
+
+    def _new_queue(self, queue: str, **kwargs: Any) -> None:
+        self.connection.declare_queue(queue)
+
+    def _has_queue(self, queue: str, **kwargs: Any) -> bool:
+        return self.store.has_queue(queue)
+
+    def _size(self, queue: str) -> int:
+        return self.store.size(queue)
+
+    def _purge(self, queue: str) -> int:
+        return self.store.purge(queue)
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        self.store.bind(exchange, queue, routing_key or "", pattern or "")
+
+    def get_table(self, exchange: str) -> list[tuple[str, str, str]]:
+        return self.store.bindings(exchange)
+
+    def queue_unbind(
+        self,
+        queue: str,
+        exchange: str | None = None,
+        routing_key: str = "",
+        arguments: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self.state.binding_delete(queue, exchange, routing_key)
+        meta = self.typeof(exchange).prepare_bind(queue, exchange, routing_key, arguments)
+        self.store.unbind(exchange or "", queue, meta[0] or "", meta[1] or "")
+
+    def _delete(
+        self, queue: str, exchange: str, routing_key: str, pattern: str, *args: Any, **kwargs: Any
+    ) -> None:
+        self.store.unbind(exchange, queue, routing_key or "", pattern or "")
+
+    def queue_delete(
+        self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any
+    ) -> int | None:
+        if if_empty and self._size(queue):
+            return None
+        super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)
+        self.store.delete_queue(queue)
+        self.connection.forget_queue(queue)
+        return None
+
+
+class Transport(virtual.Transport):
+    """Kombu transport ``sqlease``: SQLite or PostgreSQL through SQLAlchemy."""
+
+    Channel = Channel
+
+    driver_type = "sqlease"  # never 'sql': Celery turns events off for that driver type
+    driver_name = "sqlalchemy"
+    can_parse_url = True
+    default_port = None
+    polling_interval = 1.0
+
+    implements = virtual.Transport.implements.extend(
+        asynchronous=True,
+        exchange_type=frozenset(["direct", "topic", "fanout"]),
+        heartbeats=False,
+    )
+
+    connection_errors = (  # type: ignore[assignment]
+        *virtual.Transport.connection_errors,
+        sqlalchemy.exc.OperationalError,
+        sqlalchemy.exc.InterfaceError,
+        sqlalchemy.exc.TimeoutError,
+        psycopg.OperationalError,
+        psycopg.InterfaceError,
+        DatabaseUnavailable,
+    )
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self.options = TransportOptions.parse(client.transport_options)
+        self.polling_interval = self.options.polling_interval
+        hostname = client.hostname
+        if not hostname or hostname == "localhost":
+            raise ConfigurationError(
+                "the sqlease transport needs a database URL, e.g. broker_url = "
+                "'sqlease+sqlite:///app.db' or 'sqlease+postgresql://user@host/db'"
+            )
+        self.url: URL = to_sqlalchemy_url(hostname)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._store: Store | None = None
+        self._waker: Waker | None = None
+        self._declared: set[str] = set()
+        self._more = True
+        self._loop: Any = None
+        self._reader_fd: int | None = None
+        self._poll_entry: Any = None
+        self._due_entry: Any = None
+        self._idle_delay = 0.0
+        self._last_full_poll = 0.0
+
+    # ---- the store -----------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = store_for(self.url, self.options)
+        return self._store
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.url.get_backend_name() == "postgresql"
+
+    def driver_version(self) -> str:
+        return str(sqlalchemy.__version__)
+
+    def establish_connection(self) -> Any:
+        self.store  # noqa: B018  (connects, checks or migrates the schema: fails fast)
+        return super().establish_connection()
+
+    def publish(self, items: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """Store Kombu messages (one transaction)."""
+        from .transactions import current_connection
+
+        batch: list[NewMessage] = []
+        for queue, message in items:
+            batch.append(self._new_message(queue, message))
+        self.store.enqueue_many(batch, connection=current_connection(self.store))
+
+    def _new_message(self, queue: str, message: dict[str, Any]) -> NewMessage:
+        headers = message.get("headers") or {}
+        properties = message.get("properties") or {}
+        try:
+            priority = int(properties.get("priority") or 0)
+        except (TypeError, ValueError):
+            priority = 0
+        priority = max(0, min(9, priority))
+        run_id = headers.get("run_id")
+        task_id = headers.get("id")
+        max_attempts = headers.get("max_attempts")
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        ):
+            raise ConfigurationError(
+                f"header 'max_attempts' must be an integer >= 1, not {max_attempts!r}"
+            )
+        try:
+            payload = json.dumps(message)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"message for queue {queue!r} cannot be stored as JSON: {exc}"
+            ) from exc
+        return NewMessage(
+            queue=queue,
+            payload=payload,
+            priority=priority,
+            delay_ms=_eta_delay_ms(headers),
+            run_id=None if run_id is None else str(run_id),
+            task_id=None if task_id is None else str(task_id),
+            max_attempts=max_attempts,
+            record=task_id is not None,
+        )
+
+    def declare_queue(self, queue: str) -> None:
+        if queue not in self._declared:
+            self.store.declare_queue(queue)
+            self._declared.add(queue)
+
+    def forget_queue(self, queue: str) -> None:
+        self._declared.discard(queue)
+
+    # ---- wake-ups --------------------------------------------------------------------------
+
+    @property
+    def waker(self) -> Waker:
+        if self._waker is None:
+            if self.is_postgresql:
+                self._waker = PostgresListener(self.url, self.store.notify_channel)
+            else:
+                self._waker = SqliteWatcher(str(self.url.database))
+        return self._waker
+
+    def wake_soon(self) -> None:
+        self._more = True
+
+    def _active_ack_queues(self) -> list[str]:
+        queues: set[str] = set()
+        for channel in self.channels:
+            if isinstance(channel, Channel) and channel._consumers:
+                queues.update(q for q in channel._active_queues if q not in channel._noack_queues)
+        return sorted(queues)
+
+    def _next_due_delay(self) -> float | None:
+        queues = self._active_ack_queues()
+        if not queues:
+            return None
+        due_ms = self.store.next_due_in_ms(queues)
+        return None if due_ms is None else due_ms / 1000.0
+
+    def _drain_ready(self) -> bool:
+        """Deliver until nothing more is ready or credit runs out; True if anything came."""
+        got = False
+        for _ in range(50):  # bounded, so the event loop stays responsive
+            self._more = False
+            assert self.cycle is not None
+            try:
+                self.cycle.get(self._deliver)
+            except Empty:
+                break
+            got = True
+            if not self._more:
+                break
+        return got
+
+    # ---- the worker's event loop -----------------------------------------------------------
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        self._unregister_from_loop()
+        self._loop = loop
+        loop.on_tick.add(self._on_tick)
+        self._add_reader()
+        self._schedule_poll(0)
+
+    def _add_reader(self) -> None:
+        if self._loop is None or self._reader_fd is not None:
+            return
+        fd = self.waker.fileno()
+        if fd is not None:
+            self._reader_fd = fd
+            self._loop.add_reader(fd, self._on_readable)
+
+    def _remove_reader(self) -> None:
+        if self._loop is not None and self._reader_fd is not None:
+            try:
+                self._loop.remove_reader(self._reader_fd)
+            except Exception:
+                pass
+        self._reader_fd = None
+
+    def _unregister_from_loop(self) -> None:
+        if self._loop is None:
+            return
+        self._loop.on_tick.discard(self._on_tick)
+        self._remove_reader()
+        for entry in (self._poll_entry, self._due_entry):
+            if entry is not None:
+                entry.cancel()
+        self._poll_entry = self._due_entry = None
+        self._loop = None
+
+    def _on_readable(self) -> None:
+        waker = self.waker
+        waker.ready()
+        if isinstance(waker, PostgresListener) and not waker.connected:
+            # The LISTEN connection broke (server restart): re-listen on the next poll.
+            self._remove_reader()
+        self._more = True
+        self._drain_in_loop()
+
+    def _on_tick(self) -> None:
+        if self._more:
+            self._drain_in_loop()
+
+    def _drain_in_loop(self) -> None:
+        try:
+            got = self._drain_ready()
+            if not got:
+                self._schedule_due()
+        except self.connection_errors:
+            raise
+        except Exception:
+            logger.exception("sqlease: error while fetching messages")
+
+    def _schedule_due(self) -> None:
+        if self._loop is None:
+            return
+        delay = self._next_due_delay()
+        if self._due_entry is not None:
+            self._due_entry.cancel()
+            self._due_entry = None
+        if delay is not None and delay < self.polling_interval:
+            self._due_entry = self._loop.call_later(delay + 0.001, self._on_due)
+
+    def _on_due(self) -> None:
+        self._due_entry = None
+        self._more = True
+        self._drain_in_loop()
+
+    def _schedule_poll(self, delay: float) -> None:
+        if self._loop is not None:
+            self._poll_entry = self._loop.call_later(delay, self._on_poll)
+
+    def _on_poll(self) -> None:
+        """The safety poll. PostgreSQL: every polling_interval (notifications do the rest).
+        SQLite: a cheap data_version check every few milliseconds when busy, backing off to
+        50 ms when idle, and a full look every polling_interval."""
+        self._poll_entry = None
+        try:
+            now = time.monotonic()
+            if self.is_postgresql:
+                if self._reader_fd is None:
+                    self._add_reader()
+                self._more = True
+                next_delay = self.polling_interval
+            else:
+                changed = self.waker.ready()
+                if changed or now - self._last_full_poll >= self.polling_interval:
+                    self._more = True
+                    self._last_full_poll = now
+                if changed:
+                    self._idle_delay = 0.002
+                else:
+                    self._idle_delay = min(
+                        max(self._idle_delay * 2, 0.002), 0.05, self.polling_interval
+                    )
+                next_delay = self._idle_delay
+            if self._more:
+                self._drain_in_loop()
+        finally:
+            if self._loop is not None:
+                self._schedule_poll(next_delay if "next_delay" in locals() else 1.0)
+
+    # ---- clients without an event loop (synchronous drain) --------------------------------
+
+    def drain_events(  # type: ignore[override]
+        self, connection: Any, timeout: float | None = None
+    ) -> None:
+        start = time.monotonic()
+        waker = self.waker
+        waker.fileno()  # listen before looking, so no notification falls in between
+        assert self.cycle is not None
+        while True:
+            try:
+                self.cycle.get(self._deliver, timeout=timeout)
+                return
+            except Empty:
+                pass
+            elapsed = time.monotonic() - start
+            if timeout is not None and elapsed >= timeout:
+                raise TimeoutError()
+            wait = self.polling_interval
+            if timeout is not None:
+                wait = min(wait, timeout - elapsed)
+            due = self._next_due_delay()
+            if due is not None:
+                wait = min(wait, due + 0.001)
+            waker.wait(max(wait, 0.0))
+
+    def close_connection(self, connection: Any) -> None:
+        try:
+            super().close_connection(connection)
+        finally:
+            self._unregister_from_loop()
+            if self._waker is not None:
+                self._waker.close()
+                self._waker = None
+
+    def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
+        prefix = "" if uri.startswith("sqlease") else "sqlease+"
+        text = prefix + uri
+        return text if include_password else display_url(text)
