@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - kombu without celery
     pass
 
 if TYPE_CHECKING:
+    from .context import TaskContext, context
     from .store import CasResult, Event, Fence, Message, NewMessage, Outcome, Store, TaskRecord
     from .transactions import transaction
 
@@ -48,6 +49,8 @@ _LAZY = {
     "Store": "store",
     "TaskRecord": "store",
     "transaction": "transactions",
+    "context": "context",
+    "TaskContext": "context",
 }
 
 
@@ -78,7 +81,9 @@ __all__ = [
     "SchemaVersionMismatch",
     "SqleaseError",
     "Store",
+    "TaskContext",
     "TaskRecord",
     "__version__",
+    "context",
     "transaction",
 ]

@@ -3,9 +3,10 @@
 SQLite: a file in WAL mode with a busy timeout, every transaction opened with
 ``BEGIN IMMEDIATE`` so that a writer takes the write lock up front (a deferred transaction
 that later upgrades to a writer can fail with SQLITE_BUSY instead of waiting).
-PostgreSQL: psycopg 3 through SQLAlchemy's pool, with pre-ping so a restarted server is
-survived, and ``idle_in_transaction_session_timeout`` as a backstop: no stalled worker can
-hold a row lock that blocks a takeover.
+PostgreSQL: psycopg 3 through SQLAlchemy's pool (a restarted server is survived by
+discarding the pool on the first disconnect error), and
+``idle_in_transaction_session_timeout`` as a backstop: no stalled worker can hold a row lock
+that blocks a takeover.
 
 Engines are shared by the threads of a process and disposed in a forked child (a pooled
 connection must never be used by two processes).
@@ -97,7 +98,10 @@ def _create_postgresql(url: URL, options: dict[str, Any]) -> Engine:
         url,
         pool_size=options["pool_size"],
         max_overflow=10,
-        pool_pre_ping=True,
+        # No pre-ping: it costs a round trip per operation. A connection broken by a server
+        # restart raises a disconnect error once, SQLAlchemy then drops the whole pool, and
+        # Kombu/Celery retry the operation as a connection error.
+        pool_pre_ping=False,
         pool_recycle=3600,
         connect_args={
             # A worker stopped mid-transaction (SIGSTOP) must not hold locks for long.

@@ -9,12 +9,14 @@
     │   └── SchemaVersionMismatch              the database was migrated by a newer sqlease
     ├── DatabaseUnavailable                    the database cannot be reached (transient)
     ├── PayloadTooLarge (also ValueError)      a message body over the configured limit
-    ├── LeaseLost                              a fenced write found the lease gone
+    ├── LeaseLost (also celery Ignore)         a fenced write found the lease gone
     ├── OutcomeUnknown                         a durable step started but never recorded finishing
     └── ContextUnavailable (also RuntimeError) sqlease.context() outside a sqlease delivery
 """
 
 from __future__ import annotations
+
+from celery.exceptions import Ignore
 
 
 class SqleaseError(Exception):
@@ -53,9 +55,13 @@ class PayloadTooLarge(SqleaseError, ValueError):
     """A message body is larger than ``max_payload_bytes``; it was not enqueued."""
 
 
-class LeaseLost(SqleaseError):
+class LeaseLost(SqleaseError, Ignore):  # type: ignore[misc]
     """This delivery no longer holds its lease: another worker took the task over, or it
-    was paused or cancelled. A control signal, not a task failure: stop work, write nothing."""
+    was paused or cancelled. A control signal, not a task failure: stop work, write nothing.
+
+    It is a Celery ``Ignore``, so a task that lets it propagate is neither recorded as failed
+    nor retried; its (stale) ack is refused, and the delivery that holds the lease carries on.
+    """
 
     def __init__(self, message_id: int, attempt: int, detail: str = "") -> None:
         self.message_id = message_id

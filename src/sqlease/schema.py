@@ -19,6 +19,7 @@ from sqlalchemy import (
     Connection,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     SmallInteger,
@@ -62,6 +63,9 @@ class Tables:
     events: Table
     bindings: Table
     queues: Table
+    results: Table
+    counters: Table
+    steps: Table
 
     def name(self, short: str) -> str:
         return f"{self.prefix}{short}"
@@ -183,7 +187,63 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         Column("name", Text, primary_key=True),
         Column("created_at_ms", BigInteger, nullable=False),
     )
-    return Tables(p, md, schema_version, messages, runs, tasks, events, bindings, queues)
+    # Celery results (the result backend's key/value space), each written under the lease of
+    # the delivery that produced it when fenced.
+    results = Table(
+        f"{p}results",
+        md,
+        Column("key", Text, primary_key=True),
+        Column("value", LargeBinary, nullable=False),
+        Column("state", Text),
+        Column("task_id", Text),
+        Column("message_id", BigInteger),
+        Column("attempt", Integer),
+        Column("expires_at_ms", BigInteger),
+        Column("updated_at_ms", BigInteger, nullable=False),
+    )
+    Index(f"{p}results_message_ix", results.c.message_id)
+    Index(f"{p}results_expires_ix", results.c.expires_at_ms)
+    Index(f"{p}results_task_ix", results.c.task_id)
+    counters = Table(
+        f"{p}counters",
+        md,
+        Column("key", Text, primary_key=True),
+        Column("value", BigInteger, nullable=False),
+        Column("expires_at_ms", BigInteger),
+    )
+    # Durable steps: one row per (task, step name); "started" with no outcome after a crash
+    # means the side effect may or may not have happened.
+    steps = Table(
+        f"{p}steps",
+        md,
+        Column("task_id", Text, nullable=False),
+        Column("name", Text, nullable=False),
+        Column("status", Text, nullable=False),
+        Column("result", Text),
+        Column("error", Text),
+        Column("message_id", BigInteger),
+        Column("attempt", Integer),
+        Column("started_at_ms", BigInteger, nullable=False),
+        Column("finished_at_ms", BigInteger),
+        PrimaryKeyConstraint("task_id", "name"),
+        CheckConstraint(
+            "status IN ('started', 'succeeded', 'failed', 'outcome_unknown')", name="status"
+        ),
+    )
+    return Tables(
+        p,
+        md,
+        schema_version,
+        messages,
+        runs,
+        tasks,
+        events,
+        bindings,
+        queues,
+        results,
+        counters,
+        steps,
+    )
 
 
 def _migration_1(conn: Connection, tables: Tables) -> None:

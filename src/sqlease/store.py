@@ -745,6 +745,28 @@ class Store:
             )
         return True
 
+    def _event_on(
+        self,
+        conn: Connection,
+        task_id: str | None,
+        fence: Fence | None,
+        kind: str,
+        data: Any,
+        now: int | None,
+    ) -> None:
+        """Append an event inside the caller's transaction."""
+        conn.execute(
+            self.sql.event_insert,
+            {
+                "task_id": task_id,
+                "message_id": None if fence is None else fence.message_id,
+                "attempt": None if fence is None else fence.attempt,
+                "kind": kind,
+                "data": _dump(data),
+                "now": now,
+            },
+        )
+
     def record_event(
         self,
         kind: str,

@@ -40,6 +40,7 @@ from sqlalchemy.engine import URL
 from .errors import ConfigurationError, DatabaseUnavailable
 from .heartbeat import heartbeat
 from .options import TransportOptions
+from .results_store import ResultStore
 from .store import Fence, Message, NewMessage, Store
 from .urls import display_url, to_sqlalchemy_url
 from .wakeup import PostgresListener, SqliteWatcher, Waker
@@ -152,6 +153,7 @@ class Channel(virtual.Channel):
         messages = self.store.claim(
             queues, transport.owner, lease_ms=transport.options.lease_ms, limit=limit
         )
+        messages = self._skip_completed(messages)
         beat = heartbeat()
         for message in messages:
             beat.hold(
@@ -162,6 +164,34 @@ class Channel(virtual.Channel):
                 task_id=message.task_id,
             )
         return messages
+
+    def _skip_completed(self, messages: list[Message]) -> list[Message]:
+        """Invariant 9: a redelivered message whose final result was already stored under
+        its own lease (the result was written, then the ack was lost) is acked now instead of
+        running the task body again."""
+        redelivered = [m for m in messages if m.attempt > 1 and m.task_id is not None]
+        if not redelivered:
+            return messages
+        done = self.connection.results.completed_messages(m.id for m in redelivered)
+        if not done:
+            return messages
+        finished = [m for m in messages if m.id in done]
+        acked = self.store.ack([m.fence for m in finished])
+        for message in finished:
+            logger.info(
+                "sqlease: task %s (message %s) already has its final result; acked without "
+                "running it again",
+                message.task_id,
+                message.id,
+            )
+            self.store.record_event(
+                "completed_from_stored_outcome",
+                None,
+                task_id=message.task_id,
+                message_id=message.id,
+                attempt=message.attempt,
+            )
+        return [m for m in messages if m.id not in acked]
 
     def _decode(self, message: Message, *, leased: bool) -> dict[str, Any] | None:
         """The Kombu payload of a claimed row, stamped with its lease; None if the row is
@@ -411,6 +441,7 @@ class Transport(virtual.Transport):
         self.url: URL = to_sqlalchemy_url(hostname)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._store: Store | None = None
+        self._results: ResultStore | None = None
         self._waker: Waker | None = None
         self._declared: set[str] = set()
         self._more = True
@@ -428,6 +459,12 @@ class Transport(virtual.Transport):
         if self._store is None:
             self._store = store_for(self.url, self.options)
         return self._store
+
+    @property
+    def results(self) -> ResultStore:
+        if self._results is None:
+            self._results = ResultStore(self.store)
+        return self._results
 
     @property
     def is_postgresql(self) -> bool:

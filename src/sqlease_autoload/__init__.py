@@ -1,5 +1,8 @@
 """Makes ``sqlease+…`` broker URLs work even where the app module never imports sqlease.
 
+A separate top-level package on purpose: Kombu imports it while Celery is still half imported,
+so it must not import ``sqlease`` itself (whose errors subclass Celery's) at that moment.
+
 Kombu resolves a transport only through ``kombu.transport.TRANSPORT_ALIASES`` and has no entry
 point group for transports. It does load the ``kombu.serializers`` entry points when
 ``kombu.serialization`` is imported, which every Celery app does. sqlease ships one such entry

@@ -1,0 +1,298 @@
+"""Celery result backend ``sqlease+<SQLAlchemy URL>`` (loaded through the
+``celery.result_backends`` entry point: no import needed).
+
+Results live in ``<prefix>results`` as Celery's key/value records, so Celery's own logic gives
+``result_extended``, groups, custom states and ``update_state``; chords are native (an atomic
+SQL counter, no ``chord_unlock`` polling). When broker and backend share one database, a result
+written from inside a sqlease delivery is fenced by that delivery's lease in the same
+transaction: a worker that lost its lease can neither store a result nor advance a chord, and
+the new holder's result stands. ``AsyncResult.get()`` wakes on NOTIFY on PostgreSQL and watches
+the file on SQLite, instead of sleeping between polls.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextvars import ContextVar
+from typing import Any
+
+from celery import states
+from celery.backends.base import KeyValueStoreBackend
+from celery.exceptions import TimeoutError as CeleryTimeoutError
+from kombu.utils.encoding import bytes_to_str
+
+from .errors import ConfigurationError
+from .options import TransportOptions
+from .results_store import FenceRefused, ResultStore
+from .store import Fence
+from .transport import fence_of, store_for
+from .urls import display_url, strip_prefix, to_sqlalchemy_url
+from .wakeup import PostgresListener, SqliteWatcher, Waker
+
+logger = logging.getLogger(__name__)
+
+# The fence of the delivery whose result is being written (set around Celery's own logic).
+_writing_under: ContextVar[tuple[Fence, str] | None] = ContextVar(
+    "sqlease_writing_under", default=None
+)
+_REFUSED = "sqlease_refused"
+
+
+class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
+    """Result backend on SQL, fenced by sqlease delivery leases."""
+
+    implements_incr = True
+    supports_native_join = True
+    supports_autoexpire = False  # expired rows go in cleanup() (celery.backend_cleanup)
+    persistent = True
+
+    def __init__(self, app: Any = None, url: str | None = None, **kwargs: Any) -> None:
+        super().__init__(app=app, url=url, **kwargs)
+        conf = self.app.conf
+        raw = url or conf.result_backend or "sqlease://"
+        if not isinstance(raw, str):
+            raise ConfigurationError("the sqlease result backend needs a URL string")
+        self.url = strip_prefix(raw) if raw.startswith("sqlease") else raw
+        self.sa_url = to_sqlalchemy_url(self.url)
+        options = dict(conf.get("result_backend_transport_options") or {})
+        broker_options = dict(conf.get("broker_transport_options") or {})
+        self._same_db_as_broker = self._shares_broker_database()
+        if (
+            "table_prefix" not in options
+            and self._same_db_as_broker
+            and "table_prefix" in broker_options
+        ):
+            options["table_prefix"] = broker_options["table_prefix"]
+        options.pop("global_keyprefix", None)
+        self.options = TransportOptions.parse(options)
+        self._results: ResultStore | None = None
+        self._local = threading.local()
+
+    def _shares_broker_database(self) -> bool:
+        broker = self.app.conf.get("broker_url") or self.app.conf.get("broker_write_url")
+        if not isinstance(broker, str) or not broker.strip().startswith("sqlease"):
+            return False
+        try:
+            return to_sqlalchemy_url(broker).render_as_string(hide_password=False) == (
+                self.sa_url.render_as_string(hide_password=False)
+            )
+        except ConfigurationError:
+            return False
+
+    @property
+    def results(self) -> ResultStore:
+        if self._results is None:
+            self._results = ResultStore(store_for(self.sa_url, self.options))
+        return self._results
+
+    def __reduce__(self, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        return super().__reduce__(args, dict(kwargs or {}, url=self.url))
+
+    def as_uri(self, include_password: bool = False) -> str:
+        text = f"sqlease+{self.url}" if not self.url.startswith("sqlease") else self.url
+        return text if include_password else display_url(text)
+
+    # ---- fencing ---------------------------------------------------------------------
+
+    def _fence_for(self, request: Any) -> Fence | None:
+        """The lease a write from this request must hold (None: write unfenced)."""
+        if request is None or not self._same_db_as_broker:
+            return None
+        properties = getattr(request, "properties", None) or {}
+        fence = fence_of(properties.get("delivery_info") if isinstance(properties, dict) else None)
+        if fence is None:
+            return None
+        task = self.app.tasks.get(getattr(request, "task", None) or "")
+        if task is not None and not task.acks_late:
+            return None  # acked before it ran: the lease row is already gone
+        return fence
+
+    def _store_result(
+        self,
+        task_id: Any,
+        result: Any,
+        state: str,
+        traceback: Any = None,
+        request: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        fence = self._fence_for(request)
+        token = _writing_under.set((fence, bytes_to_str(task_id)) if fence else None)
+        self._local.refused = False
+        try:
+            stored = super()._store_result(
+                task_id, result, state, traceback=traceback, request=request, **kwargs
+            )
+        finally:
+            _writing_under.reset(token)
+        if self._local.refused and fence is not None:
+            logger.warning(
+                "sqlease: %s result of task %s refused: delivery (message %s, attempt %s) "
+                "lost its lease; the new holder's result stands",
+                state,
+                bytes_to_str(task_id),
+                fence.message_id,
+                fence.attempt,
+            )
+            if request is not None:
+                setattr(request, _REFUSED, True)
+        return stored
+
+    def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> Any:
+        fence = self._fence_for(request)
+        if fence is not None and getattr(request, _REFUSED, False):
+            return None  # its result was refused: it must not count towards the chord
+        token = _writing_under.set((fence, str(request.id)) if fence else None)
+        try:
+            return super().on_chord_part_return(request, state, result, **kwargs)
+        except FenceRefused:
+            logger.warning("sqlease: chord part of task %s refused: its lease is gone", request.id)
+            return None
+        finally:
+            _writing_under.reset(token)
+
+    # ---- the key/value primitives Celery builds on ------------------------------------
+
+    @staticmethod
+    def _key(key: Any) -> str:
+        return bytes_to_str(key)
+
+    @staticmethod
+    def _bytes(value: Any) -> bytes:
+        return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+    def _task_id_of(self, key: str) -> str | None:
+        prefix = bytes_to_str(self.task_keyprefix)
+        return key[len(prefix) :] if key.startswith(prefix) else None
+
+    def get(self, key: Any) -> Any:
+        return self.results.get(self._key(key))
+
+    def mget(self, keys: Any) -> Any:
+        return self.results.mget([self._key(k) for k in keys])
+
+    def set(self, key: Any, value: Any) -> Any:
+        return self._set_with_state(key, value, None)
+
+    def _set_with_state(self, key: Any, value: Any, state: str | None) -> Any:
+        text = self._key(key)
+        writing = _writing_under.get()
+        fence = writing[0] if writing else None
+        expires_ms = int(self.expires * 1000) if self.expires else None
+        ok = self.results.put(
+            text,
+            self._bytes(value),
+            state=state,
+            task_id=self._task_id_of(text),
+            expires_ms=expires_ms,
+            fence=fence,
+        )
+        if not ok:
+            self._local.refused = True
+        return ok
+
+    def delete(self, key: Any) -> Any:
+        self.results.delete(self._key(key))
+
+    def incr(self, key: Any) -> int:
+        writing = _writing_under.get()
+        if writing is None:
+            return self.results.incr(self._key(key))
+        return self.results.incr(self._key(key), fence=writing[0], task_id=writing[1])
+
+    def expire(self, key: Any, value: Any) -> Any:
+        self.results.expire(self._key(key), value)
+
+    def cleanup(self) -> None:
+        removed = self.results.cleanup()
+        logger.info("sqlease: removed %d expired result rows", removed)
+
+    # ---- waiting without polling --------------------------------------------------------
+
+    def _waker(self) -> Waker:
+        waker = getattr(self._local, "waker", None)
+        if waker is None:
+            if self.sa_url.get_backend_name() == "postgresql":
+                waker = PostgresListener(self.sa_url, self.results.notify_channel)
+            else:
+                waker = SqliteWatcher(str(self.sa_url.database))
+            self._local.waker = waker
+        return waker
+
+    def _nap(self, waker: Waker, interval: float, timeout: float | None, elapsed: float) -> None:
+        # A notification (PostgreSQL) or a commit to the file (SQLite) ends the nap early;
+        # the interval is only the safety net.
+        nap = max(interval, 1.0) if isinstance(waker, PostgresListener) else interval
+        if timeout is not None:
+            nap = min(nap, timeout - elapsed)
+        waker.wait(max(nap, 0.0))
+
+    def wait_for(
+        self,
+        task_id: Any,
+        timeout: float | None = None,
+        interval: float = 0.5,
+        no_ack: bool = True,
+        on_interval: Any = None,
+    ) -> Any:
+        self._ensure_not_eager()
+        waker = self._waker()
+        waker.fileno()  # listen before the first look, so no notification is missed
+        start = time.monotonic()
+        while True:
+            meta = self.get_task_meta(task_id)
+            if meta["status"] in states.READY_STATES:
+                return meta
+            if on_interval:
+                on_interval()
+            elapsed = time.monotonic() - start
+            if timeout is not None and elapsed >= timeout:
+                raise CeleryTimeoutError("The operation timed out.")
+            self._nap(waker, interval, timeout, elapsed)
+
+    def get_many(
+        self,
+        task_ids: Any,
+        timeout: float | None = None,
+        interval: float = 0.5,
+        no_ack: bool = True,
+        on_message: Any = None,
+        on_interval: Any = None,
+        max_iterations: int | None = None,
+        READY_STATES: Any = states.READY_STATES,
+    ) -> Any:
+        interval = 0.5 if interval is None else interval
+        ids = set(task_ids)
+        for task_id in list(ids):
+            cached = self._cache.get(task_id)
+            if cached is not None and cached["status"] in READY_STATES:
+                ids.discard(task_id)
+                yield bytes_to_str(task_id), cached
+        waker = self._waker()
+        waker.fileno()
+        start = time.monotonic()
+        iterations = 0
+        while ids:
+            keys = list(ids)
+            found = self._mget_to_results(
+                self.mget([self.get_key_for_task(k) for k in keys]), keys, READY_STATES
+            )
+            self._cache.update(found)
+            ids.difference_update({bytes_to_str(v) for v in found})
+            for key, value in found.items():
+                if on_message is not None:
+                    on_message(value)
+                yield bytes_to_str(key), value
+            if not ids:
+                break
+            elapsed = time.monotonic() - start
+            if timeout is not None and elapsed >= timeout:
+                raise CeleryTimeoutError(f"Operation timed out ({timeout})")
+            if on_interval:
+                on_interval()
+            self._nap(waker, interval, timeout, elapsed)
+            iterations += 1
+            if max_iterations and iterations >= max_iterations:
+                break

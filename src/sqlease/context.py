@@ -1,0 +1,285 @@
+"""``sqlease.context()``: a task's view of its own delivery, and writes fenced by its lease.
+
+Inside a task delivered by sqlease::
+
+    ctx = sqlease.context()
+    page = ctx.state.get("page", 0)        # the last checkpoint ({} on the first attempt)
+    ctx.checkpoint({"page": page + 1})     # saved under the lease; LeaseLost if it is gone
+    charge = ctx.step("charge", charge_card, order_id)   # runs once across redeliveries
+
+Every write goes through the database's compare-and-set on ``(message id, owner, attempt)``:
+a delivery that lost its lease (taken over after a stall, paused, cancelled) gets
+``LeaseLost`` and writes nothing. ``LeaseLost`` is a Celery ``Ignore``: letting it propagate
+stops the task without a failure or a retry being recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from .errors import ContextUnavailable, LeaseLost, OutcomeUnknown
+from .steps import StepStore
+from .store import Fence, Outcome, Store
+
+logger = logging.getLogger(__name__)
+
+_stores: dict[int, tuple[Store, int]] = {}
+_stores_lock = threading.Lock()
+_CAS_RETRIES = 5
+
+
+def _store_for_app(app: Any) -> tuple[Store, int]:
+    """The broker's store (and lease length) as configured for ``app``."""
+    key = id(app)
+    with _stores_lock:
+        found = _stores.get(key)
+        if found is not None:
+            return found
+    from .transport import Transport
+
+    conn = app.connection_for_write()
+    try:
+        transport = conn.transport
+        if not isinstance(transport, Transport):
+            raise ContextUnavailable(
+                f"sqlease.context() needs the sqlease broker; this app uses "
+                f"{type(transport).__module__}"
+            )
+        found = (transport.store, transport.options.lease_ms)
+    finally:
+        conn.release()
+    with _stores_lock:
+        _stores[key] = found
+    return found
+
+
+class TaskContext:
+    """One delivery of one task, as seen from inside it."""
+
+    def __init__(
+        self,
+        store: Store,
+        fence: Fence,
+        *,
+        task_id: str,
+        run_id: str | None = None,
+        lease_ms: int = 60_000,
+        task: Any = None,
+    ) -> None:
+        self.store = store
+        self.fence = fence
+        self.task_id = task_id
+        self.run_id = run_id
+        self.lease_ms = lease_ms
+        self._task = task
+        self._state: dict[str, Any] | None = None
+        self._revision = 0
+        self._steps = StepStore(store)
+
+    # ---- identity ----------------------------------------------------------------------
+
+    @property
+    def attempt(self) -> int:
+        """The delivery generation: 1 on the first delivery, +1 on every redelivery."""
+        return self.fence.attempt
+
+    @property
+    def message_id(self) -> int:
+        return self.fence.message_id
+
+    # ---- state and checkpoints -----------------------------------------------------------
+
+    def _load(self) -> None:
+        record = self.store.get_task(self.task_id)
+        if record is None:
+            self._state, self._revision = {}, 0
+        else:
+            self._state, self._revision = dict(record.checkpoint), record.revision
+
+    @property
+    def state(self) -> Mapping[str, Any]:
+        """The last checkpoint (read-only); empty on a task's first delivery."""
+        if self._state is None:
+            self._load()
+        assert self._state is not None
+        return MappingProxyType(self._state)
+
+    @property
+    def revision(self) -> int:
+        if self._state is None:
+            self._load()
+        return self._revision
+
+    def checkpoint(
+        self,
+        patch: Mapping[str, Any] | None = None,
+        *,
+        progress: tuple[int, int | None] | None = None,
+        **values: Any,
+    ) -> Mapping[str, Any]:
+        """Merge ``patch`` (and keyword values) into the saved state in one fenced
+        compare-and-set, renewing the lease. Raises ``LeaseLost`` if the database says this
+        delivery no longer holds it. ``progress=(done, total)`` also publishes Celery's
+        ``PROGRESS`` state (``AsyncResult.info``)."""
+        changes = dict(patch or {})
+        changes.update(values)
+        if progress is not None:
+            done, total = progress
+            changes["_progress"] = {"done": done, "total": total}
+        try:
+            json.dumps(changes)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"checkpoint values must be JSON-serializable: {exc}") from exc
+        for _ in range(_CAS_RETRIES):
+            merged = {**self.state, **changes}
+            result = self.store.compare_and_set(
+                self.fence,
+                self.task_id,
+                self._revision,
+                checkpoint=merged,
+                lease_ms=self.lease_ms,
+                state="running",
+                run_id=self.run_id,
+            )
+            if result.outcome is Outcome.UPDATED:
+                assert result.revision is not None
+                self._state, self._revision = merged, result.revision
+                break
+            if result.outcome is Outcome.LEASE_LOST:
+                raise LeaseLost(
+                    self.fence.message_id, self.fence.attempt, "checkpoint refused by the database"
+                )
+            self._load()  # someone else wrote (an admin, a step): merge onto theirs
+        else:
+            raise LeaseLost(
+                self.fence.message_id,
+                self.fence.attempt,
+                "checkpoint kept conflicting with concurrent writes",
+            )
+        if progress is not None:
+            self.progress(*progress)
+        return self.state
+
+    def progress(self, done: int, total: int | None = None, **meta: Any) -> None:
+        """Publish ``PROGRESS`` with ``{"done", "total", …}`` through the result backend (the
+        backend fences it by this delivery's lease)."""
+        if self._task is None:
+            return
+        info = {"done": done, "total": total, **meta}
+        self._task.update_state(state="PROGRESS", meta=info)
+
+    # ---- the lease -------------------------------------------------------------------------
+
+    @property
+    def lease_lost(self) -> bool:
+        """Asks the database: is this delivery's lease gone?"""
+        return not self.store.is_held(self.fence)
+
+    def ensure_lease(self) -> None:
+        """Renew the lease now; ``LeaseLost`` if the database no longer grants it."""
+        held = self.store.renew([self.fence], lease_ms=self.lease_ms)
+        if self.fence.message_id not in held:
+            raise LeaseLost(self.fence.message_id, self.fence.attempt, "renewal refused")
+
+    def event(self, kind: str, data: Any = None) -> None:
+        """Append an event to the task's timeline, under the lease."""
+        if not isinstance(kind, str) or not kind:
+            raise ValueError("an event kind is a non-empty string")
+        if not self.store.append_event(self.fence, kind, data, task_id=self.task_id):
+            raise LeaseLost(self.fence.message_id, self.fence.attempt, "event refused")
+
+    # ---- durable steps ---------------------------------------------------------------------
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this task across deliveries and return its
+        (JSON) result; a later delivery gets the stored result without calling ``fn``.
+
+        A step that started in an earlier delivery and never recorded an outcome (the worker
+        died inside it) raises ``OutcomeUnknown``: its side effect may or may not have
+        happened. Pass ``idempotent=True`` (reserved keyword) to run such a step again.
+        """
+        idempotent = bool(kwargs.pop("idempotent", False))
+        if not isinstance(name, str) or not name:
+            raise ValueError("a step name is a non-empty string")
+        record = self._steps.get(self.task_id, name)
+        if record is not None and record.status == "succeeded":
+            return record.result
+        if record is not None and record.status in ("started", "outcome_unknown"):
+            if record.attempt == self.fence.attempt:
+                raise RuntimeError(
+                    f"step {name!r} is already running in this delivery; step names must be "
+                    "unique within a task"
+                )
+            if not idempotent:
+                self._steps.mark_unknown(self.fence, self.task_id, name)
+                raise OutcomeUnknown(self.task_id, name)
+        if not self._steps.start(self.fence, self.task_id, name):
+            raise LeaseLost(self.fence.message_id, self.fence.attempt, f"step {name!r} refused")
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            if not self._steps.finish(
+                self.fence, self.task_id, name, error=f"{type(exc).__name__}: {exc}"
+            ):
+                raise LeaseLost(
+                    self.fence.message_id, self.fence.attempt, f"step {name!r} outcome refused"
+                ) from exc
+            raise
+        try:
+            json.dumps(result)
+            stored = result
+            unserializable: str | None = None
+        except (TypeError, ValueError) as exc:
+            stored, unserializable = None, str(exc)
+        if not self._steps.finish(self.fence, self.task_id, name, result=stored):
+            raise LeaseLost(
+                self.fence.message_id, self.fence.attempt, f"step {name!r} outcome refused"
+            )
+        if unserializable is not None:
+            raise TypeError(
+                f"step {name!r} finished (recorded as succeeded), but its result is not "
+                f"JSON-serializable and was stored as null: {unserializable}"
+            )
+        return result
+
+
+def context() -> TaskContext:
+    """The current delivery's context; raises ``ContextUnavailable`` outside a task delivered
+    by sqlease (e.g. ``task.apply()``, eager mode, another broker)."""
+    from celery import current_task
+
+    task = current_task
+    request = getattr(task, "request", None) if task is not None else None
+    if request is None or getattr(request, "id", None) is None:
+        raise ContextUnavailable("sqlease.context() is only available inside a running task")
+    cached = getattr(request, "_sqlease_context", None)
+    if isinstance(cached, TaskContext):
+        return cached
+    from .transport import LEASE_KEY, fence_of
+
+    properties = getattr(request, "properties", None) or {}
+    delivery_info = properties.get("delivery_info") or {}
+    fence = fence_of(delivery_info)
+    if fence is None:
+        raise ContextUnavailable(
+            f"task {request.id} was not delivered by sqlease (called directly, eagerly, or "
+            "through another broker); sqlease.context() needs a sqlease delivery"
+        )
+    store, lease_ms = _store_for_app(task.app)
+    run_id = getattr(request, "run_id", None)
+    ctx = TaskContext(
+        store,
+        fence,
+        task_id=str(request.id),
+        run_id=None if run_id is None else str(run_id),
+        lease_ms=int(delivery_info.get(LEASE_KEY) or lease_ms),
+        task=task,
+    )
+    ctx.ensure_lease()  # a delivery renews once when it starts; refused if already lost
+    request._sqlease_context = ctx
+    return ctx

@@ -1,0 +1,174 @@
+"""Key/value storage for Celery results and chord counters, fenced by delivery leases.
+
+A write made from inside a task delivered by sqlease carries the delivery's fence: it is
+applied only if that delivery still holds its lease, in the same transaction that checks it,
+so a worker that lost its lease can neither overwrite the new holder's result nor advance a
+chord. PostgreSQL writers NOTIFY ``<prefix>results`` so waiting clients wake at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, delete, func, or_, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from .store import Fence, Store
+
+TERMINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
+
+
+class FenceRefused(Exception):
+    """Internal: a fenced write found its lease gone (nothing was written)."""
+
+
+class ResultStore:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.results = store.tables.results
+        self.counters = store.tables.counters
+        self.notify_channel = f"{store.tables.prefix}results"
+        self._insert = pg_insert if store.is_postgresql else sqlite_insert
+
+    def _now(self) -> int:
+        return int(self.store.clock()) if self.store.clock else int(time.time() * 1000)
+
+    def _held(self, conn: Connection, fence: Fence, task_id: str | None) -> bool:
+        row = conn.execute(
+            self.store.sql.hold,
+            {
+                "message_id": fence.message_id,
+                "attempt": fence.attempt,
+                "owner": fence.owner,
+                "lease_ms": 0,
+                "task_id": task_id,
+                "now": self.store._now(None),
+            },
+        ).first()
+        return row is not None
+
+    def _notify(self, conn: Connection, key: str) -> None:
+        if self.store.is_postgresql:
+            conn.execute(
+                text("SELECT pg_notify(:channel, :key)"),
+                {"channel": self.notify_channel, "key": key[:7900]},
+            )
+
+    # ---- values ----------------------------------------------------------------------
+
+    def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        state: str | None = None,
+        task_id: str | None = None,
+        expires_ms: int | None = None,
+        fence: Fence | None = None,
+    ) -> bool:
+        """Store ``value`` under ``key``; with a fence, only while its lease is held."""
+        now = self._now()
+        row = {
+            "key": key,
+            "value": value,
+            "state": state,
+            "task_id": task_id,
+            "message_id": None if fence is None else fence.message_id,
+            "attempt": None if fence is None else fence.attempt,
+            "expires_at_ms": None if not expires_ms else now + expires_ms,
+            "updated_at_ms": now,
+        }
+        stmt = self._insert(self.results).values(**row)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[self.results.c.key],
+            set_={k: stmt.excluded[k] for k in row if k != "key"},
+        )
+        with self.store.engine.begin() as conn:
+            if fence is not None and not self._held(conn, fence, task_id):
+                return False
+            conn.execute(stmt)
+            self._notify(conn, key)
+        return True
+
+    def _live(self) -> Any:
+        return or_(
+            self.results.c.expires_at_ms.is_(None), self.results.c.expires_at_ms > self._now()
+        )
+
+    def get(self, key: str) -> bytes | None:
+        with self.store._reading() as conn:
+            value = conn.execute(
+                select(self.results.c.value).where(self.results.c.key == key, self._live())
+            ).scalar()
+        return None if value is None else bytes(value)
+
+    def mget(self, keys: Sequence[str]) -> list[bytes | None]:
+        if not keys:
+            return []
+        with self.store._reading() as conn:
+            rows = conn.execute(
+                select(self.results.c.key, self.results.c.value).where(
+                    self.results.c.key.in_(list(keys)), self._live()
+                )
+            ).fetchall()
+        found = {r.key: bytes(r.value) for r in rows}
+        return [found.get(k) for k in keys]
+
+    def delete(self, key: str) -> None:
+        with self.store.engine.begin() as conn:
+            conn.execute(delete(self.results).where(self.results.c.key == key))
+            conn.execute(delete(self.counters).where(self.counters.c.key == key))
+
+    def expire(self, key: str, seconds: float | None) -> None:
+        expires = None if not seconds else self._now() + int(seconds * 1000)
+        with self.store.engine.begin() as conn:
+            for table in (self.results, self.counters):
+                conn.execute(update(table).where(table.c.key == key).values(expires_at_ms=expires))
+
+    def incr(self, key: str, *, fence: Fence | None = None, task_id: str | None = None) -> int:
+        """Atomically add one to a counter; raises FenceRefused if the fence's lease is gone."""
+        insert = self._insert(self.counters).values(key=key, value=1)
+        stmt = insert.on_conflict_do_update(
+            index_elements=[self.counters.c.key],
+            set_={"value": self.counters.c.value + 1},
+        ).returning(self.counters.c.value)
+        with self.store.engine.begin() as conn:
+            if fence is not None and not self._held(conn, fence, task_id):
+                raise FenceRefused(fence)
+            return int(conn.execute(stmt).scalar_one())
+
+    def cleanup(self) -> int:
+        """Delete expired results and counters; returns how many rows went."""
+        now = self._now()
+        removed = 0
+        with self.store.engine.begin() as conn:
+            for table in (self.results, self.counters):
+                result = conn.execute(
+                    delete(table).where(
+                        table.c.expires_at_ms.isnot(None), table.c.expires_at_ms <= now
+                    )
+                )
+                removed += result.rowcount or 0
+        return removed
+
+    def completed_messages(self, message_ids: Iterable[int]) -> set[int]:
+        """Which of these messages already have a final result stored under their lease
+        (a result written, then the ack lost)."""
+        ids = list(message_ids)
+        if not ids:
+            return set()
+        with self.store._reading() as conn:
+            rows = conn.execute(
+                select(self.results.c.message_id).where(
+                    self.results.c.message_id.in_(ids),
+                    self.results.c.state.in_(TERMINAL_STATES),
+                )
+            ).fetchall()
+        return {int(r.message_id) for r in rows}
+
+    def count(self) -> int:
+        with self.store._reading() as conn:
+            return int(conn.execute(select(func.count()).select_from(self.results)).scalar_one())
