@@ -102,6 +102,11 @@ class PostgresListener:
     def close(self) -> None:
         self._drop()
 
+    def __del__(self) -> None:
+        # A listener dropped with its owner (a backend, a transport) closes its connection
+        # instead of leaving psycopg to complain about an open one.
+        self._drop()
+
 
 class SqliteWatcher:
     """Notices commits by any other connection to the same SQLite file, cheaply: the
@@ -152,3 +157,6 @@ class SqliteWatcher:
                 conn.close()
             except Exception:
                 pass
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,209 @@
+"""The result backend on SQLite and PostgreSQL, through Celery's own API (no worker)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery, states
+from celery.result import AsyncResult, GroupResult
+
+from conftest import unique_prefix
+from sqlease import Store
+from sqlease.backend import SqleaseBackend
+from sqlease.results_store import FenceRefused, ResultStore
+from sqlease.testing import FakeClock
+from sqlease.transport import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OWNER_KEY
+
+
+@pytest.fixture
+def app(db_url: str) -> Iterator[Celery]:
+    prefix = unique_prefix()
+    url = f"sqlease+{db_url}"
+    app = Celery("backend_tests", broker=url, backend=url, set_as_current=False)
+    app.conf.broker_transport_options = {"table_prefix": prefix}
+    app.conf.result_extended = True
+
+    @app.task(name="t.add", shared=False)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    app.finalize()
+    yield app
+    app.close()
+
+
+def backend_of(app: Celery) -> SqleaseBackend:
+    backend = app.backend
+    assert isinstance(backend, SqleaseBackend)
+    return backend
+
+
+def test_backend_is_found_through_the_entry_point(app: Celery) -> None:
+    assert type(app.backend).__name__ == "SqleaseBackend"
+    assert app.backend.as_uri().startswith("sqlease+")
+
+
+def test_store_get_forget(app: Celery) -> None:
+    backend = backend_of(app)
+    backend.store_result("tid-1", {"answer": 42}, states.SUCCESS)
+    result = AsyncResult("tid-1", app=app)
+    assert result.get(timeout=5) == {"answer": 42}
+    assert result.state == states.SUCCESS
+    result.forget()
+    assert AsyncResult("tid-1", app=app).state == states.PENDING
+
+
+def test_failure_and_traceback(app: Celery) -> None:
+    backend = backend_of(app)
+    try:
+        raise ValueError("nope")
+    except ValueError as exc:
+        backend.mark_as_failure("tid-f", exc, traceback="Traceback: here")
+    result = AsyncResult("tid-f", app=app)
+    assert result.state == states.FAILURE
+    assert isinstance(result.result, ValueError)
+    assert result.traceback == "Traceback: here"
+    with pytest.raises(ValueError, match="nope"):
+        result.get(timeout=5)
+
+
+def test_result_extended_and_custom_states(app: Celery) -> None:
+    backend = backend_of(app)
+    request = SimpleNamespace(
+        id="tid-x", task="t.add", args=(1, 2), kwargs={}, hostname="w1", retries=0,
+        delivery_info={"routing_key": "celery"}, properties={}, ignore_result=False,
+        group=None, parent_id=None, root_id=None, children=[],
+    )
+    backend.store_result("tid-x", {"done": 3, "total": 10}, "PROGRESS", request=request)
+    result = AsyncResult("tid-x", app=app)
+    assert result.state == "PROGRESS"
+    assert result.info == {"done": 3, "total": 10}
+    backend.store_result("tid-x", 3, states.SUCCESS, request=request)
+    meta = backend.get_task_meta("tid-x")
+    assert meta["name"] == "t.add" and meta["args"] == [1, 2] and meta["worker"] == "w1"
+
+
+def test_writes_after_success_are_ignored(app: Celery) -> None:
+    backend = backend_of(app)
+    backend.store_result("tid-s", 1, states.SUCCESS)
+    backend.store_result("tid-s", 2, states.FAILURE)
+    assert AsyncResult("tid-s", app=app).result == 1
+
+
+def test_group_save_restore_delete(app: Celery) -> None:
+    backend = backend_of(app)
+    children = [AsyncResult(f"child-{i}", app=app) for i in range(3)]
+    for i, child in enumerate(children):
+        backend.store_result(child.id, i * 10, states.SUCCESS)
+    group = GroupResult("grp-1", children, app=app)
+    group.save()
+    restored = GroupResult.restore("grp-1", app=app)
+    assert restored is not None
+    assert restored.get(timeout=5) == [0, 10, 20]
+    restored.delete()
+    assert GroupResult.restore("grp-1", app=app) is None
+
+
+def test_get_many_for_join_native(app: Celery) -> None:
+    backend = backend_of(app)
+    ids = [f"jn-{i}" for i in range(20)]
+    for i, tid in enumerate(ids):
+        backend.store_result(tid, i, states.SUCCESS)
+    group = GroupResult("grp-2", [AsyncResult(t, app=app) for t in ids], app=app)
+    assert group.join_native(timeout=5) == list(range(20))
+
+
+def test_get_times_out_with_celery_error(app: Celery) -> None:
+    from celery.exceptions import TimeoutError as CeleryTimeout
+
+    started = time.monotonic()
+    with pytest.raises(CeleryTimeout):
+        AsyncResult("never", app=app).get(timeout=0.2)
+    assert time.monotonic() - started < 3
+
+
+def test_chord_counter_is_atomic(app: Celery) -> None:
+    backend = backend_of(app)
+    values = [backend.incr(b"chord-unlock-x") for _ in range(5)]
+    assert values == [1, 2, 3, 4, 5]
+    backend.delete(b"chord-unlock-x")
+    assert backend.incr(b"chord-unlock-x") == 1
+
+
+def test_pickle_round_trip_keeps_the_url(app: Celery) -> None:
+    import pickle
+
+    backend = backend_of(app)
+    clone = pickle.loads(pickle.dumps(backend))
+    assert clone.url == backend.url
+
+
+# ---- fencing ------------------------------------------------------------------------------
+
+
+def _leased(app: Celery) -> tuple[Store, Any, Any]:
+    """A message claimed twice: the first delivery's lease was taken over."""
+    backend = backend_of(app)
+    store = backend.results.store
+    real_now = int(time.time() * 1000)
+    store.enqueue("celery", "{}", task_id="tid-fence", now=real_now)
+    [first] = store.claim(["celery"], "w1", lease_ms=60_000, now=real_now)
+    [second] = store.claim(["celery"], "w2", lease_ms=60_000, now=real_now + 60_001)
+    return store, first, second
+
+
+def _request(message: Any) -> SimpleNamespace:
+    return SimpleNamespace(
+        id=message.task_id, task="t.add", args=(), kwargs={}, hostname="w", retries=0,
+        ignore_result=False, group=None, parent_id=None, root_id=None, children=[],
+        delivery_info={},
+        properties={"delivery_info": {ID_KEY: message.id, ATTEMPT_KEY: message.attempt,
+                                      OWNER_KEY: message.lease_owner, LEASE_KEY: 60_000}},
+    )
+
+
+def test_stale_delivery_cannot_store_a_result(app: Celery) -> None:
+    backend = backend_of(app)
+    _, first, second = _leased(app)
+    backend.store_result("tid-fence", "stale", states.FAILURE, request=_request(first))
+    assert AsyncResult("tid-fence", app=app).state == states.PENDING
+    backend.store_result("tid-fence", "fresh", states.SUCCESS, request=_request(second))
+    assert AsyncResult("tid-fence", app=app).get(timeout=5) == "fresh"
+    backend.store_result("tid-fence", "late", states.SUCCESS, request=_request(first))
+    assert AsyncResult("tid-fence", app=app).result == "fresh"
+
+
+def test_stale_delivery_cannot_advance_a_chord(app: Celery) -> None:
+    backend = backend_of(app)
+    store, first, second = _leased(app)
+    results = ResultStore(store)
+    with pytest.raises(FenceRefused):
+        results.incr("chord-x", fence=first.fence, task_id="tid-fence")
+    assert results.incr("chord-x", fence=second.fence, task_id="tid-fence") == 1
+    assert backend.get(b"chord-x") is None  # counters are not results
+
+
+def test_results_expire_and_cleanup(make_store: Any, clock: FakeClock) -> None:
+    results = ResultStore(make_store())
+    results.put("k1", b"v", expires_ms=1_000)
+    results.put("k2", b"v")
+    assert results.get("k1") == b"v"
+    clock.advance(1_000)
+    assert results.get("k1") is None  # expired rows read as absent at once
+    assert results.cleanup() == 1
+    assert results.get("k2") == b"v"
+
+
+def test_completed_messages_lists_final_outcomes_only(make_store: Any) -> None:
+    store = make_store()
+    results = ResultStore(store)
+    store.enqueue("q", "{}", task_id="a")
+    store.enqueue("q", "{}", task_id="b")
+    a, b = store.claim(["q"], "w", lease_ms=60_000, limit=2)
+    assert results.put("celery-task-meta-a", b"{}", state="SUCCESS", task_id="a", fence=a.fence)
+    assert results.put("celery-task-meta-b", b"{}", state="STARTED", task_id="b", fence=b.fence)
+    assert results.completed_messages([a.id, b.id]) == {a.id}
