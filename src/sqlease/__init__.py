@@ -33,13 +33,21 @@ except ImportError:  # pragma: no cover - kombu without celery
     pass
 
 if TYPE_CHECKING:
+    from .admin import Admin, InvalidTransition, TaskSnapshot, UnknownTask
     from .context import TaskContext, context
     from .store import CasResult, Event, Fence, Message, NewMessage, Outcome, Store, TaskRecord
     from .transactions import transaction
+    from .waiting import InvalidAnswer, WaitingForPerson
 
 __version__ = "0.1.0"
 
 _LAZY = {
+    "Admin": "admin",
+    "TaskSnapshot": "admin",
+    "UnknownTask": "admin",
+    "InvalidTransition": "admin",
+    "WaitingForPerson": "waiting",
+    "InvalidAnswer": "waiting",
     "CasResult": "store",
     "Event": "store",
     "Fence": "store",
@@ -64,12 +72,15 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Admin",
     "CasResult",
     "ConfigurationError",
     "ContextUnavailable",
     "DatabaseUnavailable",
     "Event",
     "Fence",
+    "InvalidAnswer",
+    "InvalidTransition",
     "LeaseLost",
     "Message",
     "NewMessage",
@@ -83,6 +94,9 @@ __all__ = [
     "Store",
     "TaskContext",
     "TaskRecord",
+    "TaskSnapshot",
+    "UnknownTask",
+    "WaitingForPerson",
     "__version__",
     "context",
     "transaction",

@@ -247,6 +247,29 @@ class TaskContext:
             )
         return result
 
+    # ---- waiting for a person (parks the delivery) ------------------------------------------
+
+    def wait_for_input(
+        self, prompt: str, *, schema: Mapping[str, Any] | None = None, key: str | None = None
+    ) -> Any:
+        """Return the answer a person gave through ``Admin.provide_input`` (validated against
+        ``schema``, a JSON-Schema subset). Until there is one, the task is parked (no lease, no
+        worker held) and stops here with ``WaitingForPerson``; the delivery after the answer
+        runs the task again from its checkpoint and this call returns the answer."""
+        from .waiting import wait_for_input
+
+        return wait_for_input(self, prompt, schema=schema, key=key)
+
+    def wait_for_approval(
+        self, summary: str, *, key: str | None = None, **details: Any
+    ) -> dict[str, Any]:
+        """Like ``wait_for_input`` for a yes/no decision: returns ``{"approved": True, "note":
+        …}`` after ``Admin.approve`` or ``{"approved": False, "reason": …}`` after
+        ``Admin.reject``."""
+        from .waiting import wait_for_approval
+
+        return wait_for_approval(self, summary, key=key, **details)
+
 
 def context() -> TaskContext:
     """The current delivery's context; raises ``ContextUnavailable`` outside a task delivered

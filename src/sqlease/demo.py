@@ -22,12 +22,27 @@ def _say(text: str) -> None:
 
 def _start_worker(name: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     command = [
-        sys.executable, "-m", "celery", "-A", "sqlease.demo_app", "worker", "--pool", "prefork",
-        "-c", "1", "-l", "warning", "-n", f"{name}@%h", "--without-mingle", "--without-gossip",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "sqlease.demo_app",
+        "worker",
+        "--pool",
+        "prefork",
+        "-c",
+        "1",
+        "-l",
+        "warning",
+        "-n",
+        f"{name}@%h",
+        "--without-mingle",
+        "--without-gossip",
     ]
     handle = log.open("ab")
-    return subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def _kill(worker: subprocess.Popen[bytes], sig: int) -> None:
@@ -76,12 +91,16 @@ def run(workdir: str | None = None, *, pages: int = PAGES, kill_after_page: int 
         _say(f"[3] killed worker 1 with SIGKILL after page {seen}: no cleanup, no ack")
         second = _start_worker("worker2", env, log)
         workers.append(second)
-        _say(f"[4] started worker 2 (pid {second.pid}); it takes the task over once the dead "
-             "worker's lease expires")
+        _say(
+            f"[4] started worker 2 (pid {second.pid}); it takes the task over once the dead "
+            "worker's lease expires"
+        )
         outcome: Any = result.get(timeout=90)
         _say(f"[5] finished: {outcome}")
-        _say(f"    resumed from page {outcome['resumed_from']} on delivery attempt "
-             f"{outcome['attempt']}: pages 1-{outcome['resumed_from']} were not redone")
+        _say(
+            f"    resumed from page {outcome['resumed_from']} on delivery attempt "
+            f"{outcome['attempt']}: pages 1-{outcome['resumed_from']} were not redone"
+        )
         _say("\ntimeline of the task:")
         events = store.events(task_id=result.id)
         start = events[0].at_ms if events else 0
@@ -93,8 +112,10 @@ def run(workdir: str | None = None, *, pages: int = PAGES, kill_after_page: int 
                 detail = f"by {host} pid {pid}"
             else:
                 detail = ""
-            _say(f"  +{(event.at_ms - start) / 1000:6.2f}s  attempt {event.attempt}  "
-                 f"{event.kind:<10} {detail}")
+            _say(
+                f"  +{(event.at_ms - start) / 1000:6.2f}s  attempt {event.attempt}  "
+                f"{event.kind:<10} {detail}"
+            )
         ok = outcome["pages"] == pages and outcome["attempt"] >= 2
         _say("\nnothing lost, nothing redone." if ok else "\nunexpected outcome")
         return 0 if ok else 1

@@ -66,6 +66,8 @@ class Tables:
     results: Table
     counters: Table
     steps: Table
+    waits: Table
+    locks: Table
 
     def name(self, short: str) -> str:
         return f"{self.prefix}{short}"
@@ -230,6 +232,31 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
             "status IN ('started', 'succeeded', 'failed', 'outcome_unknown')", name="status"
         ),
     )
+    # A task waiting for a person: one row per (task, key); the answer is kept so that the
+    # delivery after it (which runs the task again from its checkpoint) finds it.
+    waits = Table(
+        f"{p}waits",
+        md,
+        Column("task_id", Text, nullable=False),
+        Column("key", Text, nullable=False),
+        Column("kind", Text, nullable=False),
+        Column("request", Text),
+        Column("status", Text, nullable=False),
+        Column("answer", Text),
+        Column("created_at_ms", BigInteger, nullable=False),
+        Column("answered_at_ms", BigInteger),
+        PrimaryKeyConstraint("task_id", "key"),
+        CheckConstraint("kind IN ('input', 'approval')", name="kind"),
+        CheckConstraint("status IN ('waiting', 'answered')", name="status"),
+    )
+    # Named leases for singletons such as the maintenance pass (one worker at a time).
+    locks = Table(
+        f"{p}locks",
+        md,
+        Column("name", Text, primary_key=True),
+        Column("owner", Text, nullable=False),
+        Column("expires_at_ms", BigInteger, nullable=False),
+    )
     return Tables(
         p,
         md,
@@ -243,6 +270,8 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         results,
         counters,
         steps,
+        waits,
+        locks,
     )
 
 

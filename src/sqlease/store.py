@@ -500,6 +500,7 @@ class Store:
         error: str | None = None,
         data: Any = None,
         now: int | None = None,
+        also: Callable[[Connection], None] | None = None,
     ) -> set[int]:
         now = self._now(now)
         changed: set[int] = set()
@@ -527,6 +528,8 @@ class Store:
                     changed.add(int(m["id"]))
                     if not self.is_postgresql:
                         self._after_transition_sqlite(conn, m, kind, data_text, now)
+            if changed and also is not None:
+                also(conn)  # the caller's write, in the same transaction
         return changed
 
     def release(
@@ -555,12 +558,27 @@ class Store:
             now=now,
         )
 
-    def park(self, fence: Fence, reason: str, *, data: Any = None, now: int | None = None) -> bool:
+    def park(
+        self,
+        fence: Fence,
+        reason: str,
+        *,
+        data: Any = None,
+        now: int | None = None,
+        also: Callable[[Connection], None] | None = None,
+    ) -> bool:
         """Take a held message out of circulation (paused, waiting for input, …) until
-        ``requeue``; the event kind is ``reason``. Its run stays blocked behind it."""
+        ``requeue``; the event kind is ``reason``. Its run stays blocked behind it. ``also``
+        runs in the same transaction when the park succeeded."""
         return bool(
             self._transition(
-                [fence], new_state="parked", kind=reason, reason=reason, data=data, now=now
+                [fence],
+                new_state="parked",
+                kind=reason,
+                reason=reason,
+                data=data,
+                now=now,
+                also=also,
             )
         )
 

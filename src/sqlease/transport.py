@@ -125,6 +125,8 @@ class Channel(virtual.Channel):
     def _put_fanout(
         self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any
     ) -> None:
+        if exchange.endswith(".pidbox"):
+            self.connection.durable_revoke(message)
         queues = sorted({queue for _, _, queue in self.get_table(exchange)})
         if queues:
             self.connection.publish([(queue, message) for queue in queues])
@@ -307,17 +309,29 @@ class Channel(virtual.Channel):
             if fence is not None:
                 heartbeat().drop([fence])
                 if not self.store.ack([fence]):
-                    # Never raised into Celery: the task was taken over (or its lease expired)
-                    # and the new holder's delivery is the one that counts.
-                    logger.warning(
-                        "sqlease: stale ack refused for message %s attempt %s: the lease was "
-                        "lost (expired or taken over); the message stays with its new holder",
-                        fence.message_id,
-                        fence.attempt,
-                        extra={"message_id": fence.message_id, "attempt": fence.attempt},
-                    )
+                    self._report_refused_ack(fence)
         finally:
             super().basic_ack(delivery_tag, multiple=multiple)
+
+    def _report_refused_ack(self, fence: Fence) -> None:
+        # Never raised into Celery: the delivery that holds the message now is the one that
+        # counts. Parked (paused, waiting for a person) and cancelled tasks are expected here.
+        current = self.store.get_message(fence.message_id)
+        if current is not None and current.state in ("parked", "dead"):
+            logger.info(
+                "sqlease: ack of message %s not applied: the task is %s (%s)",
+                fence.message_id,
+                current.state,
+                current.reason,
+            )
+            return
+        logger.warning(
+            "sqlease: stale ack refused for message %s attempt %s: the lease was lost "
+            "(expired or taken over); the message stays with its new holder",
+            fence.message_id,
+            fence.attempt,
+            extra={"message_id": fence.message_id, "attempt": fence.attempt},
+        )
 
     def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:
         fence = self._fence_for_tag(delivery_tag)
@@ -519,6 +533,43 @@ class Transport(virtual.Transport):
             max_attempts=max_attempts,
             record=task_id is not None,
         )
+
+    def durable_revoke(self, message: dict[str, Any]) -> None:
+        """``app.control.revoke()`` / ``AsyncResult.revoke()`` broadcast through the pidbox:
+        besides telling the workers, cancel the tasks in the database, so the revoke survives
+        worker restarts and reaches tasks no worker has seen yet."""
+        import base64
+
+        from kombu.serialization import loads
+
+        try:
+            properties = message.get("properties") or {}
+            body = message.get("body")
+            if properties.get("body_encoding") == "base64" and isinstance(body, str | bytes):
+                body = base64.b64decode(body)
+            command = loads(
+                body,
+                message.get("content-type"),
+                message.get("content-encoding"),
+                accept={"application/json"},
+            )
+        except Exception:
+            return  # not a JSON control message: nothing durable to do
+        if not isinstance(command, dict) or command.get("method") != "revoke":
+            return
+        arguments = command.get("arguments") or {}
+        task_ids = arguments.get("task_id")
+        if isinstance(task_ids, str):
+            task_ids = [task_ids]
+        from .admin import Admin
+        from .errors import SqleaseError
+
+        admin = Admin(self.url, store=self.store)
+        for task_id in task_ids or []:
+            try:
+                admin.cancel(str(task_id), reason="revoked")
+            except SqleaseError:
+                pass  # already finished or unknown: the broadcast still reaches the workers
 
     def declare_queue(self, queue: str) -> None:
         if queue not in self._declared:
