@@ -96,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     reject = sub.add_parser("reject", parents=[common], help="reject a waiting task")
     reject.add_argument("task_id")
     reject.add_argument("--reason", required=True)
+    sub.add_parser("maintain", parents=[common], help="run one maintenance pass now")
     purge = sub.add_parser("purge", parents=[common], help="delete a queue's undelivered tasks")
     purge.add_argument("queue")
     return parser
@@ -214,6 +215,11 @@ def _run(args: argparse.Namespace) -> int:
     elif command == "reject":
         admin.reject(args.task_id, args.reason)
         _out(args, {"rejected": args.task_id}, f"rejected {args.task_id}")
+    elif command == "maintain":
+        from .maintenance import run_pass
+
+        summary = run_pass(admin.store, event_retention_ms=30 * 86_400_000)
+        _out(args, summary, "\n".join(f"{k}: {v}" for k, v in sorted(summary.items())))
     elif command == "purge":
         count = admin.purge(args.queue)
         _out(args, {"purged": count}, f"purged {count} task(s) from {args.queue}")

@@ -101,10 +101,18 @@ class TransportOptions:
     max_payload_bytes: int = 16 * 1024 * 1024
     #: SQLite ``PRAGMA synchronous`` (WAL mode): NORMAL survives any process crash.
     sqlite_synchronous: str = "NORMAL"
+    #: Seconds between maintenance passes in each worker (0 turns them off).
+    maintenance_interval: float = 60.0
+    #: Days to keep events, checkpoints and answers of finished tasks (0 keeps them forever).
+    event_retention_days: float = 30.0
 
     @property
     def lease_ms(self) -> int:
         return int(self.lease_seconds * 1000)
+
+    @property
+    def event_retention_ms(self) -> int:
+        return int(self.event_retention_days * 86_400_000)
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -146,6 +154,14 @@ class TransportOptions:
                     f"not {sync!r}"
                 )
             values["sqlite_synchronous"] = sync
+        if "maintenance_interval" in raw:
+            values["maintenance_interval"] = _seconds(
+                "maintenance_interval", raw.pop("maintenance_interval"), minimum=0.0
+            )
+        if "event_retention_days" in raw:
+            values["event_retention_days"] = _seconds(
+                "event_retention_days", raw.pop("event_retention_days"), minimum=0.0
+            )
         options = cls(**values)
         if options.heartbeat_seconds >= options.lease_seconds:
             raise ConfigurationError(

@@ -465,6 +465,7 @@ class Transport(virtual.Transport):
         self._due_entry: Any = None
         self._idle_delay = 0.0
         self._last_full_poll = 0.0
+        self._maintenance: Any = None
 
     # ---- the store -----------------------------------------------------------------------
 
@@ -627,9 +628,22 @@ class Transport(virtual.Transport):
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
         self._unregister_from_loop()
         self._loop = loop
+        self._start_maintenance()
         loop.on_tick.add(self._on_tick)
         self._add_reader()
         self._schedule_poll(0)
+
+    def _start_maintenance(self) -> None:
+        # Only consuming workers run it (they register with an event loop); producers don't.
+        if self._maintenance is None and self.options.maintenance_interval > 0:
+            from .maintenance import MaintenanceThread
+
+            self._maintenance = MaintenanceThread(
+                self.store,
+                self.owner,
+                interval=self.options.maintenance_interval,
+                event_retention_ms=self.options.event_retention_ms,
+            ).start()
 
     def _add_reader(self) -> None:
         if self._loop is None or self._reader_fd is not None:
@@ -761,6 +775,9 @@ class Transport(virtual.Transport):
             super().close_connection(connection)
         finally:
             self._unregister_from_loop()
+            if self._maintenance is not None:
+                self._maintenance.stop()
+                self._maintenance = None
             if self._waker is not None:
                 self._waker.close()
                 self._waker = None

@@ -35,8 +35,9 @@ def admin(store: Store) -> Admin:
 def deliver(store: Store, owner: str = "w1", queue: str = "q") -> TaskContext:
     [message] = store.claim([queue], owner, lease_ms=LEASE)
     assert message.task_id is not None
-    return TaskContext(store, message.fence, task_id=message.task_id, run_id=message.run_id,
-                       lease_ms=LEASE)
+    return TaskContext(
+        store, message.fence, task_id=message.task_id, run_id=message.run_id, lease_ms=LEASE
+    )
 
 
 # ---- states -----------------------------------------------------------------------------------
@@ -155,16 +156,14 @@ def test_wait_for_input_parks_then_the_answer_resumes(store: Store, admin: Admin
     store.enqueue("q", "{}", task_id="after", run_id="R")
     store.enqueue("q", "{}", task_id="unrelated")
     ctx = deliver(store)
-    schema = {"type": "object", "required": ["size"],
-              "properties": {"size": {"type": "integer"}}}
+    schema = {"type": "object", "required": ["size"], "properties": {"size": {"type": "integer"}}}
     with pytest.raises(WaitingForPerson):
         ctx.wait_for_input("Which size?", schema=schema)
     snap = admin.task("t")
     assert snap.state == "waiting_input" and snap.waiting is not None
     assert snap.waiting["request"]["prompt"] == "Which size?"
     # Parked: holds no lease, its run waits behind it, other tasks are served.
-    assert [m.task_id for m in store.claim(["q"], "w", lease_ms=LEASE, limit=5)] == [
-        "unrelated"]
+    assert [m.task_id for m in store.claim(["q"], "w", lease_ms=LEASE, limit=5)] == ["unrelated"]
     with pytest.raises(InvalidAnswer, match=r"\$.size must be integer"):
         admin.provide_input("t", {"size": "big"})
     with pytest.raises(InvalidAnswer, match=r"\$.size is required"):
@@ -195,8 +194,10 @@ def test_wait_for_approval_approve_and_reject(store: Store, admin: Admin) -> Non
     for _ in range(2):
         ctx = deliver(store)
         answers[ctx.task_id] = ctx.wait_for_approval(f"ship {ctx.task_id}?", amount=10)
-    assert answers == {"a": {"approved": True, "note": "fine"},
-                       "b": {"approved": False, "reason": "too expensive"}}
+    assert answers == {
+        "a": {"approved": True, "note": "fine"},
+        "b": {"approved": False, "reason": "too expensive"},
+    }
 
 
 def test_answering_a_task_that_does_not_wait_is_refused(store: Store, admin: Admin) -> None:
@@ -224,8 +225,7 @@ def test_step_runs_once_across_deliveries(store: Store, clock: FakeClock) -> Non
     assert calls == [5]
 
 
-def test_interrupted_step_is_outcome_unknown(store: Store, admin: Admin,
-                                             clock: FakeClock) -> None:
+def test_interrupted_step_is_outcome_unknown(store: Store, admin: Admin, clock: FakeClock) -> None:
     store.enqueue("q", "{}", task_id="t")
     first = deliver(store, "w1")
     first._steps.start(first.fence, "t", "charge")  # started; the worker died inside fn
@@ -283,7 +283,9 @@ def test_checkpoint_merges_and_rejects_non_json(store: Store) -> None:
 def run_cli(db_url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sqlease", "--url", db_url, "--table-prefix", prefix, *args],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

@@ -1,0 +1,177 @@
+"""The maintenance pass: every worker runs it periodically, one worker at a time (a named
+lease in ``<prefix>locks``), and ``sqlease maintain`` runs it once.
+
+It expires results and old events by retention, marks steps whose delivery died mid-step as
+``outcome_unknown``, clears leases and run locks left on parked or finished messages, drops
+broadcast copies (remote control, events) that nobody consumed within their TTL, and logs a
+summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from sqlalchemy import and_, delete, exists, not_, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from .results_store import ResultStore
+from .store import Store
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAME = "maintenance"
+#: Celery's control_queue_ttl / event_queue_ttl are 300 s / 5 s; copies older than this in
+#: remote-control and event queues have no reader left.
+BROADCAST_TTL_MS = 300_000
+
+
+def acquire(store: Store, owner: str, lease_ms: int, now: int) -> bool:
+    locks = store.tables.locks
+    insert = pg_insert if store.is_postgresql else sqlite_insert
+    values = insert(locks).values(name=LOCK_NAME, owner=owner, expires_at_ms=now + lease_ms)
+    stmt = values.on_conflict_do_update(
+        index_elements=[locks.c.name],
+        set_={"owner": values.excluded.owner, "expires_at_ms": values.excluded.expires_at_ms},
+        where=or_(locks.c.expires_at_ms <= now, locks.c.owner == owner),
+    ).returning(locks.c.owner)
+    with store.engine.begin() as conn:
+        got = conn.execute(stmt).scalar()
+    return got == owner
+
+
+def run_pass(store: Store, *, event_retention_ms: int, now: int | None = None) -> dict[str, int]:
+    """One maintenance pass; returns what it did, by kind."""
+    now = store.now_ms() if now is None else now
+    t = store.tables
+    m, ev, steps, runs, tasks = t.messages, t.events, t.steps, t.runs, t.tasks
+    summary: dict[str, int] = {}
+    summary["results_expired"] = ResultStore(store).cleanup()
+    live_lease = exists().where(
+        m.c.id == steps.c.message_id,
+        m.c.attempt == steps.c.attempt,
+        m.c.state == "ready",
+        m.c.lease_expires_at_ms > now,
+    )
+    with store.engine.begin() as conn:
+        interrupted = conn.execute(
+            select(steps.c.task_id, steps.c.name, steps.c.message_id, steps.c.attempt).where(
+                steps.c.status == "started", not_(live_lease)
+            )
+        ).fetchall()
+        for row in interrupted:
+            conn.execute(
+                update(steps)
+                .where(
+                    steps.c.task_id == row.task_id,
+                    steps.c.name == row.name,
+                    steps.c.status == "started",
+                )
+                .values(status="outcome_unknown")
+            )
+            store._event_on(
+                conn,
+                row.task_id,
+                None,
+                "outcome_unknown",
+                {"step": row.name, "attempt": row.attempt},
+                now,
+            )
+        summary["steps_outcome_unknown"] = len(interrupted)
+        summary["stray_leases_cleared"] = (
+            conn.execute(
+                update(m)
+                .where(m.c.state != "ready", m.c.lease_owner.isnot(None))
+                .values(lease_owner=None, lease_expires_at_ms=None)
+            ).rowcount
+            or 0
+        )
+        holder_alive = exists().where(m.c.id == runs.c.message_id, m.c.state == "ready")
+        summary["run_locks_pruned"] = (
+            conn.execute(
+                delete(runs).where(runs.c.lease_expires_at_ms <= now, not_(holder_alive))
+            ).rowcount
+            or 0
+        )
+        broadcast = or_(m.c.queue.like("%.pidbox"), m.c.queue.like("celeryev.%"))
+        summary["broadcasts_dropped"] = (
+            conn.execute(
+                delete(m).where(
+                    broadcast,
+                    m.c.state == "ready",
+                    m.c.task_id.is_(None),
+                    m.c.created_at_ms < now - BROADCAST_TTL_MS,
+                )
+            ).rowcount
+            or 0
+        )
+        if event_retention_ms > 0:
+            horizon = now - event_retention_ms
+            still_active = exists().where(m.c.task_id == ev.c.task_id)
+            summary["events_expired"] = (
+                conn.execute(
+                    delete(ev).where(
+                        ev.c.at_ms < horizon, or_(ev.c.task_id.is_(None), not_(still_active))
+                    )
+                ).rowcount
+                or 0
+            )
+            task_active = exists().where(m.c.task_id == tasks.c.task_id)
+            summary["task_records_expired"] = (
+                conn.execute(
+                    delete(tasks).where(tasks.c.updated_at_ms < horizon, not_(task_active))
+                ).rowcount
+                or 0
+            )
+            w = t.waits
+            summary["answers_expired"] = (
+                conn.execute(
+                    delete(w).where(and_(w.c.status == "answered", w.c.answered_at_ms < horizon))
+                ).rowcount
+                or 0
+            )
+    return summary
+
+
+class MaintenanceThread:
+    """Runs the pass every ``interval`` seconds in this process, when it holds the lock."""
+
+    def __init__(
+        self, store: Store, owner: str, *, interval: float, event_retention_ms: int
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self.interval = interval
+        self.event_retention_ms = event_retention_ms
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sqlease-maintenance", daemon=True)
+
+    def start(self) -> MaintenanceThread:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.run_once()
+
+    def run_once(self) -> dict[str, Any] | None:
+        try:
+            now = self.store.now_ms()
+            lease_ms = int(self.interval * 1000 * 2)
+            if not acquire(self.store, self.owner, lease_ms, now):
+                return None
+            summary = run_pass(self.store, event_retention_ms=self.event_retention_ms, now=now)
+        except Exception:
+            logger.warning("sqlease maintenance pass failed; will try again", exc_info=True)
+            return None
+        done = {k: v for k, v in summary.items() if v}
+        if done:
+            logger.info(
+                "sqlease maintenance: %s", ", ".join(f"{k}={v}" for k, v in sorted(done.items()))
+            )
+        return summary

@@ -1,0 +1,57 @@
+"""The maintenance pass on both databases (fake clock)."""
+
+from __future__ import annotations
+
+from sqlease import Store
+from sqlease.context import TaskContext
+from sqlease.maintenance import BROADCAST_TTL_MS, acquire, run_pass
+from sqlease.results_store import ResultStore
+from sqlease.steps import StepStore
+from sqlease.testing import FakeClock
+
+DAY = 86_400_000
+
+
+def test_one_worker_at_a_time(store: Store, clock: FakeClock) -> None:
+    assert acquire(store, "w1", 60_000, clock())
+    assert not acquire(store, "w2", 60_000, clock())
+    assert acquire(store, "w1", 60_000, clock())  # the holder renews
+    clock.advance(60_000)
+    assert acquire(store, "w2", 60_000, clock())
+
+
+def test_pass_recovers_interrupted_steps_and_expires_old_data(
+    store: Store, clock: FakeClock
+) -> None:
+    store.enqueue("q", "{}", task_id="t")
+    [msg] = store.claim(["q"], "w", lease_ms=10_000)
+    ctx = TaskContext(store, msg.fence, task_id="t", lease_ms=10_000)
+    StepStore(store).start(ctx.fence, "t", "charge")
+    ctx.checkpoint({"n": 1})
+    ResultStore(store).put("old", b"x", expires_ms=1_000)
+    store.enqueue("w1.celery.pidbox", "{}", record=False)
+    clock.advance(20_000)  # the worker died mid-step; its lease expired
+    summary = run_pass(store, event_retention_ms=DAY)
+    assert summary["steps_outcome_unknown"] == 1
+    assert summary["results_expired"] == 1
+    assert StepStore(store).get("t", "charge").status == "outcome_unknown"  # type: ignore[union-attr]
+    assert summary["broadcasts_dropped"] == 0
+    clock.advance(BROADCAST_TTL_MS)
+    assert run_pass(store, event_retention_ms=DAY)["broadcasts_dropped"] == 1
+    # Events and checkpoints of an active task are kept however old; of a finished one not.
+    clock.advance(2 * DAY)
+    assert run_pass(store, event_retention_ms=DAY)["events_expired"] == 0
+    [again] = store.claim(["q"], "w", lease_ms=10_000)
+    store.ack([again.fence])
+    clock.advance(2 * DAY)
+    summary = run_pass(store, event_retention_ms=DAY)
+    assert summary["events_expired"] >= 5 and summary["task_records_expired"] == 1
+    assert store.events(task_id="t") == [] and store.get_task("t") is None
+
+
+def test_pass_prunes_dead_run_locks(store: Store, clock: FakeClock) -> None:
+    store.enqueue("q", "{}", task_id="t", run_id="R", max_attempts=1)
+    store.claim(["q"], "w", lease_ms=1_000)
+    clock.advance(1_000)
+    assert store.claim(["q"], "w", lease_ms=1_000) == []  # exhausted: dead
+    assert run_pass(store, event_retention_ms=0)["run_locks_pruned"] == 1
