@@ -321,6 +321,7 @@ def migrate(engine: Engine, tables: Tables) -> int:
 def check(engine: Engine, tables: Tables) -> None:
     """Raise unless the database holds exactly the schema this code expects."""
     with engine.connect() as conn:
+        conn.execution_options(sqlease_read_only=True)  # no write lock just to look
         found = read_version(conn, tables)
         conn.rollback()
     if found is None:
@@ -340,6 +341,7 @@ def check(engine: Engine, tables: Tables) -> None:
 def ensure_schema(engine: Engine, tables: Tables, *, auto_migrate: bool) -> None:
     if auto_migrate:
         with engine.connect() as conn:
+            conn.execution_options(sqlease_read_only=True)  # no write lock just to look
             found = read_version(conn, tables)
             conn.rollback()
         if found == CURRENT_VERSION:

@@ -896,9 +896,13 @@ class Store:
                 )
         return len(rows)
 
-    def declare_queue(self, queue: str) -> None:
+    def declare_queue(self, queue: str, *, connection: Connection | None = None) -> None:
+        params = {"queue": queue, "now": self._now(None)}
+        if connection is not None:  # inside the caller's transaction (transactional enqueue)
+            connection.execute(self.sql.declare_queue, params)
+            return
         with self.engine.begin() as conn:
-            conn.execute(self.sql.declare_queue, {"queue": queue, "now": self._now(None)})
+            conn.execute(self.sql.declare_queue, params)
 
     def has_queue(self, queue: str) -> bool:
         with self._reading() as conn:
@@ -913,17 +917,26 @@ class Store:
             conn.execute(self.sql.delete_queue_bindings, params)
             conn.execute(self.sql.delete_queue, params)
 
-    def bind(self, exchange: str, queue: str, routing_key: str = "", pattern: str = "") -> None:
+    def bind(
+        self,
+        exchange: str,
+        queue: str,
+        routing_key: str = "",
+        pattern: str = "",
+        *,
+        connection: Connection | None = None,
+    ) -> None:
+        params = {
+            "exchange": exchange,
+            "queue": queue,
+            "routing_key": routing_key or "",
+            "pattern": pattern or "",
+        }
+        if connection is not None:  # inside the caller's transaction
+            connection.execute(self.sql.bind, params)
+            return
         with self.engine.begin() as conn:
-            conn.execute(
-                self.sql.bind,
-                {
-                    "exchange": exchange,
-                    "queue": queue,
-                    "routing_key": routing_key or "",
-                    "pattern": pattern or "",
-                },
-            )
+            conn.execute(self.sql.bind, params)
 
     def unbind(self, exchange: str, queue: str, routing_key: str = "", pattern: str = "") -> None:
         with self.engine.begin() as conn:

@@ -382,7 +382,15 @@ class Channel(virtual.Channel):
         return self.store.purge(queue)
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
-        self.store.bind(exchange, queue, routing_key or "", pattern or "")
+        from .transactions import current_connection
+
+        self.store.bind(
+            exchange,
+            queue,
+            routing_key or "",
+            pattern or "",
+            connection=current_connection(self.store),
+        )
 
     def get_table(self, exchange: str) -> list[tuple[str, str, str]]:
         return self.store.bindings(exchange)
@@ -574,8 +582,14 @@ class Transport(virtual.Transport):
 
     def declare_queue(self, queue: str) -> None:
         if queue not in self._declared:
-            self.store.declare_queue(queue)
-            self._declared.add(queue)
+            from .transactions import current_connection
+
+            # In a transactional enqueue the declaration joins the caller's transaction too:
+            # on SQLite a second connection would wait for the caller's write lock.
+            connection = current_connection(self.store)
+            self.store.declare_queue(queue, connection=connection)
+            if connection is None:
+                self._declared.add(queue)
 
     def forget_queue(self, queue: str) -> None:
         self._declared.discard(queue)

@@ -1,0 +1,101 @@
+"""Transactional enqueue: a task published inside the caller's transaction exists iff that
+transaction commits (SQLite and PostgreSQL, Connection and ORM Session)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, insert, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+import sqlease
+from conftest import unique_prefix
+from sqlease import ConfigurationError, Store
+
+
+@pytest.fixture
+def setup(db_url: str) -> Iterator[tuple[Celery, Store, Engine, Table]]:
+    prefix = unique_prefix()
+    app = Celery("outbox_tests", broker=f"sqlease+{db_url}", set_as_current=False)
+    app.conf.broker_transport_options = {"table_prefix": prefix}
+
+    @app.task(name="orders.ship", shared=False)
+    def ship(order_id: int) -> int:
+        return order_id
+
+    app.finalize()
+    store = Store(db_url, table_prefix=prefix)
+    url = db_url.replace("postgresql://", "postgresql+psycopg://", 1)
+    engine = create_engine(url)
+    orders = Table(
+        f"{prefix}orders",
+        MetaData(),
+        Column("id", Integer, primary_key=True),
+        Column("item", String(50)),
+    )
+    orders.create(engine)
+    yield app, store, engine, orders
+    engine.dispose()
+    app.close()
+
+
+def queued(store: Store) -> int:
+    return store.size("celery") + store.size("priority")
+
+
+def test_commit_publishes_rollback_does_not(setup: tuple[Celery, Store, Engine, Table]) -> None:
+    app, store, engine, orders = setup
+    ship = app.tasks["orders.ship"]
+    with pytest.raises(RuntimeError), engine.begin() as conn, sqlease.transaction(conn):
+        conn.execute(insert(orders).values(id=1, item="lost"))
+        ship.delay(1)
+        raise RuntimeError("the order could not be saved")
+    assert queued(store) == 0
+    with engine.begin() as conn, sqlease.transaction(conn):
+        conn.execute(insert(orders).values(id=2, item="book"))
+        ship.delay(2)
+        ship.apply_async((3,), countdown=30)  # options still apply
+        ship.s(4).apply_async(priority=7)  # and signatures
+    assert queued(store) == 2  # the countdown one is scheduled, not ready
+    with engine.connect() as conn:
+        assert conn.execute(select(orders.c.item)).scalars().all() == ["book"]
+
+
+def test_with_an_orm_session(setup: tuple[Celery, Store, Engine, Table]) -> None:
+    app, store, engine, orders = setup
+    ship = app.tasks["orders.ship"]
+    with Session(engine) as session:
+        with sqlease.transaction(session):
+            session.execute(insert(orders).values(id=5, item="pen"))
+            ship.delay(5)
+        session.rollback()
+    assert queued(store) == 0
+    with Session(engine) as session:
+        with sqlease.transaction(session):
+            session.execute(insert(orders).values(id=6, item="ink"))
+            ship.delay(6)
+        assert queued(store) == 0  # not visible before commit
+        session.commit()
+    assert queued(store) == 1
+
+
+def test_other_database_is_refused(
+    setup: tuple[Celery, Store, Engine, Table], tmp_path: object
+) -> None:
+    app, store, _, _ = setup
+    other = create_engine(f"sqlite:///{tmp_path}/other.db")
+    with (
+        other.begin() as conn,
+        sqlease.transaction(conn),
+        pytest.raises(ConfigurationError, match="different database"),
+    ):
+        app.tasks["orders.ship"].delay(1)
+    assert queued(store) == 0
+
+
+def test_transaction_needs_a_connection_or_session() -> None:
+    with pytest.raises(TypeError, match="Connection or Session"), sqlease.transaction("nope"):
+        pass
