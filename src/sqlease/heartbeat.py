@@ -37,6 +37,7 @@ class Heartbeat:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._sleeping_for = 0.0
         self.renewals = 0  # statements issued, for tests and stats
 
     # ---- bookkeeping -----------------------------------------------------------------
@@ -54,6 +55,9 @@ class Heartbeat:
         with self._lock:
             self._held[fence] = _Held(store, lease_ms, interval, task_id, on_lost)
             self._ensure_thread()
+            # The thread may be asleep for a longer interval than this lease allows.
+            if interval < self._sleeping_for:
+                self._wake.set()
 
     def drop(self, fences: Iterable[Fence]) -> None:
         """Forget leases (call before acking or releasing them, so that a renewal racing with
@@ -86,8 +90,13 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stopping:
-            self._wake.wait(self._interval())
+            interval = self._interval()
+            with self._lock:
+                self._sleeping_for = interval
+            self._wake.wait(interval)
             self._wake.clear()
+            with self._lock:
+                self._sleeping_for = 0.0
             if self._stopping:
                 break
             try:

@@ -950,6 +950,19 @@ class Store:
                 },
             )
 
+    def unbind_key(self, exchange: str, queue: str, routing_key: str = "") -> None:
+        """Remove a binding whatever its pattern (the unbinding side may not know the
+        exchange's type, and so not the pattern it was bound with)."""
+        b = self.tables.bindings
+        with self.engine.begin() as conn:
+            conn.execute(
+                b.delete().where(
+                    b.c.exchange == exchange,
+                    b.c.queue == queue,
+                    b.c.routing_key == (routing_key or ""),
+                )
+            )
+
     def bindings(self, exchange: str) -> list[tuple[str, str, str]]:
         """``(routing_key, pattern, queue)`` for every binding of ``exchange``."""
         with self._reading() as conn:

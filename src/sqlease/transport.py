@@ -204,7 +204,9 @@ class Channel(virtual.Channel):
             delivery_info = properties.setdefault("delivery_info", {})
             if not isinstance(delivery_info, dict):
                 raise TypeError("properties.delivery_info is not an object")
-        except (ValueError, KeyError, TypeError) as exc:
+            # The body must decode too, or Kombu would fail on it later, outside our reach.
+            self.decode_body(payload.get("body"), properties.get("body_encoding"))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             error = f"{type(exc).__name__}: {exc}"
             logger.error(
                 "sqlease: message %s in queue %r is not a readable Kombu message (%s); "
@@ -244,13 +246,14 @@ class Channel(virtual.Channel):
         if not self._consumers:
             raise Empty()
         callback = callback or self.connection._deliver
+        transport = self.connection
         delivered = 0
         noack = [q for q in self._active_queues if q in self._noack_queues]
         acked = [q for q in self._active_queues if q not in self._noack_queues]
         if noack:
             taken = self.store.take(noack, limit=TAKE_BATCH)
             if len(taken) == TAKE_BATCH:
-                self.connection._more = True
+                transport._more = True
             for message in taken:
                 payload = self._decode(message, leased=False)
                 if payload is not None:
@@ -261,27 +264,55 @@ class Channel(virtual.Channel):
             limit = min(credit or CLAIM_BATCH, CLAIM_BATCH)
             claimed = self._claim(acked, limit)
             if len(claimed) == limit:
-                self.connection._more = True
-            for message in claimed:
-                payload = self._decode(message, leased=True)
-                if payload is not None:
-                    callback(payload, message.queue)
-                    delivered += 1
+                transport._more = True
+            elif not claimed:
+                transport._found_nothing = True
+            delivered += self._deliver_claimed(claimed, callback)
         if not delivered:
             raise Empty()
         return delivered
 
+    def _deliver_claimed(self, claimed: list[Message], callback: Any) -> int:
+        delivered = 0
+        for index, message in enumerate(claimed):
+            try:
+                payload = self._decode(message, leased=True)
+                if payload is not None:
+                    callback(payload, message.queue)
+                    delivered += 1
+            except BaseException:
+                # The consumer failed mid-batch: the rest of the batch never reached it (nor
+                # QoS, so no close would release it). Give it back now, attempt refunded.
+                rest = [m.fence for m in claimed[index + 1 :]]
+                if rest:
+                    heartbeat().drop(rest)
+                    try:
+                        self.store.release(rest, refund=True)
+                    except Exception:
+                        logger.exception(
+                            "sqlease: could not release %d undelivered message(s)", len(rest)
+                        )
+                raise
+        return delivered
+
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
-        for message in self._claim([queue], 1):
-            payload = self._decode(message, leased=True)
+        # Rows that are not readable messages are failed and skipped: keep looking.
+        while True:
+            claimed = self._claim([queue], 1)
+            if not claimed:
+                raise Empty()
+            payload = self._decode(claimed[0], leased=True)
             if payload is not None:
                 return payload
-        raise Empty()
 
     def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
         if no_ack:
-            taken = self.store.take([queue], limit=1)
-            payload = self._decode(taken[0], leased=False) if taken else None
+            payload = None
+            while payload is None:
+                taken = self.store.take([queue], limit=1)
+                if not taken:
+                    break
+                payload = self._decode(taken[0], leased=False)
         else:
             try:
                 payload = self._get(queue)
@@ -308,7 +339,7 @@ class Channel(virtual.Channel):
         try:
             if fence is not None:
                 heartbeat().drop([fence])
-                if not self.store.ack([fence]):
+                if not self.connection.defer_ack(fence, self) and not self.store.ack([fence]):
                     self._report_refused_ack(fence)
         finally:
             super().basic_ack(delivery_tag, multiple=multiple)
@@ -404,8 +435,7 @@ class Channel(virtual.Channel):
         **kwargs: Any,
     ) -> None:
         self.state.binding_delete(queue, exchange, routing_key)
-        meta = self.typeof(exchange).prepare_bind(queue, exchange, routing_key, arguments)
-        self.store.unbind(exchange or "", queue, meta[0] or "", meta[1] or "")
+        self.store.unbind_key(exchange or "", queue, routing_key or "")
 
     def _delete(
         self, queue: str, exchange: str, routing_key: str, pattern: str, *args: Any, **kwargs: Any
@@ -467,7 +497,10 @@ class Transport(virtual.Transport):
         self._waker: Waker | None = None
         self._declared: set[str] = set()
         self._more = True
+        self._found_nothing = False
         self._loop: Any = None
+        self._loop_thread = 0
+        self._pending_acks: list[tuple[Fence, Any]] = []
         self._reader_fd: int | None = None
         self._poll_entry: Any = None
         self._due_entry: Any = None
@@ -580,6 +613,25 @@ class Transport(virtual.Transport):
             except SqleaseError:
                 pass  # already finished or unknown: the broadcast still reaches the workers
 
+    def defer_ack(self, fence: Fence, channel: Any) -> bool:
+        """In the worker's event loop, acks made during one loop iteration are written
+        together, in one statement, at the start of the next. (Elsewhere: False, ack now.)"""
+        if self._loop is None or threading.get_ident() != self._loop_thread:
+            return False
+        self._pending_acks.append((fence, channel))
+        if len(self._pending_acks) == 1:
+            self._loop.call_soon(self.flush_acks)
+        return True
+
+    def flush_acks(self) -> None:
+        pending, self._pending_acks = self._pending_acks, []
+        if not pending:
+            return
+        acked = self.store.ack([fence for fence, _ in pending])
+        for fence, channel in pending:
+            if fence.message_id not in acked:
+                channel._report_refused_ack(fence)
+
     def declare_queue(self, queue: str) -> None:
         if queue not in self._declared:
             from .transactions import current_connection
@@ -642,6 +694,7 @@ class Transport(virtual.Transport):
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
         self._unregister_from_loop()
         self._loop = loop
+        self._loop_thread = threading.get_ident()
         self._start_maintenance()
         loop.on_tick.add(self._on_tick)
         self._add_reader()
@@ -685,6 +738,7 @@ class Transport(virtual.Transport):
                 entry.cancel()
         self._poll_entry = self._due_entry = None
         self._loop = None
+        self.flush_acks()
 
     def _on_readable(self) -> None:
         waker = self.waker
@@ -701,8 +755,9 @@ class Transport(virtual.Transport):
 
     def _drain_in_loop(self) -> None:
         try:
+            self._found_nothing = False
             got = self._drain_ready()
-            if not got:
+            if not got and self._found_nothing:  # a claim ran and found nothing due
                 self._schedule_due()
         except self.connection_errors:
             raise
@@ -785,6 +840,10 @@ class Transport(virtual.Transport):
             waker.wait(max(wait, 0.0))
 
     def close_connection(self, connection: Any) -> None:
+        try:
+            self.flush_acks()
+        except Exception:
+            logger.warning("sqlease: could not write deferred acks at close", exc_info=True)
         try:
             super().close_connection(connection)
         finally:

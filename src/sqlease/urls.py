@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 from sqlalchemy.engine import URL, make_url
@@ -64,6 +65,10 @@ def to_sqlalchemy_url(url: str | URL) -> URL:
                 "an in-memory SQLite database cannot be shared by a worker and its producers; "
                 "name a file, e.g. 'sqlease+sqlite:///app.db'"
             )
+        if not database.startswith("file:") and not os.path.isabs(database):
+            # Resolved now: a worker that later changes directory (--workdir, detach) must
+            # keep using the same file.
+            parsed = parsed.set(database=os.path.abspath(database))
         return parsed
     raise ConfigurationError(
         f"unsupported database {backend!r} in {mask_password(str(parsed))!r}: "
