@@ -97,6 +97,14 @@ def _parser() -> argparse.ArgumentParser:
     reject.add_argument("task_id")
     reject.add_argument("--reason", required=True)
     sub.add_parser("maintain", parents=[common], help="run one maintenance pass now")
+    grant = sub.add_parser(
+        "grant",
+        parents=[common],
+        help="print (or --apply) the grants of a least-privilege worker role",
+    )
+    grant.add_argument("role")
+    grant.add_argument("--schema", default="public")
+    grant.add_argument("--apply", action="store_true", help="run them against --url")
     purge = sub.add_parser("purge", parents=[common], help="delete a queue's undelivered tasks")
     purge.add_argument("queue")
     return parser
@@ -126,6 +134,21 @@ def _run(args: argparse.Namespace) -> int:
 
         version = do_migrate(get_engine(strip_prefix(_url(args))), build_tables(args.table_prefix))
         _out(args, {"schema_version": version}, f"schema at version {version}")
+        return 0
+    if command == "grant":
+        from sqlalchemy import text as sql_text
+
+        from .engine import get_engine
+        from .roles import worker_grants
+        from .schema import build_tables
+        from .urls import strip_prefix
+
+        statements = worker_grants(build_tables(args.table_prefix), args.role, schema=args.schema)
+        if args.apply:
+            with get_engine(strip_prefix(_url(args))).begin() as conn:
+                for statement in statements:
+                    conn.execute(sql_text(statement))
+        _out(args, statements, ";\n".join(statements) + ";")
         return 0
     admin = _admin(args)
     if command == "status":

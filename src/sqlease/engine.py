@@ -18,9 +18,11 @@ import os
 import threading
 from typing import Any
 
+import psycopg
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine
 
+from .errors import DatabaseReadOnly, PermissionDenied
 from .urls import to_sqlalchemy_url
 
 _engines: dict[tuple[str, tuple[tuple[str, Any], ...]], Engine] = {}
@@ -54,8 +56,33 @@ def get_engine(
 
 def _create(url: URL, options: dict[str, Any]) -> Engine:
     if url.get_backend_name() == "sqlite":
-        return _create_sqlite(url, options)
-    return _create_postgresql(url, options)
+        engine = _create_sqlite(url, options)
+    else:
+        engine = _create_postgresql(url, options)
+    event.listen(engine, "handle_error", _translate_error)
+    return engine
+
+
+def _translate_error(context: Any) -> BaseException | None:
+    """Turn database refusals that retrying cannot fix into specific sqlease errors (the
+    driver's error stays attached as ``__cause__``); transient ones pass through unchanged."""
+    original = context.original_exception
+    text = str(original)
+    where = context.engine.url.render_as_string(hide_password=True) if context.engine else ""
+    if "readonly database" in text or "read-only transaction" in text:
+        error: BaseException = DatabaseReadOnly(
+            f"the database {where} refuses writes ({text.strip()}); sqlease needs write "
+            "access to enqueue, claim and ack"
+        )
+    elif isinstance(original, psycopg.errors.InsufficientPrivilege):
+        error = PermissionDenied(
+            f"the database role lacks a privilege sqlease needs: {text.strip()} (see "
+            "docs/reliability.md for the grants a worker role needs)"
+        )
+    else:
+        return None
+    error.__cause__ = original
+    return error
 
 
 def _create_sqlite(url: URL, options: dict[str, Any]) -> Engine:

@@ -8,6 +8,8 @@
     │   ├── SchemaMissing                      tables absent and auto_migrate is off
     │   └── SchemaVersionMismatch              the database was migrated by a newer sqlease
     ├── DatabaseUnavailable                    the database cannot be reached (transient)
+    ├── DatabaseReadOnly                       the database refuses writes (read-only file)
+    ├── PermissionDenied                       the database role lacks a privilege
     ├── PayloadTooLarge (also ValueError)      a message body over the configured limit
     ├── LeaseLost (also celery Ignore)         a fenced write found the lease gone
     ├── OutcomeUnknown                         a durable step started but never recorded finishing
@@ -49,6 +51,16 @@ class SchemaVersionMismatch(SchemaError):
 
 class DatabaseUnavailable(SqleaseError):
     """The database could not be reached; the operation may be retried."""
+
+
+class DatabaseReadOnly(SqleaseError):
+    """The database refuses writes (a read-only SQLite file or mount, a read-only replica).
+    Not retried: nothing can be delivered or acked until it is writable again."""
+
+
+class PermissionDenied(SqleaseError):
+    """The database role lacks a privilege sqlease needs (see docs/reliability.md for the
+    grants a worker role needs)."""
 
 
 class PayloadTooLarge(SqleaseError, ValueError):

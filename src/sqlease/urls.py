@@ -46,7 +46,7 @@ def to_sqlalchemy_url(url: str | URL) -> URL:
                 "'sqlease+sqlite:///app.db' or 'sqlease+postgresql://user@host/db'"
             ) from exc
     backend = parsed.get_backend_name()
-    driver = parsed.get_driver_name()
+    driver = parsed.drivername.partition("+")[2]  # (get_driver_name() loads the dialect)
     if backend in ("postgresql", "postgres"):
         if parsed.drivername not in ("postgresql", "postgres", "postgresql+psycopg"):
             raise ConfigurationError(

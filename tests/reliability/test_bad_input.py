@@ -1,0 +1,179 @@
+"""Bad input and hostile conditions: each gets a clear, specific error and loses nothing."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from kombu import Connection
+from sqlalchemy import create_engine, text, update
+from sqlalchemy.engine import make_url
+
+import sqlease
+from conftest import PG_URL, unique_prefix
+from sqlease import (
+    ConfigurationError,
+    DatabaseReadOnly,
+    PermissionDenied,
+    SchemaMissing,
+    SchemaVersionMismatch,
+    Store,
+)
+from sqlease.roles import worker_grants
+from sqlease.schema import CURRENT_VERSION
+
+
+def test_newer_schema_is_refused(make_store: Any) -> None:
+    store = make_store()
+    with store.engine.begin() as conn:
+        conn.execute(update(store.tables.schema_version).values(version=CURRENT_VERSION + 1))
+    with pytest.raises(SchemaVersionMismatch, match="newer than this sqlease"):
+        make_store()
+    with pytest.raises(SchemaVersionMismatch):
+        make_store(auto_migrate=False)
+
+
+def test_missing_schema_without_auto_migrate_names_the_command(db_url: str) -> None:
+    with pytest.raises(SchemaMissing, match="sqlease migrate"):
+        Store(db_url, table_prefix=unique_prefix(), auto_migrate=False)
+
+
+@pytest.mark.parametrize(
+    "url, match",
+    [
+        ("sqlease+mysql://u@h/db", "unsupported database 'mysql'"),
+        ("sqlease+sqlite://", "in-memory SQLite"),
+        ("sqlease+sqlite:///:memory:", "in-memory SQLite"),
+        ("sqlease+postgresql+psycopg2://u@h/db", "psycopg 3"),
+        ("sqlease://somewhere/else", "takes no host or path"),
+        ("sqlease+nosuchdb://x/y", "not a database URL|unsupported database"),
+    ],
+)
+def test_wrong_urls_are_named(url: str, match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        Connection(url).connect()
+
+
+def test_wrong_url_never_shows_the_password() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Connection("sqlease+mysql://alice:s3cret@h/db").connect()
+    assert "s3cret" not in str(caught.value)
+
+
+def test_read_only_sqlite_is_a_clear_error_and_nothing_is_lost(tmp_path: Path) -> None:
+    path = tmp_path / "ro.db"
+    Store(f"sqlite:///{path}").enqueue("q", '{"kept": true}', task_id="t")
+    read_only = Store(f"sqlite:///file:{path}?mode=ro&uri=true", auto_migrate=False)
+    assert read_only.size("q") == 1  # reads work
+    with pytest.raises(DatabaseReadOnly, match="refuses writes"):
+        read_only.enqueue("q", "{}")
+    with pytest.raises(DatabaseReadOnly):
+        read_only.claim(["q"], "w", lease_ms=1000)
+    assert Store(f"sqlite:///{path}").size("q") == 1
+
+
+# ---- PostgreSQL roles ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_role(pg_database_url: str) -> Iterator[tuple[str, str]]:
+    """A fresh login role (trust auth) and its URL on the session database; dropped after."""
+    role = f"sqlease_r_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(make_url(pg_database_url).set(drivername="postgresql+psycopg"),
+                          isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
+    try:
+        yield role, make_url(pg_database_url).set(username=role).render_as_string(False)
+    finally:
+        from sqlease.engine import dispose_all
+
+        dispose_all(close=True)
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP OWNED BY "{role}"'))
+            conn.execute(text(f'DROP ROLE "{role}"'))
+        admin.dispose()
+
+
+@pytest.mark.pg
+def test_least_privilege_worker_role_runs_everything_but_ddl(
+    pg_database_url: str, pg_role: tuple[str, str]
+) -> None:
+    role, role_url = pg_role
+    prefix = unique_prefix()
+    owner = Store(pg_database_url, table_prefix=prefix)  # the owner migrates
+    with owner.engine.begin() as conn:
+        for statement in worker_grants(owner.tables, role):
+            conn.execute(text(statement))
+    worker = Store(role_url, table_prefix=prefix, auto_migrate=False)
+    worker.enqueue("q", "{}", task_id="t", run_id="R")
+    [message] = worker.claim(["q"], "w", lease_ms=60_000)
+    assert worker.renew([message.fence], lease_ms=60_000)
+    assert worker.compare_and_set(message.fence, "t", 0, checkpoint={"a": 1}).revision == 1
+    assert worker.ack([message.fence]) == {message.id}
+    # …but it cannot create tables: a new prefix with auto_migrate is refused clearly.
+    with pytest.raises(PermissionDenied, match="lacks a privilege"):
+        Store(role_url, table_prefix=unique_prefix(), auto_migrate=True)
+
+
+@pytest.mark.pg
+def test_role_without_grants_gets_a_clear_error(
+    pg_database_url: str, pg_role: tuple[str, str]
+) -> None:
+    _, role_url = pg_role
+    prefix = unique_prefix()
+    Store(pg_database_url, table_prefix=prefix).enqueue("q", "{}")
+    with pytest.raises(PermissionDenied, match=r"docs/reliability\.md"):
+        Store(role_url, table_prefix=prefix, auto_migrate=False).claim(["q"], "w",
+                                                                       lease_ms=1000)
+    assert Store(pg_database_url, table_prefix=prefix).size("q") == 1
+
+
+# ---- security basics -----------------------------------------------------------------------
+
+
+def test_password_never_in_logs_or_report(caplog: pytest.LogCaptureFixture) -> None:
+    url = "sqlease+postgresql://alice:s3cret-pw@127.0.0.1:1/nowhere"
+    app = Celery("secure", broker=url, backend=url, set_as_current=False)
+    with caplog.at_level(logging.DEBUG):
+        conn = app.connection_for_write()
+        assert "s3cret-pw" not in conn.as_uri()
+        assert "s3cret-pw" not in repr(conn)
+        assert "s3cret-pw" not in app.backend.as_uri()
+        assert "s3cret-pw" not in app.bugreport()
+        with pytest.raises(Exception) as caught:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
+        assert "s3cret-pw" not in str(caught.value)
+    assert "s3cret-pw" not in caplog.text
+    app.close()
+
+
+def test_celery_report_masks_the_password(tmp_path: Path) -> None:
+    (tmp_path / "reportapp.py").write_text(
+        "import sqlease\nfrom celery import Celery\n"
+        "app = Celery('r', broker='sqlease+postgresql://bob:hunter2-pw@127.0.0.1:1/x',\n"
+        "             backend='sqlease+postgresql://bob:hunter2-pw@127.0.0.1:1/x')\n"
+    )
+    done = subprocess.run([sys.executable, "-m", "celery", "-A", "reportapp", "report"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    assert "hunter2-pw" not in done.stdout + done.stderr
+    assert "sqlease+postgresql://bob:**@127.0.0.1:1/x" in done.stdout
+
+
+def test_json_is_the_default_and_pickle_is_not_accepted(db_url: str) -> None:
+    app = Celery("ser", broker=f"sqlease+{db_url}", set_as_current=False)
+    assert app.conf.task_serializer == "json"
+    assert "application/x-python-serialize" not in app.conf.accept_content
+    assert "pickle" not in app.conf.accept_content
+    assert PG_URL  # the PostgreSQL URL comes from the environment, never from code
+    assert sqlease.__version__
