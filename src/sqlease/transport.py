@@ -259,7 +259,9 @@ class Channel(virtual.Channel):
                 if payload is not None:
                     callback(payload, message.queue)
                     delivered += 1
-        if acked and self.qos.can_consume():
+        if acked and not self.qos.can_consume():
+            transport._starved = True
+        elif acked:
             credit = self.qos.can_consume_max_estimate() if self.qos.prefetch_count else None
             limit = min(credit or CLAIM_BATCH, CLAIM_BATCH)
             claimed = self._claim(acked, limit)
@@ -498,6 +500,7 @@ class Transport(virtual.Transport):
         self._declared: set[str] = set()
         self._more = True
         self._found_nothing = False
+        self._starved = False
         self._loop: Any = None
         self._loop_thread = 0
         self._pending_acks: list[tuple[Fence, Any]] = []
@@ -679,10 +682,15 @@ class Transport(virtual.Transport):
         got = False
         for _ in range(50):  # bounded, so the event loop stays responsive
             self._more = False
+            self._starved = False
             assert self.cycle is not None
             try:
                 self.cycle.get(self._deliver)
             except Empty:
+                if self._starved:
+                    # Work may be waiting but the prefetch credit is used up: look again as
+                    # soon as an ack frees some (the event loop's next tick).
+                    self._more = True
                 break
             got = True
             if not self._more:

@@ -1,0 +1,49 @@
+"""The Celery app every broker runs in benchmarks/celery_bench.py (same tasks, same settings).
+
+Tasks report to the benchmark process by one UDP datagram on loopback, so completion is
+counted the same way for every broker and result backend."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from celery import Celery
+
+import sqlease  # noqa: F401  (registers the sqlease transport)
+
+BROKER = os.environ.get("BENCH_BROKER", "memory://")
+BACKEND = os.environ.get("BENCH_BACKEND") or None
+UDP_PORT = int(os.environ.get("BENCH_UDP", "0"))
+
+app = Celery("bench", broker=BROKER, backend=BACKEND)
+app.conf.update(
+    worker_prefetch_multiplier=4,
+    broker_transport_options={"table_prefix": os.environ.get("BENCH_PREFIX", "sqlease_")}
+    if BROKER.startswith("sqlease")
+    else {},
+    result_backend_transport_options={},
+    worker_hijack_root_logger=False,
+)
+_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+
+def _report(payload: bytes) -> None:
+    if UDP_PORT:
+        _sock.sendto(payload, ("127.0.0.1", UDP_PORT))
+
+
+@app.task(name="bench.noop", ignore_result=True)
+def noop() -> None:
+    _report(b"d")
+
+
+@app.task(name="bench.stamp", ignore_result=True)
+def stamp(sent: float) -> None:
+    _report(f"l{time.time() - sent:.6f}".encode())
+
+
+@app.task(name="bench.add")
+def add(x: int, y: int) -> int:
+    return x + y

@@ -1,0 +1,243 @@
+"""Celery end-to-end benchmark: sqlease (PostgreSQL, SQLite) beside Redis, RabbitMQ and Kombu's
+SQLAlchemy transport, in one run, same worker settings (prefork -c 2, prefetch multiplier 4).
+
+For each broker:
+- ``delay()`` rate: N no-op tasks published from one process (no worker running);
+- drain: a worker started on that backlog, tasks/s until the N completions arrive;
+- idle latency: ``delay()``-to-start p50/p99, one task at a time with the worker idle;
+and, for result backends, the round trip ``add.delay(2, 2).get()`` p50/p99 with sqlease's
+backend on PostgreSQL beside Redis's.
+
+Completions are counted by UDP datagrams from the tasks (tests/benchmarks only).
+Usage: python benchmarks/celery_bench.py [--tasks 10000] [--only sqlease-pg,redis] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PG = os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@dataclass
+class Broker:
+    name: str
+    url: str
+    backend: str | None = None  # for the round-trip measurement
+    latency_samples: int = 200
+
+
+def brokers(tmp: Path, prefix: str) -> list[Broker]:
+    pg_host = PG.split("://", 1)[1]
+    return [
+        Broker("sqlease-pg", f"sqlease+{PG}", backend=f"sqlease+{PG}"),
+        Broker("sqlease-sqlite", f"sqlease+sqlite:///{tmp}/bench.db",
+               backend=f"sqlease+sqlite:///{tmp}/bench.db"),
+        Broker("redis", "redis://127.0.0.1:6379/15", backend="redis://127.0.0.1:6379/14"),
+        Broker("rabbitmq", "amqp://guest:guest@127.0.0.1:5672//", backend="rpc://"),
+        Broker("kombu-sqla-pg", f"sqla+postgresql+psycopg://{pg_host}", latency_samples=20),
+    ]
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+
+    def drain(self) -> None:
+        self.sock.setblocking(False)
+        try:
+            while True:
+                self.sock.recv(64)
+        except BlockingIOError:
+            pass
+        finally:
+            self.sock.setblocking(True)
+
+    def wait(self, count: int, timeout: float) -> list[bytes]:
+        got: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self.sock.settimeout(remaining)
+            try:
+                got.append(self.sock.recv(64))
+            except TimeoutError:
+                break
+        return got
+
+
+def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    handle = log.open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "bench_app", "worker", "--pool", "prefork",
+         "-c", "2", "-l", "warning", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h",
+         "--without-mingle", "--without-gossip"],
+        env=env, cwd=HERE, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    return proc
+
+
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def app_for(broker: Broker, backend: str | None, env: dict[str, str]) -> Any:
+    os.environ.update({k: v for k, v in env.items() if k.startswith("BENCH_")})
+    if backend:
+        os.environ["BENCH_BACKEND"] = backend
+    else:
+        os.environ.pop("BENCH_BACKEND", None)
+    sys.path.insert(0, str(HERE))
+    for name in list(sys.modules):
+        if name == "bench_app":
+            del sys.modules[name]
+    import bench_app
+
+    return bench_app
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_broker(broker: Broker, tasks: int, counter: Counter, tmp: Path, prefix: str,
+               quick: bool) -> dict[str, Any]:
+    env = dict(os.environ, BENCH_BROKER=broker.url, BENCH_UDP=str(counter.port),
+               BENCH_PREFIX=prefix, PYTHONPATH=str(HERE))
+    env.pop("BENCH_BACKEND", None)
+    log = tmp / f"{broker.name}.log"
+    mod = app_for(broker, None, env)
+    app = mod.app
+    out: dict[str, Any] = {"broker": broker.name}
+    try:
+        app.control.purge()
+    except Exception:
+        pass
+    # 1. delay() rate on an idle broker
+    mod.noop.delay()  # connect and declare first
+    started = time.perf_counter()
+    for _ in range(tasks):
+        mod.noop.delay()
+    out["delay_per_s"] = round(tasks / (time.perf_counter() - started), 1)
+    # 2. drain the backlog (tasks + 1)
+    counter.drain()
+    worker = start_worker(env, log)
+    try:
+        first = counter.wait(1, 60)
+        if not first:
+            raise RuntimeError(f"{broker.name}: worker did not start (see {log})")
+        t0 = time.perf_counter()
+        rest = counter.wait(tasks, 600)
+        elapsed = time.perf_counter() - t0
+        out["drained"] = len(rest) + 1
+        out["drain_per_s"] = round(len(rest) / elapsed, 1) if elapsed > 0 else None
+        # 3. idle latency, one at a time
+        samples: list[float] = []
+        n = min(broker.latency_samples, 20 if quick else broker.latency_samples)
+        counter.drain()
+        for _ in range(n):
+            time.sleep(0.05)
+            mod.stamp.delay(time.time())
+            got = counter.wait(1, 10)
+            if got and got[0].startswith(b"l"):
+                samples.append(float(got[0][1:]) * 1000)
+        if samples:
+            out["start_p50_ms"] = round(percentile(samples, 0.5), 2)
+            out["start_p99_ms"] = round(percentile(samples, 0.99), 2)
+    finally:
+        stop_worker(worker)
+    # 4. round trip through the result backend
+    if broker.backend:
+        env_rt = dict(env, BENCH_BACKEND=broker.backend)
+        mod = app_for(broker, broker.backend, env_rt)
+        worker = start_worker(env_rt, log)
+        try:
+            mod.add.delay(1, 1).get(timeout=60)
+            rtts = []
+            for _ in range(20 if quick else 200):
+                t = time.perf_counter()
+                assert mod.add.delay(2, 2).get(timeout=10) == 4
+                rtts.append((time.perf_counter() - t) * 1000)
+            out["get_p50_ms"] = round(percentile(rtts, 0.5), 2)
+            out["get_p99_ms"] = round(percentile(rtts, 0.99), 2)
+            out["backend"] = broker.backend.split(":")[0]
+        finally:
+            stop_worker(worker)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--only", default="")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    tasks = 300 if args.quick else args.tasks
+    tmp = Path(tempfile.mkdtemp(prefix="sqlease-bench-"))
+    prefix = f"bench{os.getpid()}_"
+    counter = Counter()
+    chosen = [b for b in brokers(tmp, prefix)
+              if not args.only or b.name in args.only.split(",")]
+    results = []
+    for broker in chosen:
+        try:
+            result = run_broker(broker, tasks, counter, tmp, prefix, args.quick)
+        except Exception as exc:  # a missing baseline must not hide the others
+            result = {"broker": broker.name, "error": f"{type(exc).__name__}: {exc}"}
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    by = {r["broker"]: r for r in results}
+    ratios: dict[str, Any] = {}
+
+    def ratio(a: str, b: str, key: str) -> float | None:
+        x, y = by.get(a, {}).get(key), by.get(b, {}).get(key)
+        return round(x / y, 2) if x and y else None
+
+    ratios["pg_drain_vs_rabbitmq"] = ratio("sqlease-pg", "rabbitmq", "drain_per_s")
+    ratios["pg_drain_vs_redis"] = ratio("sqlease-pg", "redis", "drain_per_s")
+    ratios["pg_delay_vs_redis"] = ratio("sqlease-pg", "redis", "delay_per_s")
+    ratios["sqlite_drain_vs_redis"] = ratio("sqlease-sqlite", "redis", "drain_per_s")
+    ratios["pg_drain_vs_kombu_sqla"] = ratio("sqlease-pg", "kombu-sqla-pg", "drain_per_s")
+    ratios["sqlite_drain_vs_kombu_sqla"] = ratio("sqlease-sqlite", "kombu-sqla-pg",
+                                                 "drain_per_s")
+    ratios["pg_get_p50_vs_redis"] = ratio("sqlease-pg", "redis", "get_p50_ms")
+    print(json.dumps({"ratios": ratios}), flush=True)
+    stamp = time.strftime("%Y-%m-%d")
+    path = HERE / "results" / f"celery-{stamp}{'-quick' if args.quick else ''}.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"tasks": tasks, "results": results, "ratios": ratios},
+                               indent=2))
+    print(f"written {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
