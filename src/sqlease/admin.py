@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from sqlalchemy import Connection, and_, delete, func, or_, select, update
+from sqlalchemy import Connection, and_, case, delete, func, or_, select, update
 from sqlalchemy.engine import URL
 
 from .errors import SqleaseError
-from .results_store import ResultStore
+from .results_store import ResultStore, exception_meta
 from .steps import StepStore
 from .store import Event, Message, Store
 from .urls import strip_prefix
@@ -95,20 +94,8 @@ def _state_of(message: Message, now: int) -> str:
 
 
 def _revoked_meta(task_id: str, reason: str) -> bytes:
-    # Celery's own result format (JSON serializer), so AsyncResult(task_id).state == REVOKED.
-    meta: dict[str, Any] = {
-        "status": "REVOKED",
-        "result": {
-            "exc_type": "TaskRevokedError",
-            "exc_message": [reason],
-            "exc_module": "celery.exceptions",
-        },
-        "traceback": None,
-        "children": [],
-        "date_done": datetime.now(UTC).isoformat(),
-        "task_id": task_id,
-    }
-    return json.dumps(meta).encode("utf-8")
+    # Celery's own result format, so AsyncResult(task_id).state == REVOKED.
+    return exception_meta(task_id, "REVOKED", "TaskRevokedError", [reason], "celery.exceptions")
 
 
 class Admin:
@@ -179,7 +166,11 @@ class Admin:
                 snapshot.lease_expires_at_ms = message.lease_expires_at_ms
         elif result_state in _RESULT_STATES:
             snapshot.state = _RESULT_STATES[result_state]
+        elif events and events[-1].kind == "purged":
+            snapshot.state, snapshot.reason = "cancelled", "purged"
         elif any(e.kind == "acked" for e in events):
+            # Without a result backend an ack is all we know: Celery also acks tasks that
+            # raised (acks_on_failure), so configure the sqlease backend to tell them apart.
             snapshot.state = "succeeded"
         if message is None:
             attempts = [e.attempt for e in events if e.attempt]
@@ -386,12 +377,16 @@ class Admin:
         """Make paused tasks claimable again (with a fresh attempt budget)."""
         m = self.t.messages
         budget = self.store.max_attempts
+        now = self._now()
         changed = self._change(
             and_(self._targets(task_id, run_id), m.c.state == "parked", m.c.reason == "paused"),
             {
                 "state": "ready",
                 "reason": None,
-                "available_at_ms": self._now(),
+                # A task paused before its eta keeps it.
+                "available_at_ms": case(
+                    (m.c.available_at_ms > now, m.c.available_at_ms), else_=now
+                ),
                 "max_attempts": m.c.attempt + budget,
             },
             "resumed",

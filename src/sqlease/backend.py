@@ -57,29 +57,41 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
         self.url = strip_prefix(raw) if raw.startswith("sqlease") else raw
         self.sa_url = to_sqlalchemy_url(self.url)
         options = dict(conf.get("result_backend_transport_options") or {})
-        broker_options = dict(conf.get("broker_transport_options") or {})
-        self._same_db_as_broker = self._shares_broker_database()
-        if (
-            "table_prefix" not in options
-            and self._same_db_as_broker
-            and "table_prefix" in broker_options
-        ):
-            options["table_prefix"] = broker_options["table_prefix"]
+        broker_prefix = str(
+            (conf.get("broker_transport_options") or {}).get("table_prefix", "sqlease_")
+        )
+        shares_database = self._shares_broker_database()
+        if "table_prefix" not in options and shares_database:
+            options["table_prefix"] = broker_prefix
         options.pop("global_keyprefix", None)
         self.options = TransportOptions.parse(options)
+        # Results are fenced only when the broker's messages are in the same tables: the
+        # lease check and the write happen in one transaction.
+        self._same_db_as_broker = shares_database and self.options.table_prefix == broker_prefix
+        if shares_database and not self._same_db_as_broker:
+            logger.warning(
+                "sqlease: result backend table_prefix %r differs from the broker's %r: results "
+                "are stored without lease fencing",
+                self.options.table_prefix,
+                broker_prefix,
+            )
         self._results: ResultStore | None = None
         self._local = threading.local()
 
     def _shares_broker_database(self) -> bool:
-        broker = self.app.conf.get("broker_url") or self.app.conf.get("broker_write_url")
-        if not isinstance(broker, str) or not broker.strip().startswith("sqlease"):
-            return False
-        try:
-            return to_sqlalchemy_url(broker).render_as_string(hide_password=False) == (
-                self.sa_url.render_as_string(hide_password=False)
-            )
-        except ConfigurationError:
-            return False
+        from .celery_defaults import broker_urls, sqlease_transport_setting
+
+        plain_sql_ok = sqlease_transport_setting(self.app)
+        mine = self.sa_url.render_as_string(hide_password=False)
+        for broker in broker_urls(self.app):
+            if not broker.startswith("sqlease") and not plain_sql_ok:
+                continue
+            try:
+                if to_sqlalchemy_url(broker).render_as_string(hide_password=False) == mine:
+                    return True
+            except ConfigurationError:
+                continue
+        return False
 
     @property
     def results(self) -> ResultStore:

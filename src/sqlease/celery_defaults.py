@@ -24,18 +24,35 @@ _DEFAULTS = {
 }
 
 
-def uses_sqlease(app: Any) -> bool:
+def broker_urls(app: Any) -> list[str]:
+    """The broker URLs an app is configured with (``conf.broker_url`` also reads the
+    ``CELERY_BROKER_URL`` environment variable)."""
     conf = app.conf
-    for key in ("broker_url", "broker_read_url", "broker_write_url"):
-        value = conf.get(key)
-        values = value if isinstance(value, list | tuple) else [value]
-        if any(isinstance(v, str) and v.strip().lower().startswith("sqlease") for v in values):
-            return True
-    transport = conf.get("broker_transport")
+    found: list[str] = []
+    for value in (
+        getattr(conf, "broker_url", None),
+        conf.get("broker_read_url"),
+        conf.get("broker_write_url"),
+    ):
+        for item in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(item, str) and item.strip():
+                found.append(item.strip())
+    return found
+
+
+def sqlease_transport_setting(app: Any) -> bool:
+    """``broker_transport`` names sqlease's transport (then the URL is a plain SQL URL)."""
+    transport = app.conf.get("broker_transport")
     if transport is None:
         return False
     name = transport if isinstance(transport, str) else getattr(transport, "__module__", "")
     return "sqlease" in str(name)
+
+
+def uses_sqlease(app: Any) -> bool:
+    if sqlease_transport_setting(app):
+        return True
+    return any(url.lower().startswith("sqlease") for url in broker_urls(app))
 
 
 def _explicit(conf: Any, *keys: str) -> bool:

@@ -20,7 +20,8 @@ from .errors import SqleaseError
 def _url(args: argparse.Namespace) -> str:
     url = args.url or os.environ.get("SQLEASE_URL")
     if not url:
-        raise SystemExit("sqlease: give the database with --url or SQLEASE_URL")
+        print("sqlease: give the database with --url or SQLEASE_URL", file=sys.stderr)
+        raise SystemExit(2)
     return str(url)
 
 
@@ -96,7 +97,13 @@ def _parser() -> argparse.ArgumentParser:
     reject = sub.add_parser("reject", parents=[common], help="reject a waiting task")
     reject.add_argument("task_id")
     reject.add_argument("--reason", required=True)
-    sub.add_parser("maintain", parents=[common], help="run one maintenance pass now")
+    maintain = sub.add_parser("maintain", parents=[common], help="run one maintenance pass now")
+    maintain.add_argument(
+        "--retention-days",
+        type=float,
+        default=30.0,
+        help="keep events of finished tasks this long (0: forever)",
+    )
     grant = sub.add_parser(
         "grant",
         parents=[common],
@@ -212,7 +219,8 @@ def _run(args: argparse.Namespace) -> int:
         _out(args, snap, "\n".join(lines))
     elif command in ("pause", "resume", "cancel"):
         if bool(args.task_id) == bool(args.run_id):
-            raise SystemExit(f"sqlease {command}: give a TASK_ID or --run RUN_ID (not both)")
+            print(f"sqlease {command}: give a TASK_ID or --run RUN_ID (not both)", file=sys.stderr)
+            raise SystemExit(2)
         kwargs: dict[str, Any] = {"run_id": args.run_id}
         if command == "cancel":
             kwargs["reason"] = args.reason
@@ -229,7 +237,8 @@ def _run(args: argparse.Namespace) -> int:
         try:
             data = json.loads(text)
         except ValueError as exc:
-            raise SystemExit(f"sqlease input: the answer is not valid JSON: {exc}") from None
+            print(f"sqlease input: the answer is not valid JSON: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         admin.provide_input(args.task_id, data)
         _out(args, {"answered": args.task_id}, f"input given to {args.task_id}")
     elif command == "approve":
@@ -239,9 +248,16 @@ def _run(args: argparse.Namespace) -> int:
         admin.reject(args.task_id, args.reason)
         _out(args, {"rejected": args.task_id}, f"rejected {args.task_id}")
     elif command == "maintain":
-        from .maintenance import run_pass
+        from .maintenance import acquire, run_pass
 
-        summary = run_pass(admin.store, event_retention_ms=30 * 86_400_000)
+        store = admin.store
+        if not acquire(store, f"cli:{os.getpid()}", 300_000, store.now_ms()):
+            print(
+                "sqlease maintain: a worker is running the maintenance pass now; try later",
+                file=sys.stderr,
+            )
+            return 1
+        summary = run_pass(store, event_retention_ms=int(args.retention_days * 86_400_000))
         _out(args, summary, "\n".join(f"{k}: {v}" for k, v in sorted(summary.items())))
     elif command == "purge":
         count = admin.purge(args.queue)

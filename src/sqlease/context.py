@@ -210,7 +210,7 @@ class TaskContext:
         if record is not None and record.status == "succeeded":
             return record.result
         if record is not None and record.status in ("started", "outcome_unknown"):
-            if record.attempt == self.fence.attempt:
+            if (record.message_id, record.attempt) == (self.fence.message_id, self.fence.attempt):
                 raise RuntimeError(
                     f"step {name!r} is already running in this delivery; step names must be "
                     "unique within a task"
@@ -292,6 +292,12 @@ def context() -> TaskContext:
         raise ContextUnavailable(
             f"task {request.id} was not delivered by sqlease (called directly, eagerly, or "
             "through another broker); sqlease.context() needs a sqlease delivery"
+        )
+    if getattr(task, "acks_late", True) is False:
+        raise ContextUnavailable(
+            f"task {request.name if hasattr(request, 'name') else task.name} acknowledges "
+            "early (acks_late=False): its delivery ended before it ran, so there is no lease "
+            "to write under; sqlease.context() needs acks_late (sqlease's default)"
         )
     store, lease_ms = _store_for_app(task.app)
     run_id = getattr(request, "run_id", None)

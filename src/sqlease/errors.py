@@ -13,6 +13,7 @@
     ├── PayloadTooLarge (also ValueError)      a message body over the configured limit
     ├── LeaseLost (also celery Ignore)         a fenced write found the lease gone
     ├── OutcomeUnknown                         a durable step started but never recorded finishing
+    ├── AttemptsExhausted                      the result of a task failed attempts_exhausted
     └── ContextUnavailable (also RuntimeError) sqlease.context() outside a sqlease delivery
 """
 
@@ -41,11 +42,16 @@ class SchemaVersionMismatch(SchemaError):
     """The database schema is newer than this code: upgrade sqlease before using it."""
 
     def __init__(self, found: int, expected: int) -> None:
+        # args are the constructor's arguments, so the error survives pickling (prefork
+        # pool) and Celery's JSON exception round trip.
+        super().__init__(found, expected)
         self.found = found
         self.expected = expected
-        super().__init__(
-            f"database schema version {found} is newer than this sqlease understands "
-            f"(version {expected}); upgrade the sqlease package on this machine"
+
+    def __str__(self) -> str:
+        return (
+            f"database schema version {self.found} is newer than this sqlease understands "
+            f"(version {self.expected}); upgrade the sqlease package on this machine"
         )
 
 
@@ -76,10 +82,14 @@ class LeaseLost(SqleaseError, Ignore):  # type: ignore[misc]
     """
 
     def __init__(self, message_id: int, attempt: int, detail: str = "") -> None:
+        super().__init__(message_id, attempt, detail)
         self.message_id = message_id
         self.attempt = attempt
-        text = f"lease lost for message {message_id} attempt {attempt}"
-        super().__init__(f"{text}: {detail}" if detail else text)
+        self.detail = detail
+
+    def __str__(self) -> str:
+        text = f"lease lost for message {self.message_id} attempt {self.attempt}"
+        return f"{text}: {self.detail}" if self.detail else text
 
 
 class OutcomeUnknown(SqleaseError):
@@ -87,11 +97,30 @@ class OutcomeUnknown(SqleaseError):
     may or may not have had its side effect. Declare the step idempotent to run it again."""
 
     def __init__(self, task_id: str, step: str) -> None:
+        super().__init__(task_id, step)
         self.task_id = task_id
         self.step = step
-        super().__init__(
-            f"step {step!r} of task {task_id} started in an earlier attempt and its outcome "
-            "is unknown; resolve it by hand or declare the step idempotent"
+
+    def __str__(self) -> str:
+        return (
+            f"step {self.step!r} of task {self.task_id} started in an earlier attempt and its "
+            "outcome is unknown; resolve it by hand or declare the step idempotent"
+        )
+
+
+class AttemptsExhausted(SqleaseError):
+    """The task was delivered ``max_attempts`` times without finishing (each time its worker
+    died or lost the lease); it is kept as failed and can be requeued."""
+
+    def __init__(self, task_id: str, attempts: int) -> None:
+        super().__init__(task_id, attempts)
+        self.task_id = task_id
+        self.attempts = attempts
+
+    def __str__(self) -> str:
+        return (
+            f"task {self.task_id} was delivered {self.attempts} times without finishing "
+            "(attempts_exhausted); requeue it with 'sqlease requeue'"
         )
 
 

@@ -125,6 +125,18 @@ def run_pass(store: Store, *, event_retention_ms: int, now: int | None = None) -
                 ).rowcount
                 or 0
             )
+            summary["steps_expired"] = (
+                conn.execute(
+                    delete(steps).where(
+                        or_(
+                            steps.c.finished_at_ms < horizon,
+                            and_(steps.c.finished_at_ms.is_(None), steps.c.started_at_ms < horizon),
+                        ),
+                        not_(exists().where(m.c.task_id == steps.c.task_id)),
+                    )
+                ).rowcount
+                or 0
+            )
             w = t.waits
             summary["answers_expired"] = (
                 conn.execute(

@@ -8,8 +8,10 @@ chord. PostgreSQL writers NOTIFY ``<prefix>results`` so waiting clients wake at 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, delete, func, or_, select, text, update
@@ -19,6 +21,22 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from .store import Fence, Store
 
 TERMINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
+
+
+def exception_meta(
+    task_id: str, status: str, exc_type: str, args: list[Any], module: str = "sqlease.errors"
+) -> bytes:
+    """A Celery result record (JSON serializer) for a task that ended with an exception, so
+    ``AsyncResult(task_id)`` shows ``status`` and ``.get()`` raises ``exc_type(*args)``."""
+    meta: dict[str, Any] = {
+        "status": status,
+        "result": {"exc_type": exc_type, "exc_message": list(args), "exc_module": module},
+        "traceback": None,
+        "children": [],
+        "date_done": datetime.now(UTC).isoformat(),
+        "task_id": task_id,
+    }
+    return json.dumps(meta).encode("utf-8")
 
 
 class FenceRefused(Exception):
@@ -139,6 +157,30 @@ class ResultStore:
             if fence is not None and not self._held(conn, fence, task_id):
                 raise FenceRefused(fence)
             return int(conn.execute(stmt).scalar_one())
+
+    def record_final(
+        self,
+        task_id: str,
+        status: str,
+        exc_type: str,
+        args: list[Any],
+        module: str = "sqlease.errors",
+    ) -> bool:
+        """Write a final Celery result for a task the broker itself finished (exhausted,
+        undecodable, cancelled), unless it already has a final result."""
+        key = f"celery-task-meta-{task_id}"
+        with self.store._reading() as conn:
+            state = conn.execute(
+                select(self.results.c.state).where(self.results.c.key == key)
+            ).scalar()
+        if state in TERMINAL_STATES:
+            return False
+        return self.put(
+            key,
+            exception_meta(task_id, status, exc_type, args, module),
+            state=status,
+            task_id=task_id,
+        )
 
     def cleanup(self) -> int:
         """Delete expired results and counters; returns how many rows went."""

@@ -28,6 +28,7 @@ class StepRecord:
     result: Any
     error: str | None
     attempt: int | None
+    message_id: int | None = None
 
 
 class StepStore:
@@ -63,6 +64,7 @@ class StepStore:
             None if row.result is None else json.loads(row.result),
             row.error,
             None if row.attempt is None else int(row.attempt),
+            None if row.message_id is None else int(row.message_id),
         )
 
     def all(self, task_id: str) -> list[StepRecord]:

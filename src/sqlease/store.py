@@ -323,11 +323,12 @@ class Store:
         lease_ms: int,
         limit: int = 1,
         now: int | None = None,
+        on_exhausted: Callable[[list[Message]], None] | None = None,
     ) -> list[Message]:
         """Lease up to ``limit`` ready messages from ``queues`` to ``owner``.
 
         Messages whose delivery budget is spent are marked dead (``attempts_exhausted``)
-        instead of being delivered, and are not returned.
+        instead of being delivered; they are not returned but passed to ``on_exhausted``.
         """
         if not queues or limit < 1:
             return []
@@ -338,9 +339,12 @@ class Store:
         while len(delivered) < limit:
             claimed = self._claim_once(queues, owner, lease_ms, limit - len(delivered), now)
             delivered.extend(m for m in claimed if m.state == "ready")
+            exhausted = [m for m in claimed if m.state != "ready"]
+            if exhausted and on_exhausted is not None:
+                on_exhausted(exhausted)
             # Only when the batch was spent on exhausted messages is another look useful:
             # a delivery must not wait a polling interval behind a dead message.
-            if all(m.state == "ready" for m in claimed):
+            if not exhausted:
                 break
         delivered.sort(key=lambda m: (-m.priority, m.available_at_ms, m.id))
         return delivered
@@ -630,6 +634,12 @@ class Store:
             if row is None:
                 return False
             m = row._mapping
+            # A requeued message must run again, not be completed from a result one of its
+            # earlier deliveries stored (see the transport's lost-ack completion).
+            results = self.tables.results
+            conn.execute(
+                results.update().where(results.c.message_id == m["id"]).values(message_id=None)
+            )
             conn.execute(
                 self.sql.event_insert,
                 {

@@ -153,7 +153,11 @@ class Channel(virtual.Channel):
     def _claim(self, queues: list[str], limit: int) -> list[Message]:
         transport = self.connection
         messages = self.store.claim(
-            queues, transport.owner, lease_ms=transport.options.lease_ms, limit=limit
+            queues,
+            transport.owner,
+            lease_ms=transport.options.lease_ms,
+            limit=limit,
+            on_exhausted=transport.record_exhausted,
         )
         messages = self._skip_completed(messages)
         beat = heartbeat()
@@ -218,6 +222,13 @@ class Channel(virtual.Channel):
             if leased:
                 heartbeat().drop([message.fence])
                 self.store.fail(message.fence, "undecodable", error=error)
+                if message.task_id is not None:
+                    self.connection.record_failure(
+                        message.task_id,
+                        "ContentDisallowed",
+                        [f"undecodable message: {error}"],
+                        "kombu.exceptions",
+                    )
             else:
                 self.store.record_event(
                     "undecodable",
@@ -615,6 +626,34 @@ class Transport(virtual.Transport):
                 admin.cancel(str(task_id), reason="revoked")
             except SqleaseError:
                 pass  # already finished or unknown: the broadcast still reaches the workers
+
+    def record_exhausted(self, messages: list[Message]) -> None:
+        """Exhausted tasks get a FAILURE result (AttemptsExhausted), so that clients waiting
+        on them are answered instead of waiting forever."""
+        for message in messages:
+            logger.error(
+                "sqlease: task %s (message %s) failed attempts_exhausted after %d deliveries; "
+                "kept for inspection ('sqlease show %s', 'sqlease requeue %s')",
+                message.task_id,
+                message.id,
+                message.attempt,
+                message.task_id,
+                message.task_id,
+            )
+            if message.task_id is not None:
+                self.record_failure(
+                    message.task_id, "AttemptsExhausted", [message.task_id, message.attempt]
+                )
+
+    def record_failure(
+        self, task_id: str, exc_type: str, args: list[Any], module: str = "sqlease.errors"
+    ) -> None:
+        try:
+            self.results.record_final(task_id, "FAILURE", exc_type, args, module)
+        except Exception:
+            logger.warning(
+                "sqlease: could not record the failure of task %s", task_id, exc_info=True
+            )
 
     def defer_ack(self, fence: Fence, channel: Any) -> bool:
         """In the worker's event loop, acks made during one loop iteration are written

@@ -33,10 +33,13 @@ class WaitingForPerson(SqleaseError, Ignore):  # type: ignore[misc]
     failure). Let it propagate."""
 
     def __init__(self, task_id: str, kind: str, key: str) -> None:
+        super().__init__(task_id, kind, key)  # picklable: args are the constructor's
         self.task_id = task_id
         self.kind = kind
         self.key = key
-        super().__init__(f"task {task_id} is waiting for {kind} ({key!r})")
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} is waiting for {self.kind} ({self.key!r})"
 
 
 class InvalidAnswer(SqleaseError, ValueError):

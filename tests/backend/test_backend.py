@@ -74,9 +74,19 @@ def test_failure_and_traceback(app: Celery) -> None:
 def test_result_extended_and_custom_states(app: Celery) -> None:
     backend = backend_of(app)
     request = SimpleNamespace(
-        id="tid-x", task="t.add", args=(1, 2), kwargs={}, hostname="w1", retries=0,
-        delivery_info={"routing_key": "celery"}, properties={}, ignore_result=False,
-        group=None, parent_id=None, root_id=None, children=[],
+        id="tid-x",
+        task="t.add",
+        args=(1, 2),
+        kwargs={},
+        hostname="w1",
+        retries=0,
+        delivery_info={"routing_key": "celery"},
+        properties={},
+        ignore_result=False,
+        group=None,
+        parent_id=None,
+        root_id=None,
+        children=[],
     )
     backend.store_result("tid-x", {"done": 3, "total": 10}, "PROGRESS", request=request)
     result = AsyncResult("tid-x", app=app)
@@ -158,11 +168,26 @@ def _leased(app: Celery) -> tuple[Store, Any, Any]:
 
 def _request(message: Any) -> SimpleNamespace:
     return SimpleNamespace(
-        id=message.task_id, task="t.add", args=(), kwargs={}, hostname="w", retries=0,
-        ignore_result=False, group=None, parent_id=None, root_id=None, children=[],
+        id=message.task_id,
+        task="t.add",
+        args=(),
+        kwargs={},
+        hostname="w",
+        retries=0,
+        ignore_result=False,
+        group=None,
+        parent_id=None,
+        root_id=None,
+        children=[],
         delivery_info={},
-        properties={"delivery_info": {ID_KEY: message.id, ATTEMPT_KEY: message.attempt,
-                                      OWNER_KEY: message.lease_owner, LEASE_KEY: 60_000}},
+        properties={
+            "delivery_info": {
+                ID_KEY: message.id,
+                ATTEMPT_KEY: message.attempt,
+                OWNER_KEY: message.lease_owner,
+                LEASE_KEY: 60_000,
+            }
+        },
     )
 
 

@@ -1,0 +1,132 @@
+"""Outcomes the broker itself decides reach Celery clients, and errors survive the trip."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+from celery._state import _task_stack
+from celery.result import AsyncResult
+
+import sqlease
+from conftest import unique_prefix
+from sqlease import Admin, ContextUnavailable, LeaseLost, OutcomeUnknown, Store
+from sqlease.celery_defaults import uses_sqlease
+from sqlease.errors import AttemptsExhausted, SchemaVersionMismatch
+from sqlease.results_store import ResultStore
+from sqlease.transport import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OWNER_KEY
+from sqlease.waiting import WaitingForPerson
+
+
+@pytest.fixture
+def app(db_url: str) -> Iterator[Celery]:
+    url = f"sqlease+{db_url}"
+    app = Celery("outcomes", broker=url, backend=url, set_as_current=False)
+    app.conf.broker_transport_options = {"table_prefix": unique_prefix()}
+    yield app
+    app.close()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        LeaseLost(1, 2, "stalled"),
+        OutcomeUnknown("t", "charge"),
+        AttemptsExhausted("t", 3),
+        WaitingForPerson("t", "input", "size"),
+        SchemaVersionMismatch(4, 1),
+    ],
+)
+def test_errors_survive_pickling_and_celerys_json_round_trip(error: Exception) -> None:
+    again = pickle.loads(pickle.dumps(error))  # the prefork pool pickles task outcomes
+    assert type(again) is type(error) and str(again) == str(error)
+    assert type(error)(*error.args).args == error.args  # Celery rebuilds cls(*exc_message)
+
+
+def test_exhausted_task_gets_a_failure_result(app: Celery) -> None:
+    with app.connection_for_write() as conn:
+        transport = conn.transport
+        store = transport.store
+        store.enqueue("celery", "{}", task_id="poison", max_attempts=1, now=0)
+        store.claim(["celery"], "w", lease_ms=1, now=0)
+        assert (
+            store.claim(
+                ["celery"], "w", lease_ms=1, now=10, on_exhausted=transport.record_exhausted
+            )
+            == []
+        )
+    result = AsyncResult("poison", app=app)
+    assert result.state == "FAILURE"
+    with pytest.raises(AttemptsExhausted, match="delivered 1 times"):
+        result.get(timeout=5)
+
+
+def test_requeued_message_runs_again_instead_of_completing_from_its_old_result(
+    app: Celery,
+) -> None:
+    with app.connection_for_write() as conn:
+        store: Store = conn.transport.store
+    store.enqueue("celery", "{}", task_id="t")
+    [first] = store.claim(["celery"], "w", lease_ms=60_000)
+    ResultStore(store).put(
+        "celery-task-meta-t", b"{}", state="FAILURE", task_id="t", fence=first.fence
+    )
+    assert store.fail(first.fence, "rejected")
+    assert ResultStore(store).completed_messages([first.id]) == {first.id}
+    Admin("x", store=store).requeue("t")
+    assert ResultStore(store).completed_messages([first.id]) == set()
+
+
+def test_purged_task_reads_as_cancelled(store: Store) -> None:
+    store.enqueue("q", "{}", task_id="gone")
+    store.purge("q")
+    snap = Admin("x", store=store).task("gone")
+    assert (snap.state, snap.reason) == ("cancelled", "purged")
+
+
+def test_broker_url_from_the_environment_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CELERY_BROKER_URL", "sqlease+sqlite:///x.db")
+    app = Celery("env", set_as_current=False)
+    assert uses_sqlease(app)
+    app.finalize()
+    assert app.conf.task_acks_late is True
+    app.close()
+
+
+def test_backend_fences_with_the_broker_transport_setting(db_url: str) -> None:
+    app = Celery("setting", broker=db_url, backend=f"sqlease+{db_url}", set_as_current=False)
+    app.conf.broker_transport = "sqlease.transport:Transport"
+    assert app.backend._same_db_as_broker
+    other = Celery(
+        "other", broker=f"sqlease+{db_url}", backend=f"sqlease+{db_url}", set_as_current=False
+    )
+    other.conf.result_backend_transport_options = {"table_prefix": "elsewhere_"}
+    assert not other.backend._same_db_as_broker  # another prefix: cannot fence
+    app.close()
+    other.close()
+
+
+def test_context_refuses_early_acked_tasks_clearly(app: Celery) -> None:
+    @app.task(name="early", acks_late=False, shared=False)
+    def early() -> None:
+        pass
+
+    app.finalize()
+    early.push_request(
+        id="e1",
+        properties={"delivery_info": {ID_KEY: 1, ATTEMPT_KEY: 1, OWNER_KEY: "w", LEASE_KEY: 1000}},
+    )
+    _task_stack.push(early)
+    try:
+        with pytest.raises(ContextUnavailable, match="acks_late"):
+            sqlease.context()
+    finally:
+        _task_stack.pop()
+        early.pop_request()
+
+
+def test_context_outside_a_task_is_a_clear_error() -> None:
+    with pytest.raises(ContextUnavailable, match="inside a running task"):
+        sqlease.context()
