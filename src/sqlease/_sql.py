@@ -47,9 +47,11 @@ POSTGRESQL = Dialect(
     now="COALESCE(CAST(:now AS BIGINT), "
     "CAST(floor(EXTRACT(EPOCH FROM statement_timestamp()) * 1000) AS BIGINT))",
     greatest="GREATEST",
-    fences="SELECT CAST(f->>0 AS BIGINT) AS id, CAST(f->>1 AS INTEGER) AS attempt "
-    "FROM jsonb_array_elements(CAST(:fences AS JSONB)) AS f",
-    strings="SELECT jsonb_array_elements_text(CAST(:{name} AS JSONB))",
+    # Arrays, not JSON: the planner then knows the batch is small and looks rows up by
+    # primary key instead of scanning the ready rows.
+    fences="SELECT * FROM unnest(CAST(:ids AS BIGINT[]), CAST(:attempts AS INTEGER[])) "
+    "AS f(id, attempt)",
+    strings="{col} = ANY(CAST(:{name} AS TEXT[]))",
     json_owner="json_build_object('owner', CAST(:owner AS TEXT))::text",
 )
 
@@ -59,7 +61,7 @@ SQLITE = Dialect(
     greatest="max",
     fences="SELECT CAST(json_extract(value, '$[0]') AS INTEGER) AS id, "
     "CAST(json_extract(value, '$[1]') AS INTEGER) AS attempt FROM json_each(:fences)",
-    strings="SELECT value FROM json_each(:{name})",
+    strings="{col} IN (SELECT value FROM json_each(:{name}))",
     json_owner="json_object('owner', :owner)",
 )
 
@@ -78,7 +80,10 @@ class Statements:
         ev = tables.events.name
         tasks = tables.tasks.name
         now = d.now
-        queues_in = d.strings.format(name="queues")
+        queue_in = d.strings.format(col="m.queue", name="queues")
+        # One queue (a Celery worker's usual case): plain equality, so PostgreSQL reads the
+        # claim index in delivery order and stops at LIMIT instead of sorting the backlog.
+        queue_eq = "m.queue = :queue"
 
         # A message is held while it is ready, leased to this owner at this attempt, and the
         # lease has not expired by the database's clock.
@@ -119,7 +124,7 @@ class Statements:
         # Ready: available now, not leased (or lease expired), and either without a run or
         # the head of its run (its lowest unfinished message), which keeps a run in order.
         ready = (
-            f"m.state = 'ready' AND m.queue IN ({queues_in}) AND m.available_at_ms <= {now} "
+            "m.state = 'ready' AND {queue} AND m.available_at_ms <= " + now + " "
             f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {now}) "
             f"AND (m.run_id IS NULL OR m.id = (SELECT min(h.id) FROM {m} h "
             "WHERE h.run_id = m.run_id AND h.state IN ('ready', 'parked')))"
@@ -137,7 +142,7 @@ class Statements:
             # then re-checks the run's lease on the newest row version), so two claimers can
             # never both lease messages of one run; the outer UPDATE re-checks the lease
             # predicate (READ COMMITTED).
-            self.claim = text(
+            claim_sql = (
                 "WITH cand AS ("
                 f"SELECT m.id, m.run_id, m.attempt, (m.attempt >= m.max_attempts) AS exhausted "
                 f"FROM {m} m WHERE {ready} AND (m.run_id IS NULL OR {run_free}) "
@@ -179,7 +184,7 @@ class Statements:
             # statements run under the database's single write lock and no other writer can
             # interleave; the UPDATE still picks and leases in one statement.
             exhausted = "attempt >= max_attempts"
-            self.claim = text(
+            claim_sql = (
                 f"UPDATE {m} AS m SET "
                 f"lease_owner = CASE WHEN {exhausted} THEN NULL ELSE :owner END, "
                 f"lease_expires_at_ms = CASE WHEN {exhausted} THEN NULL "
@@ -201,10 +206,15 @@ class Statements:
             )
             self.claim_events = self.event_insert
 
+        self.claim = text(claim_sql.replace("{queue}", queue_in))
+        self.claim_single = text(claim_sql.replace("{queue}", queue_eq))
+
         # ---- renew ----------------------------------------------------------------------
         # The new expiry is max(old, now + lease): based on now, never on the old expiry, and
         # never shortened. An expired lease is not renewed.
         fenced_join = f"m.id = f.id AND m.attempt = f.attempt AND {held}"
+        if d.is_postgresql:
+            fenced_join += " AND m.id = ANY(CAST(:ids AS BIGINT[]))"
         if d.is_postgresql:
             self.renew = text(
                 f"WITH f AS ({d.fences}), "
@@ -314,7 +324,7 @@ class Statements:
 
         # ---- no-ack fetch: delete on fetch (pidbox, events) -----------------------------
         take_ready = (
-            f"m.state = 'ready' AND m.queue IN ({queues_in}) AND m.available_at_ms <= {now} "
+            f"m.state = 'ready' AND {queue_in} AND m.available_at_ms <= {now} "
             f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {now}) "
             "AND m.run_id IS NULL"
         )
@@ -347,7 +357,7 @@ class Statements:
         # until exactly then instead of polling.)
         self.next_due = text(
             f"SELECT min(available_at_ms) - {now} FROM {m} WHERE state = 'ready' "
-            f"AND queue IN ({queues_in}) AND available_at_ms > {now}"
+            f"AND {d.strings.format(col='queue', name='queues')} AND available_at_ms > {now}"
         )
         self.message_get = text(f"SELECT {_SELECT_COLS}, last_error FROM {m} WHERE id = :id")
         self.events_for_task = text(

@@ -132,7 +132,9 @@ def _create_postgresql(url: URL, options: dict[str, Any]) -> Engine:
         pool_recycle=3600,
         connect_args={
             # A worker stopped mid-transaction (SIGSTOP) must not hold locks for long.
-            "options": "-c idle_in_transaction_session_timeout=60000",
+            # No JIT: the claim is a short OLTP statement whose estimated cost can cross
+            # jit_above_cost on a large backlog, and compiling it costs more than running it.
+            "options": "-c idle_in_transaction_session_timeout=60000 -c jit=off",
             "application_name": "sqlease",
         },
     )

@@ -144,11 +144,6 @@ def _row_to_message(row: Row[Any]) -> Message:
     )
 
 
-def _fences_json(fences: Iterable[Fence]) -> str:
-    # Sorted by id, so concurrent batches tend to lock rows in one order (fewer deadlocks).
-    return json.dumps(sorted([f.message_id, f.attempt] for f in fences))
-
-
 def _by_owner(fences: Iterable[Fence]) -> dict[str, list[Fence]]:
     groups: dict[str, list[Fence]] = defaultdict(list)
     for fence in fences:
@@ -198,6 +193,20 @@ class Store:
     @property
     def is_postgresql(self) -> bool:
         return self.dialect.is_postgresql
+
+    def _queues_param(self, queues: Sequence[str]) -> list[str] | str:
+        # PostgreSQL takes a text[] array; SQLite a JSON array (json_each).
+        return list(queues) if self.is_postgresql else json.dumps(list(queues))
+
+    def _fence_params(self, fences: Sequence[Fence]) -> dict[str, Any]:
+        # Sorted by id, so concurrent batches tend to lock rows in one order (fewer deadlocks).
+        ordered = sorted(fences, key=lambda f: f.message_id)
+        if self.is_postgresql:
+            return {
+                "ids": [f.message_id for f in ordered],
+                "attempts": [f.attempt for f in ordered],
+            }
+        return {"fences": json.dumps([[f.message_id, f.attempt] for f in ordered])}
 
     @contextmanager
     def _reading(self) -> Iterator[Connection]:
@@ -352,15 +361,20 @@ class Store:
     def _claim_once(
         self, queues: Sequence[str], owner: str, lease_ms: int, limit: int, now: int | None
     ) -> list[Message]:
-        params = {
-            "queues": json.dumps(list(queues)),
+        params: dict[str, Any] = {
             "owner": owner,
             "lease_ms": int(lease_ms),
             "limit": int(limit),
             "now": now,
         }
+        if len(queues) == 1:
+            statement = self.sql.claim_single
+            params["queue"] = queues[0]
+        else:
+            statement = self.sql.claim
+            params["queues"] = self._queues_param(queues)
         with self.engine.begin() as conn:
-            rows = conn.execute(self.sql.claim, params).fetchall()
+            rows = conn.execute(statement, params).fetchall()
             claimed = [_row_to_message(r) for r in rows]
             if not self.is_postgresql:
                 self._claim_bookkeeping_sqlite(conn, claimed, owner, now)
@@ -401,7 +415,7 @@ class Store:
             return None
         with self._reading() as conn:
             value = conn.execute(
-                self.sql.next_due, {"queues": json.dumps(list(queues)), "now": self._now(now)}
+                self.sql.next_due, {"queues": self._queues_param(queues), "now": self._now(now)}
             ).scalar()
         return None if value is None else max(0, int(value))
 
@@ -411,7 +425,7 @@ class Store:
         """Delete and return up to ``limit`` ready messages (for consumers that never ack)."""
         if not queues or limit < 1:
             return []
-        params = {"queues": json.dumps(list(queues)), "limit": int(limit), "now": self._now(now)}
+        params = {"queues": self._queues_param(queues), "limit": int(limit), "now": self._now(now)}
         with self.engine.begin() as conn:
             rows = conn.execute(self.sql.take, params).fetchall()
         taken = [_row_to_message(r) for r in rows]
@@ -435,7 +449,7 @@ class Store:
         with self.engine.begin() as conn:
             for owner, group in groups.items():
                 params = {
-                    "fences": _fences_json(group),
+                    **self._fence_params(group),
                     "owner": owner,
                     "lease_ms": int(lease_ms),
                     "now": now,
@@ -466,7 +480,7 @@ class Store:
             return done
         with self.engine.begin() as conn:
             for owner, group in groups.items():
-                params = {"fences": _fences_json(group), "owner": owner, "now": now}
+                params = {**self._fence_params(group), "owner": owner, "now": now}
                 rows = conn.execute(self.sql.ack, params).fetchall()
                 for row in rows:
                     m = row._mapping
@@ -515,7 +529,7 @@ class Store:
         with self.engine.begin() as conn:
             for owner, group in groups.items():
                 params = {
-                    "fences": _fences_json(group),
+                    **self._fence_params(group),
                     "owner": owner,
                     "now": now,
                     "delay_ms": max(0, int(delay_ms)),
