@@ -220,7 +220,7 @@ def check(store: Any, cfg: Config, task_ids: dict[str, tuple[str, int, bool]]) -
     by_task: dict[str, list[Any]] = defaultdict(list)
     for event in events:
         by_task[event.task_id].append(event)
-    for task_id, (run_id, _seq, poison) in task_ids.items():
+    for task_id, (_run_id, _seq, poison) in task_ids.items():
         row = results.get(task_id)
         if poison:
             if row is None or row.state != "FAILURE":
@@ -253,7 +253,7 @@ def check(store: Any, cfg: Config, task_ids: dict[str, tuple[str, int, bool]]) -
     # No run had two tasks executing at once: fenced activity intervals of different tasks of
     # one run (first fenced write of a delivery .. its last) never overlap.
     intervals: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
-    for task_id, (run_id, _, poison) in task_ids.items():
+    for task_id, (run_id, _, _poison) in task_ids.items():
         per_attempt: dict[int, list[int]] = defaultdict(list)
         for e in by_task[task_id]:
             if e.kind in ("exec_start", "checkpoint", "exec_end") and e.attempt:
