@@ -295,6 +295,7 @@ def main() -> int:
     sys.path.insert(0, str(HERE))
     import chaos_app
     from sqlalchemy import func, select
+    from sqlalchemy.exc import OperationalError
 
     from sqlease import Store
     from sqlease.urls import strip_prefix
@@ -322,12 +323,15 @@ def main() -> int:
     try:
         while time.monotonic() - started < cfg.timeout:
             time.sleep(0.5)
-            with store._reading() as conn:
-                remaining = conn.execute(
-                    select(func.count())
-                    .select_from(store.tables.messages)
-                    .where(store.tables.messages.c.state == "ready")
-                ).scalar_one()
+            try:
+                with store._reading() as conn:
+                    remaining = conn.execute(
+                        select(func.count())
+                        .select_from(store.tables.messages)
+                        .where(store.tables.messages.c.state == "ready")
+                    ).scalar_one()
+            except OperationalError:  # our own connection was terminated too: look again
+                continue
             elapsed = time.monotonic() - started
             if remaining == 0:
                 outcome = "drained"

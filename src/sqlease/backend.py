@@ -23,7 +23,7 @@ from celery.backends.base import KeyValueStoreBackend
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from kombu.utils.encoding import bytes_to_str
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, DatabaseUnavailable
 from .options import TransportOptions
 from .results_store import FenceRefused, ResultStore
 from .store import Fence
@@ -105,6 +105,12 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
     def as_uri(self, include_password: bool = False) -> str:
         text = f"sqlease+{self.url}" if not self.url.startswith("sqlease") else self.url
         return text if include_password else display_url(text)
+
+    def exception_safe_to_retry(self, exc: Exception) -> bool:
+        # With result_backend_always_retry, Celery retries storing a result after these.
+        from sqlalchemy.exc import OperationalError
+
+        return isinstance(exc, OperationalError | DatabaseUnavailable)
 
     # ---- fencing ---------------------------------------------------------------------
 

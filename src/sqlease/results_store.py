@@ -18,6 +18,7 @@ from sqlalchemy import Connection, delete, func, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from .resilience import retrying
 from .store import Fence, Store
 
 TERMINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
@@ -43,6 +44,8 @@ class FenceRefused(Exception):
     """Internal: a fenced write found its lease gone (nothing was written)."""
 
 
+@retrying("put", "get", "mget", "delete", "expire", "incr", "cleanup", "completed_messages",
+          "record_final", "count")
 class ResultStore:
     def __init__(self, store: Store) -> None:
         self.store = store

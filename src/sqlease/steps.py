@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from .resilience import retrying
 from .store import Fence, Store
 
 
@@ -31,6 +32,7 @@ class StepRecord:
     message_id: int | None = None
 
 
+@retrying("get", "all", "start", "finish", "mark_unknown")
 class StepStore:
     def __init__(self, store: Store) -> None:
         self.store = store

@@ -26,6 +26,7 @@ from sqlalchemy.engine import URL, Engine
 from ._sql import Statements, dialect_for
 from .engine import get_engine
 from .errors import ConfigurationError, PayloadTooLarge
+from .resilience import retrying
 from .schema import Tables, build_tables, ensure_schema
 
 Clock = Callable[[], int]
@@ -155,6 +156,12 @@ def _dump(data: Any) -> str | None:
     return None if data is None else json.dumps(data, sort_keys=True, default=str)
 
 
+@retrying(
+    "now_ms", "enqueue_many", "claim", "take", "next_due_in_ms", "renew", "ack", "_transition",
+    "requeue", "compare_and_set", "append_event", "record_event", "is_held", "get_message",
+    "get_task", "events", "size", "purge", "declare_queue", "has_queue", "delete_queue", "bind",
+    "unbind", "unbind_key", "bindings",
+)
 class Store:
     """Lease operations on one database (SQLite file or PostgreSQL) and table prefix."""
 

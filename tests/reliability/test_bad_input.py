@@ -87,8 +87,9 @@ def test_read_only_sqlite_is_a_clear_error_and_nothing_is_lost(tmp_path: Path) -
 def pg_role(pg_database_url: str) -> Iterator[tuple[str, str]]:
     """A fresh login role (trust auth) and its URL on the session database; dropped after."""
     role = f"sqlease_r_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(make_url(pg_database_url).set(drivername="postgresql+psycopg"),
-                          isolation_level="AUTOCOMMIT")
+    admin = create_engine(
+        make_url(pg_database_url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT"
+    )
     with admin.connect() as conn:
         conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
     try:
@@ -132,8 +133,7 @@ def test_role_without_grants_gets_a_clear_error(
     prefix = unique_prefix()
     Store(pg_database_url, table_prefix=prefix).enqueue("q", "{}")
     with pytest.raises(PermissionDenied, match=r"docs/reliability\.md"):
-        Store(role_url, table_prefix=prefix, auto_migrate=False).claim(["q"], "w",
-                                                                       lease_ms=1000)
+        Store(role_url, table_prefix=prefix, auto_migrate=False).claim(["q"], "w", lease_ms=1000)
     assert Store(pg_database_url, table_prefix=prefix).size("q") == 1
 
 
@@ -162,9 +162,14 @@ def test_celery_report_masks_the_password(tmp_path: Path) -> None:
         "app = Celery('r', broker='sqlease+postgresql://bob:hunter2-pw@127.0.0.1:1/x',\n"
         "             backend='sqlease+postgresql://bob:hunter2-pw@127.0.0.1:1/x')\n"
     )
-    done = subprocess.run([sys.executable, "-m", "celery", "-A", "reportapp", "report"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "reportapp", "report"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(tmp_path)),
+    )
     assert done.returncode == 0, done.stderr
     assert "hunter2-pw" not in done.stdout + done.stderr
     assert "sqlease+postgresql://bob:**@127.0.0.1:1/x" in done.stdout

@@ -1,0 +1,59 @@
+"""Riding out database restarts and dropped connections.
+
+A pooled connection that the server closed (restart, failover, ``pg_terminate_backend``,
+an idle timeout) fails once; SQLAlchemy then invalidates the pool. Store operations retry such
+operational errors with a short backoff for a bounded time instead of failing the task or the
+worker. Every operation is safe to repeat: fenced writes are refused when their first try
+already committed (an ack is then reported as stale), compare-and-set sees the new revision,
+and upserts are idempotent.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: How long an operation keeps retrying before the error is raised to the caller.
+RETRY_SECONDS = 20.0
+
+
+def retry_transient(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("connection") is not None:  # the caller's transaction: theirs to retry
+            return fn(*args, **kwargs)
+        delay = 0.05
+        deadline = time.monotonic() + RETRY_SECONDS
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except (OperationalError, PoolTimeout) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                logger.info("sqlease: database operation %s failed (%s); retrying in %.2fs",
+                            fn.__name__, str(exc).splitlines()[0][:200], delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def retrying(*names: str) -> Callable[[type[Any]], type[Any]]:
+    """Class decorator: wrap the named methods with ``retry_transient``."""
+
+    def decorate(cls: type[Any]) -> type[Any]:
+        for name in names:
+            setattr(cls, name, retry_transient(getattr(cls, name)))
+        return cls
+
+    return decorate
