@@ -36,8 +36,8 @@ except ImportError:  # pragma: no cover - kombu without celery
 
 if TYPE_CHECKING:
     from .admin import Admin, InvalidTransition, TaskSnapshot, UnknownTask
-    from .context import TaskContext, context
     from .store import CasResult, Event, Fence, Message, NewMessage, Outcome, Store, TaskRecord
+    from .task_context import TaskContext, context
     from .transactions import transaction
     from .waiting import InvalidAnswer, WaitingForPerson
 
@@ -59,8 +59,8 @@ _LAZY = {
     "Store": "store",
     "TaskRecord": "store",
     "transaction": "transactions",
-    "context": "context",
-    "TaskContext": "context",
+    "context": "task_context",
+    "TaskContext": "task_context",
 }
 
 

@@ -22,8 +22,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from .errors import LeaseLost, SqleaseError
 
 if TYPE_CHECKING:
-    from .context import TaskContext
     from .store import Store
+    from .task_context import TaskContext
 
 KINDS = {"input": "waiting_input", "approval": "waiting_approval"}
 

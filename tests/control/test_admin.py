@@ -21,7 +21,7 @@ from sqlease import (
     UnknownTask,
     WaitingForPerson,
 )
-from sqlease.context import TaskContext
+from sqlease.task_context import TaskContext
 from sqlease.testing import FakeClock
 
 LEASE = 10_000

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from sqlease import Store
-from sqlease.context import TaskContext
 from sqlease.maintenance import BROADCAST_TTL_MS, acquire, run_pass
 from sqlease.results_store import ResultStore
 from sqlease.steps import StepStore
+from sqlease.task_context import TaskContext
 from sqlease.testing import FakeClock
 
 DAY = 86_400_000
