@@ -130,3 +130,18 @@ def test_context_refuses_early_acked_tasks_clearly(app: Celery) -> None:
 def test_context_outside_a_task_is_a_clear_error() -> None:
     with pytest.raises(ContextUnavailable, match="inside a running task"):
         sqlease.context()
+
+
+def test_public_names() -> None:
+    import types
+
+    import sqlease.task_context  # importing the module must not shadow the function
+
+    assert callable(sqlease.context) and not isinstance(sqlease.context, types.ModuleType)
+    assert sqlease.__all__ == sorted(sqlease.__all__)
+    assert all(hasattr(sqlease, name) for name in sqlease.__all__)
+    from kombu.transport import resolve_transport
+
+    from sqlease.transport import Transport
+
+    assert resolve_transport("sqlease") is Transport
