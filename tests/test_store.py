@@ -416,9 +416,11 @@ def test_size_and_purge_count_ready_messages_only(store: Store, clock: FakeClock
     store.enqueue("q", "later", delay_ms=60_000)
     [leased] = store.claim(["q"], "w", lease_ms=LEASE)
     assert store.size("q") == 2
-    assert store.purge("q") == 3  # the two ready and the scheduled one; the leased one stays
+    assert store.purge("q") == 2  # the ready ones; the scheduled and the leased one stay
     assert store.size("q") == 0
     assert store.ack([leased.fence]) == {leased.id}
+    clock.advance(60_000)
+    assert store.size("q") == 1  # the scheduled one, now due
 
 
 def test_take_deletes_on_fetch(store: Store) -> None:

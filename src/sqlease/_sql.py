@@ -342,8 +342,11 @@ class Statements:
             f"SELECT count(*) FROM {m} WHERE state = 'ready' AND queue = :queue "
             f"AND available_at_ms <= {now} AND {unleased}"
         )
+        # Ready (due, unleased) messages only, as RabbitMQ purges its ready messages: a
+        # scheduled message (eta, countdown, retry) is, there, already held by a worker.
         self.purge = text(
             f"DELETE FROM {m} WHERE state = 'ready' AND queue = :queue AND {unleased} "
+            f"AND available_at_ms <= {now} "
             "RETURNING id, task_id, attempt"
         )
         self.requeue = text(

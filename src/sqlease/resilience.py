@@ -40,8 +40,12 @@ def retry_transient(fn: F) -> F:
             except (OperationalError, PoolTimeout) as exc:
                 if time.monotonic() + delay > deadline:
                     raise
-                logger.info("sqlease: database operation %s failed (%s); retrying in %.2fs",
-                            fn.__name__, str(exc).splitlines()[0][:200], delay)
+                logger.info(
+                    "sqlease: database operation %s failed (%s); retrying in %.2fs",
+                    fn.__name__,
+                    str(exc).splitlines()[0][:200],
+                    delay,
+                )
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 

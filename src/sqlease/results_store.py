@@ -44,8 +44,18 @@ class FenceRefused(Exception):
     """Internal: a fenced write found its lease gone (nothing was written)."""
 
 
-@retrying("put", "get", "mget", "delete", "expire", "incr", "cleanup", "completed_messages",
-          "record_final", "count")
+@retrying(
+    "put",
+    "get",
+    "mget",
+    "delete",
+    "expire",
+    "incr",
+    "cleanup",
+    "completed_messages",
+    "record_final",
+    "count",
+)
 class ResultStore:
     def __init__(self, store: Store) -> None:
         self.store = store

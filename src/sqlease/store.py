@@ -158,10 +158,31 @@ def _dump(data: Any) -> str | None:
 
 
 @retrying(
-    "now_ms", "enqueue_many", "claim", "take", "next_due_in_ms", "renew", "ack", "_transition",
-    "requeue", "compare_and_set", "append_event", "record_event", "is_held", "get_message",
-    "get_task", "events", "size", "purge", "declare_queue", "has_queue", "delete_queue", "bind",
-    "unbind", "unbind_key", "bindings",
+    "now_ms",
+    "enqueue_many",
+    "claim",
+    "take",
+    "next_due_in_ms",
+    "renew",
+    "ack",
+    "_transition",
+    "requeue",
+    "compare_and_set",
+    "append_event",
+    "record_event",
+    "is_held",
+    "get_message",
+    "get_task",
+    "events",
+    "size",
+    "purge",
+    "declare_queue",
+    "has_queue",
+    "delete_queue",
+    "bind",
+    "unbind",
+    "unbind_key",
+    "bindings",
 )
 class Store:
     """Lease operations on one database (SQLite file or PostgreSQL) and table prefix."""

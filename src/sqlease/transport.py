@@ -426,15 +426,8 @@ class Channel(virtual.Channel):
         return self.store.purge(queue)
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
-        from .transactions import current_connection
-
-        self.store.bind(
-            exchange,
-            queue,
-            routing_key or "",
-            pattern or "",
-            connection=current_connection(self.store),
-        )
+        connection = self.connection._caller_transaction()  # before the store is touched
+        self.store.bind(exchange, queue, routing_key or "", pattern or "", connection=connection)
 
     def get_table(self, exchange: str) -> list[tuple[str, str, str]]:
         return self.store.bindings(exchange)
@@ -515,6 +508,8 @@ class Transport(virtual.Transport):
         self._loop: Any = None
         self._loop_thread = 0
         self._pending_acks: list[tuple[Fence, Any]] = []
+        self._pipe: tuple[int, int] | None = None
+        self._kicked = False
         self._reader_fd: int | None = None
         self._poll_entry: Any = None
         self._due_entry: Any = None
@@ -544,17 +539,15 @@ class Transport(virtual.Transport):
         return str(sqlalchemy.__version__)
 
     def establish_connection(self) -> Any:
+        self._caller_transaction()  # inside sqlease.transaction(): check on its connection
         self.store  # noqa: B018  (connects, checks or migrates the schema: fails fast)
         return super().establish_connection()
 
     def publish(self, items: Iterable[tuple[str, dict[str, Any]]]) -> None:
         """Store Kombu messages (one transaction)."""
-        from .transactions import current_connection
-
-        batch: list[NewMessage] = []
-        for queue, message in items:
-            batch.append(self._new_message(queue, message))
-        self.store.enqueue_many(batch, connection=current_connection(self.store))
+        connection = self._caller_transaction()  # before the store is touched
+        batch = [self._new_message(queue, message) for queue, message in items]
+        self.store.enqueue_many(batch, connection=connection)
 
     def _new_message(self, queue: str, message: dict[str, Any]) -> NewMessage:
         headers = message.get("headers") or {}
@@ -663,6 +656,7 @@ class Transport(virtual.Transport):
         self._pending_acks.append((fence, channel))
         if len(self._pending_acks) == 1:
             self._loop.call_soon(self.flush_acks)
+            self._kick()  # call_soon alone does not wake a hub blocked in poll()
         return True
 
     def flush_acks(self) -> None:
@@ -673,14 +667,38 @@ class Transport(virtual.Transport):
         for fence, channel in pending:
             if fence.message_id not in acked:
                 channel._report_refused_ack(fence)
+        if acked and self._loop is not None:
+            # An ack frees prefetch credit and may unblock the next task of a run: look for
+            # work in the next iteration rather than at the next poll.
+            self._more = True
+            self._kick()
+
+    def _caller_transaction(self) -> Any:
+        """The caller's ``sqlease.transaction()`` connection, if any, checked before this
+        process opens its own connections to the database."""
+        from .transactions import current_connection
+
+        conn = current_connection(self.url)
+        if conn is None or self._store is not None:
+            return conn
+        if not self.is_postgresql:
+            # A SQLite writer holds the file's write lock: creating sqlease's tables (or
+            # switching the file to WAL) from another connection now would wait it out.
+            from .schema import build_tables, read_version
+
+            if read_version(conn, build_tables(self.options.table_prefix)) is None:
+                raise ConfigurationError(
+                    "sqlease's tables do not exist yet in this SQLite database, and they cannot "
+                    "be created while your transaction holds the write lock: run 'sqlease "
+                    "migrate --url …' (or publish once outside a transaction) first"
+                )
+        return conn
 
     def declare_queue(self, queue: str) -> None:
         if queue not in self._declared:
-            from .transactions import current_connection
-
             # In a transactional enqueue the declaration joins the caller's transaction too:
             # on SQLite a second connection would wait for the caller's write lock.
-            connection = current_connection(self.store)
+            connection = self._caller_transaction()
             self.store.declare_queue(queue, connection=connection)
             if connection is None:
                 self._declared.add(queue)
@@ -745,7 +763,55 @@ class Transport(virtual.Transport):
         self._start_maintenance()
         loop.on_tick.add(self._on_tick)
         self._add_reader()
+        self._open_self_pipe()
         self._schedule_poll(0)
+
+    # The self-pipe: a byte written to it makes the hub run another iteration at once. Used
+    # when acks are waiting to be written and when a tick delivered tasks (the pool registers
+    # its writers for new jobs at the start of an iteration, so without a wake-up a job
+    # delivered late in an iteration would wait for the next timer).
+    def _open_self_pipe(self) -> None:
+        if self._loop is None or self._pipe is not None:
+            return
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        self._pipe = (read_fd, write_fd)
+        self._loop.add_reader(read_fd, self._on_self_pipe)
+
+    def _close_self_pipe(self) -> None:
+        if self._pipe is None:
+            return
+        read_fd, write_fd = self._pipe
+        self._pipe = None
+        if self._loop is not None:
+            try:
+                self._loop.remove_reader(read_fd)
+            except Exception:
+                pass
+        for fd in (read_fd, write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _kick(self) -> None:
+        if self._pipe is not None and not self._kicked:
+            self._kicked = True
+            try:
+                os.write(self._pipe[1], b"k")
+            except (BlockingIOError, OSError):
+                pass
+
+    def _on_self_pipe(self) -> None:
+        if self._pipe is not None:
+            try:
+                while os.read(self._pipe[0], 512):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+        self._kicked = False
+        self.flush_acks()
 
     def _start_maintenance(self) -> None:
         # Only consuming workers run it (they register with an event loop); producers don't.
@@ -780,6 +846,7 @@ class Transport(virtual.Transport):
             return
         self._loop.on_tick.discard(self._on_tick)
         self._remove_reader()
+        self._close_self_pipe()
         for entry in (self._poll_entry, self._due_entry):
             if entry is not None:
                 entry.cancel()
@@ -797,6 +864,8 @@ class Transport(virtual.Transport):
         self._drain_in_loop()
 
     def _on_tick(self) -> None:
+        if self._pending_acks:
+            self.flush_acks()
         if self._more:
             self._drain_in_loop()
 
@@ -804,7 +873,9 @@ class Transport(virtual.Transport):
         try:
             self._found_nothing = False
             got = self._drain_ready()
-            if not got and self._found_nothing:  # a claim ran and found nothing due
+            if got:
+                self._kick()  # let the pool pick the new jobs up in the next iteration
+            elif self._found_nothing:  # a claim ran and found nothing due
                 self._schedule_due()
         except self.connection_errors:
             raise

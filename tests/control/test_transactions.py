@@ -99,3 +99,31 @@ def test_other_database_is_refused(
 def test_transaction_needs_a_connection_or_session() -> None:
     with pytest.raises(TypeError, match="Connection or Session"), sqlease.transaction("nope"):
         pass
+
+
+def test_fresh_sqlite_database_gets_a_clear_error_not_a_hang(tmp_path: object) -> None:
+    import time
+
+    url = f"sqlite:///{tmp_path}/fresh.db"
+    app = Celery("fresh", broker=f"sqlease+{url}", set_as_current=False)
+
+    @app.task(name="fresh.t", shared=False)
+    def t() -> None:
+        pass
+
+    engine = create_engine(url)
+    orders = Table("orders", MetaData(), Column("id", Integer, primary_key=True))
+    orders.create(engine)
+    started = time.monotonic()
+    with (
+        pytest.raises(ConfigurationError, match="sqlease migrate"),
+        engine.begin() as conn,
+        sqlease.transaction(conn),
+    ):
+        conn.execute(insert(orders).values(id=1))
+        t.delay()
+    assert time.monotonic() - started < 5
+    with engine.connect() as conn:
+        assert conn.execute(select(orders.c.id)).all() == []  # the order rolled back too
+    engine.dispose()
+    app.close()

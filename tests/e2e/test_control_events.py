@@ -1,0 +1,74 @@
+"""Remote control and monitoring across processes: ``celery inspect ping`` and
+``app.control`` broadcasts reach a running worker and its replies come back; a worker run with
+``-E`` sends task events that an ``app.events.Receiver`` in another process receives."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from .conftest import E2E, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(120)
+def test_inspect_ping_control_broadcast_and_task_events(e2e: E2E) -> None:
+    worker = e2e.start_worker(events=True)
+    app = e2e.app()
+    node = worker.nodename
+
+    # ---- remote control, from this (another) process ----------------------------------
+    assert app.control.inspect(timeout=5, limit=1).ping() == {node: {"ok": "pong"}}
+    assert app.control.ping(destination=[node], timeout=3) == [{node: {"ok": "pong"}}]
+    replies = app.control.rate_limit("e2e.add", "600/m", destination=[node], reply=True, timeout=3)
+    assert replies and node in replies[0] and "ok" in replies[0][node], replies
+    stats = app.control.inspect([node], timeout=3).stats()
+    assert stats is not None and stats[node]["broker"]["transport"] == "sqlease", stats
+    # ... and through the command line.
+    output = e2e.celery("inspect", "ping", "-d", node, "--timeout", "5")
+    assert f"{node}: OK" in output and "pong" in output and "1 node online" in output, output
+
+    # ---- task events ----------------------------------------------------------------
+    events: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+    with app.connection_for_read() as conn:
+        receiver = app.events.Receiver(conn, handlers={"*": events.append})
+
+        def capture() -> None:
+            try:
+                # wakeup=True broadcasts 'heartbeat': the worker answers once we listen.
+                receiver.capture(limit=None, timeout=30, wakeup=True)
+            except BaseException as exc:  # reported by the test, not lost in the thread
+                if not receiver.should_stop:
+                    errors.append(exc)
+
+        thread = threading.Thread(target=capture, name="e2e-events", daemon=True)
+        thread.start()
+        try:
+            wait_for(
+                lambda: any(
+                    e["type"] == "worker-heartbeat" and e["hostname"] == node for e in events
+                ),
+                15,
+                "a worker-heartbeat event (the receiver is listening)",
+            )
+            result = app.tasks["e2e.add"].delay(2, 3)
+
+            def task_types() -> list[str]:
+                return [e["type"] for e in list(events) if e.get("uuid") == result.id]
+
+            wait_for(lambda: "task-succeeded" in task_types(), 20, "task-succeeded")
+        finally:
+            receiver.should_stop = True
+            thread.join(10)
+        assert not thread.is_alive()
+    assert not errors, errors
+    types = task_types()
+    assert types.index("task-received") < types.index("task-started")
+    assert types.index("task-started") < types.index("task-succeeded")
+    succeeded = next(e for e in events if e["type"] == "task-succeeded" and e["uuid"] == result.id)
+    assert succeeded["hostname"] == node and succeeded["result"] == "5"
+    assert len(e2e.finished(task_id=result.id)) == 1
