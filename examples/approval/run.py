@@ -9,93 +9,16 @@ otherwise.
 
 from __future__ import annotations
 
-import argparse
-import os
 import shlex
-import signal
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # example_support.py, shared by the examples
 
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-class Worker:
-    """``celery -A tasks worker`` in its own session (one process group with its pool)."""
-
-    def __init__(self, name: str, folder: Path) -> None:
-        self.name = name
-        self.log = folder / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
-        command = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "prefork"]
-        command += ["-c", "1", "-l", "warning", "-n", f"{name}@%h"]
-        command += ["--without-mingle", "--without-gossip"]
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                command,
-                cwd=HERE,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.pid = self.proc.pid
-
-    def stop(self) -> None:
-        """Celery's warm shutdown (SIGTERM), or SIGKILL if it takes too long."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.pid, signal.SIGKILL)  # whatever is left of the group
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=10)
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
-
-def folder_from_args() -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--dir",
-        default=os.environ.get("SQLEASE_EXAMPLE_DIR"),
-        help="folder for the databases and worker logs (default: a new temporary folder)",
-    )
-    folder = Path(parser.parse_args().dir or tempfile.mkdtemp(prefix="sqlease-approval-"))
-    folder = folder.resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in ("approval.db", "payments.db", "worker1.log"):
-        for suffix in ("", "-wal", "-shm"):
-            (folder / (stale + suffix)).unlink(missing_ok=True)
-    # tasks.py (here and in the workers, which inherit the environment) reads it.
-    os.environ["SQLEASE_EXAMPLE_DIR"] = str(folder)
-    return folder
-
-
-def wait_for(what: str, predicate: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gave up after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
-    return value
+from example_support import Worker, folder_from_args, run, say, wait_for  # noqa: E402
 
 
 def sqlease_cli(url: str, *args: str) -> str:
@@ -119,7 +42,7 @@ def scenario(folder: Path, workers: list[Worker]) -> list[str]:
     import sqlease
 
     say(f"broker and results: {tasks.URL}; worker log in {folder}")
-    worker = Worker("worker1", folder)
+    worker = Worker("worker1", folder, HERE)
     workers.append(worker)
     say(f"\n[1] started a worker (pid {worker.pid}), one process")
     approved = tasks.refund_order.delay(42, 120)
@@ -171,22 +94,8 @@ def scenario(folder: Path, workers: list[Worker]) -> list[str]:
 
 
 def main() -> int:
-    folder = folder_from_args()
-    workers: list[Worker] = []
-    try:
-        failures = scenario(folder, workers)
-    except Exception as exc:
-        failures = [f"{type(exc).__name__}: {exc}"]
-    finally:
-        for worker in workers:
-            worker.stop()
-    if failures:
-        for failure in failures:
-            say(f"FAILED: {failure}")
-        for worker in workers:
-            say(f"\n--- last lines of {worker.log} ---\n{worker.tail()}")
-        return 1
-    return 0
+    folder = folder_from_args("approval", ("approval.db", "payments.db", "worker1.log"), __doc__)
+    return run(folder, scenario)
 
 
 if __name__ == "__main__":

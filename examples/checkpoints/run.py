@@ -9,90 +9,18 @@ every page exactly once; 1 otherwise.
 
 from __future__ import annotations
 
-import argparse
-import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # example_support.py, shared by the examples
+
+from example_support import Worker, folder_from_args, run, say  # noqa: E402
+
 PAGES = 10
 KILL_AFTER_PAGE = 4
-
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-class Worker:
-    """``celery -A tasks worker`` in its own session: it and its pool child form one process
-    group, so ``os.killpg`` kills both at once, like a crash or an OOM kill of the machine."""
-
-    def __init__(self, name: str, folder: Path) -> None:
-        self.name = name
-        self.log = folder / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
-        command = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "prefork"]
-        command += ["-c", "1", "-l", "warning", "-n", f"{name}@%h"]
-        command += ["--without-mingle", "--without-gossip"]
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                command,
-                cwd=HERE,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.pid = self.proc.pid
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: no cleanup, no ack, no goodbye."""
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        """Celery's warm shutdown (SIGTERM), or SIGKILL if it takes too long."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
-
-def folder_from_args() -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--dir",
-        default=os.environ.get("SQLEASE_EXAMPLE_DIR"),
-        help="folder for the databases and worker logs (default: a new temporary folder)",
-    )
-    folder = Path(parser.parse_args().dir or tempfile.mkdtemp(prefix="sqlease-checkpoints-"))
-    folder = folder.resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in ("checkpoints.db", "catalog.db", "worker1.log", "worker2.log"):
-        for suffix in ("", "-wal", "-shm"):
-            (folder / (stale + suffix)).unlink(missing_ok=True)
-    # tasks.py (here and in the workers, which inherit the environment) reads it.
-    os.environ["SQLEASE_EXAMPLE_DIR"] = str(folder)
-    return folder
 
 
 def scenario(folder: Path, workers: list[Worker]) -> list[str]:
@@ -105,7 +33,7 @@ def scenario(folder: Path, workers: list[Worker]) -> list[str]:
     say(f"broker and results: {tasks.URL}")
     say(f"lease {tasks.app.conf.broker_transport_options['lease_seconds']} s; logs in {folder}")
 
-    first = Worker("worker1", folder)
+    first = Worker("worker1", folder, HERE)
     workers.append(first)
     say(f"\n[1] started worker 1 (pid {first.pid})")
     result = tasks.import_catalog.delay(PAGES)
@@ -128,7 +56,7 @@ def scenario(folder: Path, workers: list[Worker]) -> list[str]:
     say(f"[3] killed worker 1 with SIGKILL after page {killed_at}")
     say(f"    sqlease says: state={snap.state} attempt={snap.attempt} (its lease has not expired)")
 
-    second = Worker("worker2", folder)
+    second = Worker("worker2", folder, HERE)
     workers.append(second)
     say(f"[4] started worker 2 (pid {second.pid}); it takes the task over when the lease expires")
     outcome: dict[str, Any] = result.get(timeout=60)
@@ -172,22 +100,10 @@ def scenario(folder: Path, workers: list[Worker]) -> list[str]:
 
 
 def main() -> int:
-    folder = folder_from_args()
-    workers: list[Worker] = []
-    try:
-        failures = scenario(folder, workers)
-    except Exception as exc:
-        failures = [f"{type(exc).__name__}: {exc}"]
-    finally:
-        for worker in workers:
-            worker.stop()
-    if failures:
-        for failure in failures:
-            say(f"FAILED: {failure}")
-        for worker in workers:
-            say(f"\n--- last lines of {worker.log} ---\n{worker.tail()}")
-        return 1
-    return 0
+    folder = folder_from_args(
+        "checkpoints", ("checkpoints.db", "catalog.db", "worker1.log", "worker2.log"), __doc__
+    )
+    return run(folder, scenario)
 
 
 if __name__ == "__main__":

@@ -67,19 +67,8 @@ class ResultStore:
     def _now(self) -> int:
         return int(self.store.clock()) if self.store.clock else int(time.time() * 1000)
 
-    def _held(self, conn: Connection, fence: Fence, task_id: str | None) -> bool:
-        row = conn.execute(
-            self.store.sql.hold,
-            {
-                "message_id": fence.message_id,
-                "attempt": fence.attempt,
-                "owner": fence.owner,
-                "lease_ms": 0,
-                "task_id": task_id,
-                "now": self.store._now(None),
-            },
-        ).first()
-        return row is not None
+    def _held(self, conn: Any, fence: Fence, task_id: str | None) -> bool:
+        return self.store.holds_on(conn, fence, task_id)
 
     def _notify(self, conn: Connection, key: str) -> None:
         if self.store.is_postgresql:

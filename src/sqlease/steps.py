@@ -39,19 +39,8 @@ class StepStore:
         self.steps = store.tables.steps
         self._insert = pg_insert if store.is_postgresql else sqlite_insert
 
-    def _held(self, conn: Any, fence: Fence, task_id: str) -> bool:
-        row = conn.execute(
-            self.store.sql.hold,
-            {
-                "message_id": fence.message_id,
-                "attempt": fence.attempt,
-                "owner": fence.owner,
-                "lease_ms": 0,
-                "task_id": task_id,
-                "now": self.store._now(None),
-            },
-        ).first()
-        return row is not None
+    def _held(self, conn: Any, fence: Fence, task_id: str | None) -> bool:
+        return self.store.holds_on(conn, fence, task_id)
 
     def get(self, task_id: str, name: str) -> StepRecord | None:
         s = self.steps

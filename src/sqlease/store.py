@@ -851,6 +851,23 @@ class Store:
             },
         )
 
+    def holds_on(self, conn: Connection, fence: Fence, task_id: str | None = None) -> bool:
+        """Inside the caller's transaction: does ``fence`` hold a live lease (for a delivery
+        of ``task_id``, when given)? Locks the message row until that transaction ends, so
+        no takeover can slip in before the caller's write."""
+        row = conn.execute(
+            self.sql.hold,
+            {
+                "message_id": fence.message_id,
+                "attempt": fence.attempt,
+                "owner": fence.owner,
+                "lease_ms": 0,
+                "task_id": task_id,
+                "now": self._now(None),
+            },
+        ).first()
+        return row is not None
+
     def record_event(
         self,
         kind: str,
