@@ -26,7 +26,7 @@ from sqlalchemy.engine import URL, Engine
 from ._sql import Statements, dialect_for
 from .engine import get_engine
 from .errors import ConfigurationError, PayloadTooLarge
-from .resilience import retrying
+from .resilience import retry_transient, retrying
 from .schema import Tables, build_tables, ensure_schema
 
 Clock = Callable[[], int]
@@ -217,7 +217,8 @@ class Store:
         self.clock = clock
         # PostgreSQL channel that enqueue notifies and idle workers LISTEN on.
         self.notify_channel = f"{self.tables.prefix}wakeup"
-        ensure_schema(self.engine, self.tables, auto_migrate=auto_migrate)
+        # A pooled connection killed by a restart fails once: ride it out here too.
+        retry_transient(ensure_schema)(self.engine, self.tables, auto_migrate=auto_migrate)
 
     @property
     def is_postgresql(self) -> bool:
