@@ -278,6 +278,7 @@ def check(store: Any, cfg: Config, task_ids: dict[str, tuple[str, int, bool]]) -
         problems.append(f"{len(left)} messages left leased or ready: {left[:5]}")
     return {
         "finished_once": finished,
+        "reexecuted_after_crash_before_result": reexecuted,
         "poisoned_exhausted": exhausted,
         "run_overlaps": overlaps,
         "lost": len([1 for tid, v in task_ids.items() if not v[2] and tid not in results]),

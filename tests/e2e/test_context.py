@@ -136,3 +136,39 @@ def test_groups_and_chords_of_100(e2e: E2E) -> None:
     assert chord((add.s(i, 1) for i in range(100)), tsum.s())().get(timeout=120) == sum(
         i + 1 for i in range(100)
     )
+
+
+def test_pause_a_running_task_and_resume_it_on_another_worker(e2e: E2E) -> None:
+    app = app_for(e2e)
+    first = e2e.start_worker(app="context_app")
+    result = app.tasks["ctx.pages"].delay(12, 0.3)
+    wait_for(lambda: len(effects(e2e, "page")) >= 3, 30, "three pages")
+    assert e2e.admin.pause(result.id) == 1
+    # The running delivery finds out at its next checkpoint (LeaseLost: ignored, no failure).
+    wait_for(lambda: "ignored" in first.log(), 30, "the paused delivery to stop")
+    paused_at = e2e.admin.task(result.id).checkpoint["page"]
+    assert e2e.admin.task(result.id).state == "paused"
+    first.warm_shutdown()
+    e2e.start_worker(app="context_app")
+    assert e2e.admin.resume(result.id) == 1
+    outcome = result.get(timeout=60)
+    assert outcome["pages"] == 12 and outcome["attempt"] == 2
+    assert outcome["resumed_from"] == paused_at
+    kinds = [e["kind"] for e in e2e.admin.task(result.id).events]
+    assert "paused" in kinds and "resumed" in kinds and "failed" not in kinds
+    assert result.state == "SUCCESS"
+
+
+def test_revoke_is_durable_across_worker_restarts(e2e: E2E) -> None:
+    app = app_for(e2e)
+    result = app.tasks["ctx.once"].delay(5)  # no worker is running yet
+    result.revoke()
+    assert e2e.admin.task(result.id).state == "cancelled"
+    assert app.AsyncResult(result.id).state == "REVOKED"
+    e2e.start_worker(app="context_app")  # a fresh worker never saw the broadcast
+    later = app.tasks["ctx.once"].delay(6)
+    assert later.get(timeout=60) == 12
+    assert effects(e2e, "body") == [
+        {**row, "value": "6"} for row in effects(e2e, "body")
+    ]  # only the later one ran
+    assert len(effects(e2e, "body")) == 1
