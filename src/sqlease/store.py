@@ -352,17 +352,7 @@ class Store:
             message_id = int(conn.execute(self.sql.enqueue, params).scalar_one())
             ids.append(message_id)
             if not self.is_postgresql and row["record"]:
-                conn.execute(
-                    self.sql.event_insert,
-                    {
-                        "task_id": row["task_id"],
-                        "message_id": message_id,
-                        "attempt": 0,
-                        "kind": "enqueued",
-                        "data": None,
-                        "now": now,
-                    },
-                )
+                self._insert_event(conn, row["task_id"], message_id, 0, "enqueued", None, now)
         return ids
 
     # ---- claim -------------------------------------------------------------------------
@@ -440,16 +430,14 @@ class Store:
                         "lease_expires_at_ms": msg.lease_expires_at_ms,
                     },
                 )
-            conn.execute(
-                self.sql.event_insert,
-                {
-                    "task_id": msg.task_id,
-                    "message_id": msg.id,
-                    "attempt": msg.attempt,
-                    "kind": "attempts_exhausted" if exhausted else "claimed",
-                    "data": None if exhausted else json.dumps({"owner": owner}),
-                    "now": now,
-                },
+            self._insert_event(
+                conn,
+                msg.task_id,
+                msg.id,
+                msg.attempt,
+                "attempts_exhausted" if exhausted else "claimed",
+                None if exhausted else json.dumps({"owner": owner}),
+                now,
             )
 
     def next_due_in_ms(self, queues: Sequence[str], *, now: int | None = None) -> int | None:
@@ -537,17 +525,7 @@ class Store:
     ) -> None:
         if m["run_id"] is not None:
             conn.execute(self.sql.release_run, {"run_id": m["run_id"], "message_id": m["id"]})
-        conn.execute(
-            self.sql.event_insert,
-            {
-                "task_id": m["task_id"],
-                "message_id": m["id"],
-                "attempt": m["attempt"],
-                "kind": kind,
-                "data": data,
-                "now": now,
-            },
-        )
+        self._insert_event(conn, m["task_id"], m["id"], m["attempt"], kind, data, now)
 
     def _transition(
         self,
@@ -697,17 +675,7 @@ class Store:
             conn.execute(
                 results.update().where(results.c.message_id == m["id"]).values(message_id=None)
             )
-            conn.execute(
-                self.sql.event_insert,
-                {
-                    "task_id": m["task_id"],
-                    "message_id": m["id"],
-                    "attempt": m["attempt"],
-                    "kind": "requeued",
-                    "data": None,
-                    "now": now,
-                },
-            )
+            self._insert_event(conn, m["task_id"], m["id"], m["attempt"], "requeued", None, now)
         return True
 
     # ---- fenced task state -------------------------------------------------------------
@@ -779,16 +747,8 @@ class Store:
                         else {"revision": int(revision), "checkpoint": dict(checkpoint)}
                     )
                 )
-                conn.execute(
-                    self.sql.event_insert,
-                    {
-                        "task_id": task_id,
-                        "message_id": fence.message_id,
-                        "attempt": fence.attempt,
-                        "kind": event,
-                        "data": _dump(data),
-                        "now": now,
-                    },
+                self._insert_event(
+                    conn, task_id, fence.message_id, fence.attempt, event, _dump(data), now
                 )
         return CasResult(Outcome.UPDATED, int(revision), expires)
 
@@ -817,18 +777,33 @@ class Store:
             ).first()
             if held is None:
                 return False
-            conn.execute(
-                self.sql.event_insert,
-                {
-                    "task_id": task_id,
-                    "message_id": fence.message_id,
-                    "attempt": fence.attempt,
-                    "kind": kind,
-                    "data": _dump(data),
-                    "now": now,
-                },
+            self._insert_event(
+                conn, task_id, fence.message_id, fence.attempt, kind, _dump(data), now
             )
         return True
+
+    def _insert_event(
+        self,
+        conn: Connection,
+        task_id: str | None,
+        message_id: int | None,
+        attempt: int | None,
+        kind: str,
+        data: str | None,
+        now: int | None,
+    ) -> None:
+        """Append one event (``data`` already JSON) inside the caller's transaction."""
+        conn.execute(
+            self.sql.event_insert,
+            {
+                "task_id": task_id,
+                "message_id": message_id,
+                "attempt": attempt,
+                "kind": kind,
+                "data": data,
+                "now": now,
+            },
+        )
 
     def _event_on(
         self,
@@ -840,16 +815,14 @@ class Store:
         now: int | None,
     ) -> None:
         """Append an event inside the caller's transaction."""
-        conn.execute(
-            self.sql.event_insert,
-            {
-                "task_id": task_id,
-                "message_id": None if fence is None else fence.message_id,
-                "attempt": None if fence is None else fence.attempt,
-                "kind": kind,
-                "data": _dump(data),
-                "now": now,
-            },
+        self._insert_event(
+            conn,
+            task_id,
+            None if fence is None else fence.message_id,
+            None if fence is None else fence.attempt,
+            kind,
+            _dump(data),
+            now,
         )
 
     def holds_on(self, conn: Connection, fence: Fence, task_id: str | None = None) -> bool:
@@ -881,16 +854,8 @@ class Store:
     ) -> None:
         """Append an observation that needs no lease (e.g. ``lease_lost`` seen by a worker)."""
         with self.engine.begin() as conn:
-            conn.execute(
-                self.sql.event_insert,
-                {
-                    "task_id": task_id,
-                    "message_id": message_id,
-                    "attempt": attempt,
-                    "kind": kind,
-                    "data": _dump(data),
-                    "now": self._now(now),
-                },
+            self._insert_event(
+                conn, task_id, message_id, attempt, kind, _dump(data), self._now(now)
             )
 
     def is_held(self, fence: Fence, *, now: int | None = None) -> bool:
@@ -967,17 +932,7 @@ class Store:
         with self.engine.begin() as conn:
             rows = conn.execute(self.sql.purge, {"queue": queue, "now": now}).fetchall()
             for r in rows:
-                conn.execute(
-                    self.sql.event_insert,
-                    {
-                        "task_id": r.task_id,
-                        "message_id": r.id,
-                        "attempt": r.attempt,
-                        "kind": "purged",
-                        "data": None,
-                        "now": now,
-                    },
-                )
+                self._insert_event(conn, r.task_id, r.id, r.attempt, "purged", None, now)
         return len(rows)
 
     def declare_queue(self, queue: str, *, connection: Connection | None = None) -> None:
