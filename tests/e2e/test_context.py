@@ -172,3 +172,18 @@ def test_revoke_is_durable_across_worker_restarts(e2e: E2E) -> None:
         {**row, "value": "6"} for row in effects(e2e, "body")
     ]  # only the later one ran
     assert len(effects(e2e, "body")) == 1
+
+
+def test_unknown_task_is_kept_as_rejected_and_the_worker_keeps_serving(e2e: E2E) -> None:
+    app = app_for(e2e)
+    worker = e2e.start_worker(app="context_app")
+    unknown = app.send_task("nobody.knows.this", args=(1,))
+    known = app.tasks["ctx.add"].delay(2, 3)
+    assert known.get(timeout=60) == 5
+    wait_for(
+        lambda: e2e.admin.task(unknown.id).state == "failed",
+        30,
+        "the unknown task to be kept as failed",
+    )
+    snap = e2e.admin.task(unknown.id)
+    assert snap.reason == "rejected" and worker.alive()
