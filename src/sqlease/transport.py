@@ -55,6 +55,9 @@ TAKE_BATCH = 64
 #: when this many are waiting.
 ACK_DELAY = 0.005
 ACK_BATCH = 32
+#: The longest a consumer that never acks (remote control, events) waits between looks while
+#: its queues are empty.
+NOACK_INTERVAL = 0.01
 
 # Keys the transport adds to properties['delivery_info']; Celery passes them to the task as
 # ``self.request.properties['delivery_info']`` and to the result backend.
@@ -116,6 +119,7 @@ class Channel(virtual.Channel):
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
         self._noack_queues: set[str] = set()
+        self._next_take = 0.0
 
     @property
     def store(self) -> Store:
@@ -265,8 +269,11 @@ class Channel(virtual.Channel):
         delivered = 0
         noack = [q for q in self._active_queues if q in self._noack_queues]
         acked = [q for q in self._active_queues if q not in self._noack_queues]
-        if noack:
+        if noack and time.monotonic() >= self._next_take:
             taken = self.store.take(noack, limit=TAKE_BATCH)
+            # Remote control and event queues are quiet: while a worker drains a backlog,
+            # look at them at most every NOACK_INTERVAL instead of on every fetch.
+            self._next_take = 0.0 if taken else time.monotonic() + NOACK_INTERVAL
             if len(taken) == TAKE_BATCH:
                 transport._more = True
             for message in taken:
@@ -876,9 +883,17 @@ class Transport(virtual.Transport):
         self._loop = None
         self.flush_acks()
 
+    def _look_everywhere(self) -> None:
+        """Something was published: no-ack queues must be looked at now, not after their
+        quiet-interval throttle."""
+        for channel in self.channels:
+            if isinstance(channel, Channel):
+                channel._next_take = 0.0
+
     def _on_readable(self) -> None:
         waker = self.waker
         waker.ready()
+        self._look_everywhere()
         if isinstance(waker, PostgresListener) and not waker.connected:
             # The LISTEN connection broke (server restart): re-listen on the next poll.
             self._remove_reader()
@@ -934,9 +949,12 @@ class Transport(virtual.Transport):
                 if self._reader_fd is None:
                     self._add_reader()
                 self._more = True
+                self._look_everywhere()
                 next_delay = self.polling_interval
             else:
                 changed = self.waker.ready()
+                if changed:
+                    self._look_everywhere()
                 if changed or now - self._last_full_poll >= self.polling_interval:
                     self._more = True
                     self._last_full_poll = now
@@ -977,7 +995,8 @@ class Transport(virtual.Transport):
             due = self._next_due_delay()
             if due is not None:
                 wait = min(wait, due + 0.001)
-            waker.wait(max(wait, 0.0))
+            if waker.wait(max(wait, 0.0)):
+                self._look_everywhere()
 
     def close_connection(self, connection: Any) -> None:
         try:
