@@ -764,18 +764,7 @@ class Store:
         """Append a timeline event under the lease; False (nothing written) if it is lost."""
         now = self._now(now)
         with self.engine.begin() as conn:
-            held = conn.execute(
-                self.sql.hold,
-                {
-                    "message_id": fence.message_id,
-                    "attempt": fence.attempt,
-                    "owner": fence.owner,
-                    "lease_ms": 0,
-                    "task_id": task_id,
-                    "now": now,
-                },
-            ).first()
-            if held is None:
+            if not self.holds_on(conn, fence, task_id, now):
                 return False
             self._insert_event(
                 conn, task_id, fence.message_id, fence.attempt, kind, _dump(data), now
@@ -825,7 +814,13 @@ class Store:
             now,
         )
 
-    def holds_on(self, conn: Connection, fence: Fence, task_id: str | None = None) -> bool:
+    def holds_on(
+        self,
+        conn: Connection,
+        fence: Fence,
+        task_id: str | None = None,
+        now: int | None = None,
+    ) -> bool:
         """Inside the caller's transaction: does ``fence`` hold a live lease (for a delivery
         of ``task_id``, when given)? Locks the message row until that transaction ends, so
         no takeover can slip in before the caller's write."""
@@ -837,7 +832,7 @@ class Store:
                 "owner": fence.owner,
                 "lease_ms": 0,
                 "task_id": task_id,
-                "now": self._now(None),
+                "now": self._now(now),
             },
         ).first()
         return row is not None
@@ -861,18 +856,7 @@ class Store:
     def is_held(self, fence: Fence, *, now: int | None = None) -> bool:
         """Does this delivery still hold its lease, by the database's answer?"""
         with self.engine.begin() as conn:
-            row = conn.execute(
-                self.sql.hold,
-                {
-                    "message_id": fence.message_id,
-                    "attempt": fence.attempt,
-                    "owner": fence.owner,
-                    "lease_ms": 0,
-                    "task_id": None,
-                    "now": self._now(now),
-                },
-            ).first()
-        return row is not None
+            return self.holds_on(conn, fence, None, now)
 
     # ---- reads -------------------------------------------------------------------------
 

@@ -9,12 +9,20 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import psycopg
 from sqlalchemy.engine import URL
 
 logger = logging.getLogger(__name__)
+
+
+def _close_quietly(conn: Any) -> None:
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:
+            pass
 
 
 class Waker(Protocol):
@@ -63,11 +71,7 @@ class PostgresListener:
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                pass
+        _close_quietly(conn)
 
     def ready(self) -> bool:
         conn = self._connect()
@@ -152,11 +156,7 @@ class SqliteWatcher:
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                pass
+        _close_quietly(conn)
 
     def __del__(self) -> None:
         self.close()
