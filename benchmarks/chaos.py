@@ -350,10 +350,16 @@ def main() -> int:
             if cfg.db == "pg" and now - last_disconnect >= cfg.disconnect_every:
                 chaos.disconnect()
                 last_disconnect = now
-            if cfg.stall and not did_stall and elapsed > cfg.kill_every * 1.5:
+            # Faults are scheduled by time and by progress, whichever comes first, so a fast
+            # machine that drains the backlog early still sees every one of them.
+            if cfg.stall and not did_stall and (
+                elapsed > cfg.kill_every * 1.5 or remaining <= total * 3 // 4
+            ):
                 chaos.stall_one()
                 did_stall = True
-            if cfg.restart_pg and not did_restart and elapsed > cfg.kill_every * 3:
+            if cfg.restart_pg and not did_restart and (
+                elapsed > cfg.kill_every * 3 or remaining <= total // 2
+            ):
                 chaos.restart_pg()
                 did_restart = True
     finally:
