@@ -14,7 +14,9 @@ import pytest
 def test_demo_resumes_a_killed_task_from_its_checkpoint(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "sqlease", "demo", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=170,
+        capture_output=True,
+        text=True,
+        timeout=170,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "killed worker 1 with SIGKILL" in done.stdout

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -55,8 +56,9 @@ TAKE_BATCH = 64
 #: when this many are waiting.
 ACK_DELAY = 0.005
 ACK_BATCH = 32
-#: The longest a consumer that never acks (remote control, events) waits between looks while
-#: its queues are empty.
+#: SQLite: the longest a consumer that never acks (remote control, events) waits between looks
+#: while its queues are empty. (PostgreSQL looks when a notification names one of its queues,
+#: and at the safety poll.)
 NOACK_INTERVAL = 0.01
 
 # Keys the transport adds to properties['delivery_info']; Celery passes them to the task as
@@ -272,8 +274,15 @@ class Channel(virtual.Channel):
         if noack and time.monotonic() >= self._next_take:
             taken = self.store.take(noack, limit=TAKE_BATCH)
             # Remote control and event queues are quiet: while a worker drains a backlog,
-            # look at them at most every NOACK_INTERVAL instead of on every fetch.
-            self._next_take = 0.0 if taken else time.monotonic() + NOACK_INTERVAL
+            # do not look at them on every fetch. PostgreSQL names the queue in its
+            # notification, so it looks again when one names them (or at the safety poll);
+            # SQLite looks at most every NOACK_INTERVAL.
+            if taken:
+                self._next_take = 0.0
+            elif transport.is_postgresql:
+                self._next_take = math.inf
+            else:
+                self._next_take = time.monotonic() + NOACK_INTERVAL
             if len(taken) == TAKE_BATCH:
                 transport._more = True
             for message in taken:
@@ -883,17 +892,24 @@ class Transport(virtual.Transport):
         self._loop = None
         self.flush_acks()
 
-    def _look_everywhere(self) -> None:
+    def _look_everywhere(self, queues: set[str] | None = None) -> None:
         """Something was published: no-ack queues must be looked at now, not after their
-        quiet-interval throttle."""
+        quiet-interval throttle. ``queues``: the ones notified (None: any of them)."""
         for channel in self.channels:
-            if isinstance(channel, Channel):
+            if isinstance(channel, Channel) and (
+                queues is None or not queues.isdisjoint(channel._noack_queues)
+            ):
                 channel._next_take = 0.0
 
     def _on_readable(self) -> None:
         waker = self.waker
-        waker.ready()
-        self._look_everywhere()
+        if isinstance(waker, PostgresListener):
+            # Only the no-ack queues a notification names are looked at: a published task
+            # goes straight to its claim, without a look at the remote-control queue first.
+            self._look_everywhere(waker.pending())
+        else:
+            waker.ready()
+            self._look_everywhere()
         if isinstance(waker, PostgresListener) and not waker.connected:
             # The LISTEN connection broke (server restart): re-listen on the next poll.
             self._remove_reader()
@@ -995,8 +1011,9 @@ class Transport(virtual.Transport):
             due = self._next_due_delay()
             if due is not None:
                 wait = min(wait, due + 0.001)
-            if waker.wait(max(wait, 0.0)):
-                self._look_everywhere()
+            waker.wait(max(wait, 0.0))
+            # Woken or not (then this is the safety poll): look at every queue again.
+            self._look_everywhere()
 
     def close_connection(self, connection: Any) -> None:
         try:

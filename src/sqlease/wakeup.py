@@ -74,17 +74,20 @@ class PostgresListener:
         _close_quietly(conn)
 
     def ready(self) -> bool:
+        return self.pending() != set()
+
+    def pending(self) -> set[str] | None:
+        """Consume pending notifications without blocking: the payloads they carried (the
+        store notifies with the queue name), or None when it cannot tell (no connection, or
+        the connection just broke), which means "look everywhere"."""
         conn = self._connect()
         if conn is None:
-            return True  # cannot tell: let the caller look
+            return None
         try:
-            got = False
-            for _ in conn.notifies(timeout=0):
-                got = True
-            return got
+            return {notify.payload for notify in conn.notifies(timeout=0)}
         except (psycopg.OperationalError, psycopg.InterfaceError, OSError):
             self._drop()
-            return True
+            return None
 
     def wait(self, timeout: float) -> bool:
         conn = self._connect()

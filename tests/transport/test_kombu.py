@@ -613,6 +613,58 @@ def test_no_ack_consumer_deletes_on_fetch(connect: Connect, db_store: Store) -> 
     assert consume(b, ["q"], 1, timeout=0.2) == []
 
 
+@pytest.mark.pg
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)  # LISTEN/NOTIFY
+def test_a_notification_wakes_only_the_queues_it_names(
+    connect: Connect, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL names the queue in its wake-up: a published task goes straight to its claim,
+    without a look at the no-ack (remote control) queues; a message for those is looked at when
+    its own notification comes."""
+    import select
+
+    worker, producer = connect(), connect()
+    channel = worker.default_channel
+    transport = worker.transport
+    delivered: list[Any] = []
+    Consumer(
+        channel, [Queue("work")], callbacks=[lambda b, m: delivered.append(b)], accept=["json"]
+    ).consume()
+    Consumer(
+        channel,
+        [Queue("ctl")],
+        callbacks=[lambda b, m: delivered.append(b)],
+        accept=["json"],
+        no_ack=True,
+    ).consume()
+    takes: list[list[str]] = []
+    take = transport.store.take
+
+    def counting_take(queues: list[str], **kwargs: Any) -> Any:
+        takes.append(list(queues))
+        return take(queues, **kwargs)
+
+    monkeypatch.setattr(transport.store, "take", counting_take)
+    waker = transport.waker
+    fd = waker.fileno()
+    assert fd is not None
+    transport._on_readable()  # the first look: everything, then quiet
+    assert takes == [["ctl"]] and delivered == []
+
+    def notified() -> None:
+        assert select.select([fd], [], [], 5)[0], "no notification within 5 s"
+        transport._on_readable()
+
+    publish(producer, "work", {"n": 1})
+    notified()
+    assert delivered == [{"n": 1}]
+    assert takes == [["ctl"]], "a task's notification made the worker look at its no-ack queue"
+    publish(producer, "ctl", {"n": 2})
+    notified()
+    assert delivered == [{"n": 1}, {"n": 2}] and takes[-1] == ["ctl"]
+
+
 # ---- delayed delivery ---------------------------------------------------------------------
 
 
