@@ -20,6 +20,7 @@ from typing import Any
 
 from celery import states
 from celery.backends.base import KeyValueStoreBackend
+from celery.exceptions import BackendStoreError
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from kombu.utils.encoding import bytes_to_str
 
@@ -137,14 +138,25 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
         **kwargs: Any,
     ) -> Any:
         fence = self._fence_for(request)
-        token = _writing_under.set((fence, bytes_to_str(task_id)) if fence else None)
         self._local.refused = False
+        meta = self._get_result_meta(
+            result=result, state=state, traceback=traceback, request=request
+        )
+        meta["task_id"] = bytes_to_str(task_id)
+        # Celery reads the stored state first and keeps a SUCCESS (a late duplicate must not
+        # overwrite it); here that rule is part of the write itself: one statement, no read.
         try:
-            stored = super()._store_result(
-                task_id, result, state, traceback=traceback, request=request, **kwargs
+            self._put(
+                self.get_key_for_task(task_id),
+                self.encode(meta),
+                state,
+                fence=fence,
+                task_id=bytes_to_str(task_id),
+                keep_success=True,
             )
-        finally:
-            _writing_under.reset(token)
+        except BackendStoreError as ex:
+            raise BackendStoreError(str(ex), state=state, task_id=task_id) from ex
+        stored = result
         if self._local.refused and fence is not None:
             logger.warning(
                 "sqlease: %s result of task %s refused: delivery (message %s, attempt %s) "
@@ -195,21 +207,33 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
         return self._set_with_state(key, value, None)
 
     def _set_with_state(self, key: Any, value: Any, state: str | None) -> Any:
-        text = self._key(key)
         writing = _writing_under.get()
-        fence = writing[0] if writing else None
+        return self._put(key, value, state, fence=writing[0] if writing else None)
+
+    def _put(
+        self,
+        key: Any,
+        value: Any,
+        state: str | None,
+        *,
+        fence: Fence | None,
+        task_id: str | None = None,
+        keep_success: bool = False,
+    ) -> bool:
+        text = self._key(key)
         expires_ms = int(self.expires * 1000) if self.expires else None
-        ok = self.results.put(
+        outcome = self.results.put(
             text,
             self._bytes(value),
             state=state,
-            task_id=self._task_id_of(text),
+            task_id=task_id or self._task_id_of(text),
             expires_ms=expires_ms,
             fence=fence,
+            keep_success=keep_success,
         )
-        if not ok:
+        if outcome == "lease_lost":
             self._local.refused = True
-        return ok
+        return outcome == "stored"
 
     def delete(self, key: Any) -> Any:
         self.results.delete(self._key(key))
@@ -239,13 +263,39 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
             self._local.waker = waker
         return waker
 
-    def _nap(self, waker: Waker, interval: float, timeout: float | None, elapsed: float) -> None:
-        # A notification (PostgreSQL) or a commit to the file (SQLite) ends the nap early;
-        # the interval is only the safety net.
+    def _nap(
+        self, waker: Waker, interval: float, timeout: float | None, elapsed: float
+    ) -> list[str] | None:
+        """Sleep until a notification (PostgreSQL) or a commit to the file (SQLite), the
+        interval being only the safety net. Returns the notifications' payloads, if known."""
         nap = max(interval, 1.0) if isinstance(waker, PostgresListener) else interval
         if timeout is not None:
             nap = min(nap, timeout - elapsed)
+        if isinstance(waker, PostgresListener):
+            return waker.wait_payloads(max(nap, 0.0))
         waker.wait(max(nap, 0.0))
+        return None
+
+    def _ready_meta_from(self, payloads: list[str] | None, task_id: Any) -> Any:
+        """A final result carried by its notification (``<key>\\n<value>``), decoded and
+        cached as ``get_task_meta`` would; None when no payload holds one."""
+        if not payloads or self.content_encoding == "binary":
+            return None  # a binary serializer's value never travels as notification text
+        key = bytes_to_str(self.get_key_for_task(task_id))
+        for payload in reversed(payloads):  # the latest write wins
+            name, sep, value = payload.partition("\n")
+            if not sep or name != key:
+                continue
+            try:
+                meta = self.decode_result(value)
+            except Exception:  # not decodable here: read it back instead
+                return None
+            if meta.get("status") not in states.READY_STATES:
+                return None
+            if meta.get("status") == states.SUCCESS:
+                self._cache[task_id] = meta
+            return meta
+        return None
 
     def wait_for(
         self,
@@ -268,7 +318,11 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
             elapsed = time.monotonic() - start
             if timeout is not None and elapsed >= timeout:
                 raise CeleryTimeoutError("The operation timed out.")
-            self._nap(waker, interval, timeout, elapsed)
+            payloads = self._nap(waker, interval, timeout, elapsed)
+            # The result usually arrives with its notification: no read back needed.
+            meta = self._ready_meta_from(payloads, task_id)
+            if meta is not None:
+                return meta
 
     def get_many(
         self,

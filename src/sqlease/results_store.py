@@ -22,6 +22,9 @@ from .resilience import retrying
 from .store import Fence, Store
 
 TERMINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
+#: PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; a result that fits travels with
+#: its notification, a larger one is read back by the waiting client.
+NOTIFY_LIMIT = 7900
 
 
 def exception_meta(
@@ -63,6 +66,7 @@ class ResultStore:
         self.counters = store.tables.counters
         self.notify_channel = f"{store.tables.prefix}results"
         self._insert = pg_insert if store.is_postgresql else sqlite_insert
+        self._put_statement: Any = None
 
     def _now(self) -> int:
         return int(self.store.clock()) if self.store.clock else int(time.time() * 1000)
@@ -88,8 +92,12 @@ class ResultStore:
         task_id: str | None = None,
         expires_ms: int | None = None,
         fence: Fence | None = None,
-    ) -> bool:
-        """Store ``value`` under ``key``; with a fence, only while its lease is held."""
+        keep_success: bool = False,
+    ) -> str:
+        """Store ``value`` under ``key``; with a fence, only while its lease is held; with
+        ``keep_success``, never over a stored SUCCESS (Celery's rule: a late duplicate must
+        not overwrite the result that stands). Returns ``stored``, ``lease_lost`` or
+        ``kept_success``."""
         now = self._now()
         row = {
             "key": key,
@@ -101,17 +109,79 @@ class ResultStore:
             "expires_at_ms": None if not expires_ms else now + expires_ms,
             "updated_at_ms": now,
         }
-        stmt = self._insert(self.results).values(**row)
-        stmt = stmt.on_conflict_do_update(
+        if self.store.is_postgresql:
+            return self._put_postgresql(row, fence, keep_success)
+        insert = self._insert(self.results).values(**row)
+        upsert = insert.on_conflict_do_update(
             index_elements=[self.results.c.key],
-            set_={k: stmt.excluded[k] for k in row if k != "key"},
-        )
+            set_={k: insert.excluded[k] for k in row if k != "key"},
+            where=self.results.c.state.is_distinct_from("SUCCESS") if keep_success else None,
+        ).returning(self.results.c.key)
         with self.store.engine.begin() as conn:
             if fence is not None and not self._held(conn, fence, task_id):
-                return False
-            conn.execute(stmt)
-            self._notify(conn, key)
-        return True
+                return "lease_lost"
+            if conn.execute(upsert).first() is None:
+                return "kept_success"
+        return "stored"
+
+    def _put_postgresql(self, row: dict[str, Any], fence: Fence | None, keep_success: bool) -> str:
+        # One statement in autocommit (one round trip, one commit): the lease check locks the
+        # message row, the upsert writes only if it held, and the notification goes out with
+        # the commit. The payload carries the value when it fits, so a waiting client need
+        # not read it back.
+        payload = row["key"]
+        try:
+            text_value = row["value"].decode("utf-8")
+        except UnicodeDecodeError:
+            text_value = None
+        if text_value is not None and "\x00" not in text_value:
+            candidate = f"{row['key']}\n{text_value}"
+            if len(candidate.encode("utf-8")) < NOTIFY_LIMIT:
+                payload = candidate
+        params = dict(
+            row,
+            channel=self.notify_channel,
+            payload=payload,
+            fenced=fence is not None,
+            owner=None if fence is None else fence.owner,
+            keep_success=keep_success,
+            now=None if self.store.clock is None else row["updated_at_ms"],
+        )
+        with self.store._writing(statements=1) as conn:
+            held, stored = conn.execute(self._put_sql(), params).one()
+        if fence is not None and not held:
+            return "lease_lost"
+        return "stored" if stored else "kept_success"
+
+    def _put_sql(self) -> Any:
+        if self._put_statement is None:
+            t = self.store.tables
+            r, m = t.results.name, t.messages.name
+            cols = "key, value, state, task_id, message_id, attempt, expires_at_ms, updated_at_ms"
+            self._put_statement = text(
+                # The lease check of Store.holds_on, as a row-locking UPDATE.
+                f"WITH h AS (UPDATE {m} AS m SET lease_expires_at_ms = m.lease_expires_at_ms "
+                "WHERE CAST(:fenced AS BOOLEAN) AND m.id = :message_id "
+                f"AND m.attempt = :attempt AND {self.store.sql.held_predicate} "
+                "AND (CAST(:task_id AS TEXT) IS NULL OR m.task_id IS NULL "
+                "OR m.task_id = CAST(:task_id AS TEXT)) RETURNING m.id), "
+                f"up AS (INSERT INTO {r} AS r ({cols}) "
+                "SELECT CAST(:key AS TEXT), :value, CAST(:state AS TEXT), "
+                "CAST(:task_id AS TEXT), CAST(:message_id AS BIGINT), "
+                "CAST(:attempt AS INTEGER), CAST(:expires_at_ms AS BIGINT), "
+                "CAST(:updated_at_ms AS BIGINT) "
+                "WHERE NOT CAST(:fenced AS BOOLEAN) OR EXISTS (SELECT 1 FROM h) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+                "state = excluded.state, task_id = excluded.task_id, "
+                "message_id = excluded.message_id, attempt = excluded.attempt, "
+                "expires_at_ms = excluded.expires_at_ms, updated_at_ms = excluded.updated_at_ms "
+                "WHERE NOT CAST(:keep_success AS BOOLEAN) "
+                "OR r.state IS DISTINCT FROM 'SUCCESS' RETURNING 1), "
+                "n AS (SELECT pg_notify(CAST(:channel AS TEXT), CAST(:payload AS TEXT)) FROM up) "
+                "SELECT EXISTS (SELECT 1 FROM h) AS held, "
+                "(SELECT count(*) FROM up) + 0 * (SELECT count(*) FROM n) AS stored"
+            )
+        return self._put_statement
 
     def _live(self) -> Any:
         return or_(
@@ -177,11 +247,14 @@ class ResultStore:
             ).scalar()
         if state in TERMINAL_STATES:
             return False
-        return self.put(
-            key,
-            exception_meta(task_id, status, exc_type, args, module),
-            state=status,
-            task_id=task_id,
+        return (
+            self.put(
+                key,
+                exception_meta(task_id, status, exc_type, args, module),
+                state=status,
+                task_id=task_id,
+            )
+            == "stored"
         )
 
     def cleanup(self) -> int:

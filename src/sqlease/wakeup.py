@@ -102,6 +102,22 @@ class PostgresListener:
             self._drop()
             return True
 
+    def wait_payloads(self, timeout: float) -> list[str] | None:
+        """Block up to ``timeout`` seconds for a notification; the payloads that came (empty
+        if none did), or None when the connection could not tell (broken, not listening)."""
+        conn = self._connect()
+        if conn is None:
+            time.sleep(timeout)
+            return None
+        try:
+            payloads = [n.payload for n in conn.notifies(timeout=timeout, stop_after=1)]
+            if payloads:  # and whatever else has already arrived
+                payloads.extend(n.payload for n in conn.notifies(timeout=0))
+            return payloads
+        except (psycopg.OperationalError, psycopg.InterfaceError, OSError):
+            self._drop()
+            return None
+
     @property
     def connected(self) -> bool:
         return self._conn is not None and not self._conn.closed

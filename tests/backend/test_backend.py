@@ -104,6 +104,80 @@ def test_writes_after_success_are_ignored(app: Celery) -> None:
     assert AsyncResult("tid-s", app=app).result == 1
 
 
+def test_states_before_success_are_overwritten_and_success_is_kept_atomically(
+    app: Celery,
+) -> None:
+    backend = backend_of(app)
+    backend.mark_as_started("tid-k")
+    backend.mark_as_retry("tid-k", ValueError("again"))
+    assert AsyncResult("tid-k", app=app).state == states.RETRY
+    backend.mark_as_done("tid-k", 7)
+    backend.mark_as_started("tid-k")  # a late duplicate starting again
+    assert AsyncResult("tid-k", app=app).result == 7
+
+
+def _wait_in_thread(app: Celery, task_id: str) -> tuple[Any, dict[str, Any]]:
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def waiting() -> None:
+        try:
+            box["value"] = AsyncResult(task_id, app=app).get(timeout=10)
+        except Exception as exc:  # reported by the caller's assertion
+            box["error"] = exc
+
+    thread = threading.Thread(target=waiting)
+    thread.start()
+    return thread, box
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("size", [10, 20_000])
+def test_waiting_get_takes_the_result_from_its_notification(
+    app: Celery, db_url: str, size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A result small enough to travel with its NOTIFY is not read back; a larger one is."""
+    reads: list[str] = []
+    real_get = ResultStore.get
+
+    def counting_get(self: ResultStore, key: str) -> Any:
+        reads.append(key)
+        return real_get(self, key)
+
+    monkeypatch.setattr(ResultStore, "get", counting_get)  # app.backend is per thread
+    thread, box = _wait_in_thread(app, "tid-n")
+    deadline = time.monotonic() + 5
+    while not reads and time.monotonic() < deadline:  # the waiter's first look
+        time.sleep(0.01)
+    time.sleep(0.05)  # and it is napping on its notification
+    writer = Celery("writer", broker=app.conf.broker_url, backend=app.conf.result_backend)
+    writer.conf.broker_transport_options = app.conf.broker_transport_options
+    value = "x" * size
+    writer.backend.store_result("tid-n", value, states.SUCCESS)
+    thread.join(10)
+    assert box.get("value") == value, box
+    assert len(reads) == (1 if size < 7000 else 2)
+    writer.close()
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_waiting_get_with_a_binary_serializer_reads_the_result_back(
+    app: Celery, db_url: str
+) -> None:
+    app.conf.result_serializer = "pickle"
+    app.conf.accept_content = ["json", "pickle"]
+    app.conf.result_accept_content = ["json", "pickle"]
+    backend = SqleaseBackend(app=app, url=app.conf.result_backend)
+    thread, box = _wait_in_thread(app, "tid-p")
+    time.sleep(0.1)
+    backend.store_result("tid-p", {"set": {1, 2}}, states.SUCCESS)
+    thread.join(10)
+    assert box.get("value") == {"set": {1, 2}}, box
+
+
 def test_group_save_restore_delete(app: Celery) -> None:
     backend = backend_of(app)
     children = [AsyncResult(f"child-{i}", app=app) for i in range(3)]
