@@ -425,6 +425,7 @@ class Admin:
                     set_={k: stmt.excluded[k] for k in row if k != "key"},
                 )
             )
+            self.results.notify(conn, key)  # a client waiting in get() learns at once
 
         changed = self._change(
             and_(self._targets(task_id, run_id), m.c.state.in_(("ready", "parked"))),

@@ -35,6 +35,9 @@ from .wakeup import PostgresListener, SqliteWatcher, Waker
 logger = logging.getLogger(__name__)
 
 # The fence of the delivery whose result is being written (set around Celery's own logic).
+#: How many published task ids a thread remembers for on_task_call / wait_for.
+FRESH_LIMIT = 1000
+
 _writing_under: ContextVar[tuple[Fence, str] | None] = ContextVar(
     "sqlease_writing_under", default=None
 )
@@ -297,6 +300,36 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
             return meta
         return None
 
+    def on_task_call(self, producer: Any, task_id: Any) -> dict[str, Any]:
+        """Celery calls this before it publishes a task. In a thread that already waits for
+        results on PostgreSQL (it has a listener; a thread that never calls get() opens no
+        connection for this): make sure it is listening now, so every write of this task's
+        result, all later than this moment, is heard, and a get() can skip its first read."""
+        waker = getattr(self._local, "waker", None)
+        if isinstance(waker, PostgresListener) and waker.fileno() is not None:
+            fresh = self._fresh()
+            fresh[bytes_to_str(task_id)] = waker.generation
+            while len(fresh) > FRESH_LIMIT:
+                fresh.pop(next(iter(fresh)))
+        return {}
+
+    def _fresh(self) -> dict[str, int]:
+        fresh: dict[str, int] | None = getattr(self._local, "fresh", None)
+        if fresh is None:
+            fresh = self._local.fresh = {}
+        return fresh
+
+    def _heard_since_publish(self, waker: Waker, task_id: Any) -> bool:
+        """Was this thread listening, without a break, since before the task was published?
+        Then its result cannot be stored yet without a notification waiting for us."""
+        generation = self._fresh().pop(bytes_to_str(task_id), None)
+        return (
+            generation is not None
+            and isinstance(waker, PostgresListener)
+            and waker.connected
+            and waker.generation == generation
+        )
+
     def wait_for(
         self,
         task_id: Any,
@@ -307,12 +340,16 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
     ) -> Any:
         self._ensure_not_eager()
         waker = self._waker()
+        # Skip the first read when it cannot find the result (see on_task_call).
+        look = not self._heard_since_publish(waker, task_id)
         waker.fileno()  # listen before the first look, so no notification is missed
         start = time.monotonic()
         while True:
-            meta = self.get_task_meta(task_id)
-            if meta["status"] in states.READY_STATES:
-                return meta
+            if look:
+                meta = self.get_task_meta(task_id)
+                if meta["status"] in states.READY_STATES:
+                    return meta
+            look = True
             if on_interval:
                 on_interval()
             elapsed = time.monotonic() - start

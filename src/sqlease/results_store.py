@@ -74,6 +74,10 @@ class ResultStore:
     def _held(self, conn: Any, fence: Fence, task_id: str | None) -> bool:
         return self.store.holds_on(conn, fence, task_id)
 
+    def notify(self, conn: Connection, key: str) -> None:
+        """Inside the caller's transaction: wake the clients waiting on ``key`` at commit."""
+        self._notify(conn, key)
+
     def _notify(self, conn: Connection, key: str) -> None:
         if self.store.is_postgresql:
             conn.execute(
@@ -177,7 +181,11 @@ class ResultStore:
                 "expires_at_ms = excluded.expires_at_ms, updated_at_ms = excluded.updated_at_ms "
                 "WHERE NOT CAST(:keep_success AS BOOLEAN) "
                 "OR r.state IS DISTINCT FROM 'SUCCESS' RETURNING 1), "
-                "n AS (SELECT pg_notify(CAST(:channel AS TEXT), CAST(:payload AS TEXT)) FROM up) "
+                # Waiters hear of every write that held its lease: with the value when it
+                # was stored, by key alone when a stored SUCCESS was kept.
+                "n AS (SELECT pg_notify(CAST(:channel AS TEXT), CASE WHEN EXISTS "
+                "(SELECT 1 FROM up) THEN CAST(:payload AS TEXT) ELSE CAST(:key AS TEXT) END) "
+                "WHERE NOT CAST(:fenced AS BOOLEAN) OR EXISTS (SELECT 1 FROM h)) "
                 "SELECT EXISTS (SELECT 1 FROM h) AS held, "
                 "(SELECT count(*) FROM up) + 0 * (SELECT count(*) FROM n) AS stored"
             )

@@ -49,6 +49,8 @@ class PostgresListener:
         self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._channel = channel
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        #: Counts the connections made: while it is unchanged, no notification was missed.
+        self.generation = 0
 
     def _connect(self) -> psycopg.Connection[tuple[object, ...]] | None:
         if self._conn is not None and not self._conn.closed:
@@ -63,6 +65,7 @@ class PostgresListener:
             self._conn = None
             return None
         self._conn = conn
+        self.generation += 1
         return conn
 
     def fileno(self) -> int | None:

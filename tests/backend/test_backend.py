@@ -164,6 +164,44 @@ def test_waiting_get_takes_the_result_from_its_notification(
 
 @pytest.mark.pg
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_get_after_publishing_skips_its_first_read_and_still_sees_old_results(
+    app: Celery, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that already waits for results listens before it publishes (on_task_call), so
+    its get() needs no first read; a reused task id whose SUCCESS is already stored (and so
+    is kept, not rewritten) is still found."""
+    backend = backend_of(app)
+    writer = Celery("writer", broker=app.conf.broker_url, backend=app.conf.result_backend)
+    writer.conf.broker_transport_options = app.conf.broker_transport_options
+    writer.backend.store_result("warm-up", 0, states.SUCCESS)
+    assert AsyncResult("warm-up", app=app).get(timeout=5) == 0  # this thread now listens
+    reads: list[str] = []
+    real_get = ResultStore.get
+
+    def counting_get(self: ResultStore, key: str) -> Any:
+        reads.append(key)
+        return real_get(self, key)
+
+    monkeypatch.setattr(ResultStore, "get", counting_get)
+    backend.on_task_call(None, "tid-fresh")
+    writer.backend.store_result("tid-fresh", 42, states.SUCCESS)
+    assert AsyncResult("tid-fresh", app=app).get(timeout=5) == 42
+    assert reads == []
+    # A task id used again: the old SUCCESS stands, and get() finds it.
+    backend._cache.clear()
+    backend.on_task_call(None, "warm-up")
+    writer.backend.store_result("warm-up", 1, states.SUCCESS)
+    started = time.monotonic()
+    assert AsyncResult("warm-up", app=app).get(timeout=5) == 0
+    assert time.monotonic() - started < 0.5  # woken by the kept write's notification
+    backend._cache.clear()
+    backend.on_task_call(None, "warm-up")  # and with no write at all: the safety read
+    assert AsyncResult("warm-up", app=app).get(timeout=5) == 0
+    writer.close()
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_waiting_get_with_a_binary_serializer_reads_the_result_back(
     app: Celery, db_url: str
 ) -> None:
