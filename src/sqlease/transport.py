@@ -122,6 +122,12 @@ class Channel(virtual.Channel):
         super().__init__(connection, **kwargs)
         self._noack_queues: set[str] = set()
         self._next_take = 0.0
+        # PostgreSQL: the last claim came back short, so the queues had nothing more ready.
+        # Until something can have changed that (a notification naming them, an ack in a
+        # run, a release, a due time, the safety poll), an ack need not be followed by a
+        # claim that would find nothing.
+        self._drained = False
+        self._due_checked = False
 
     @property
     def store(self) -> Store:
@@ -146,6 +152,7 @@ class Channel(virtual.Channel):
     def basic_consume(
         self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any
     ) -> Any:
+        self._drained = False
         if no_ack:
             self._noack_queues.add(queue)
         else:
@@ -160,7 +167,8 @@ class Channel(virtual.Channel):
             self._noack_queues.discard(queue)
         return result
 
-    def _claim(self, queues: list[str], limit: int) -> list[Message]:
+    def _claim(self, queues: list[str], limit: int) -> tuple[list[Message], bool]:
+        """Lease up to ``limit`` messages; also whether the store had fewer than asked."""
         transport = self.connection
         messages = self.store.claim(
             queues,
@@ -169,6 +177,7 @@ class Channel(virtual.Channel):
             limit=limit,
             on_exhausted=transport.record_exhausted,
         )
+        short = len(messages) < limit
         messages = self._skip_completed(messages)
         beat = heartbeat()
         for message in messages:
@@ -179,7 +188,7 @@ class Channel(virtual.Channel):
                 interval=transport.options.heartbeat_seconds,
                 task_id=message.task_id,
             )
-        return messages
+        return messages, short
 
     def _skip_completed(self, messages: list[Message]) -> list[Message]:
         """Invariant 9: a redelivered message whose final result was already stored under
@@ -292,14 +301,22 @@ class Channel(virtual.Channel):
                     delivered += 1
         if acked and (not self.qos.can_consume() or self._refill_later()):
             transport._starved = True
+        elif acked and self._drained and transport.is_postgresql:
+            if not self._due_checked:
+                # Instead of the claim, the cheaper look at when the next delayed task is due.
+                self._due_checked = True
+                transport._found_nothing = True
         elif acked:
             credit = self.qos.can_consume_max_estimate() if self.qos.prefetch_count else None
             limit = min(credit or CLAIM_BATCH, CLAIM_BATCH)
-            claimed = self._claim(acked, limit)
+            claimed, short = self._claim(acked, limit)
+            self._drained = short
+            self._due_checked = False
             if len(claimed) == limit:
                 transport._more = True
             elif not claimed:
                 transport._found_nothing = True
+                self._due_checked = True
             delivered += self._deliver_claimed(claimed, callback)
         if not delivered:
             raise Empty()
@@ -341,7 +358,7 @@ class Channel(virtual.Channel):
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
         # Rows that are not readable messages are failed and skipped: keep looking.
         while True:
-            claimed = self._claim([queue], 1)
+            claimed, _ = self._claim([queue], 1)
             if not claimed:
                 raise Empty()
             payload = self._decode(claimed[0], leased=True)
@@ -379,6 +396,8 @@ class Channel(virtual.Channel):
 
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
         fence = self._fence_for_tag(delivery_tag)
+        if fence is not None and self._in_a_run(delivery_tag):
+            self.connection.look_again()  # the ack lets the run's next message go
         try:
             if fence is not None:
                 heartbeat().drop([fence])
@@ -386,6 +405,16 @@ class Channel(virtual.Channel):
                     self._report_refused_ack(fence)
         finally:
             super().basic_ack(delivery_tag, multiple=multiple)
+
+    def _in_a_run(self, delivery_tag: str) -> bool:
+        try:
+            message = self.qos.get(delivery_tag)
+        except KeyError:
+            return False
+        return bool((message.headers or {}).get("run_id"))
+
+    def unacked_count(self) -> int:
+        return len(self.qos._delivered) - len(self.qos._dirty)
 
     def _report_refused_ack(self, fence: Fence) -> None:
         # Never raised into Celery: the delivery that holds the message now is the one that
@@ -414,6 +443,7 @@ class Channel(virtual.Channel):
                 heartbeat().drop([fence])
                 if requeue:
                     done = bool(self.store.release([fence]))
+                    self.connection.look_again()
                 else:
                     # Rejected without requeue: kept as failed (inspectable, requeueable),
                     # never silently dropped.
@@ -436,6 +466,7 @@ class Channel(virtual.Channel):
             return super()._restore(message)
         heartbeat().drop([fence])
         self.store.release([fence], refund=True)
+        self.connection.look_again()
         return None
 
     def _restore_at_beginning(self, message: Any) -> None:
@@ -685,6 +716,11 @@ class Transport(virtual.Transport):
         if self._loop is None or threading.get_ident() != self._loop_thread:
             return False
         self._pending_acks.append((fence, channel))
+        if len(self._pending_acks) == 1 and self._unacked_total() <= 1:
+            # Nothing else is running or buffered: no ack could join this one, so write it
+            # now (and keep the next task's start free of it).
+            self.flush_acks()
+            return True
         if len(self._pending_acks) >= ACK_BATCH:
             self._kick()  # the self-pipe handler writes them in the next iteration
         elif len(self._pending_acks) == 1:
@@ -692,6 +728,11 @@ class Transport(virtual.Transport):
             self._ack_timer = self._loop.call_later(ACK_DELAY, self.flush_acks)
             self._kick()  # so the hub recomputes its poll timeout with this timer
         return True
+
+    def _unacked_total(self) -> int:
+        """Deliveries not yet acked on this connection's channels (the one being acked
+        included)."""
+        return sum(c.unacked_count() for c in self.channels if isinstance(c, Channel))
 
     def flush_acks(self) -> None:
         if self._ack_timer is not None:
@@ -894,12 +935,21 @@ class Transport(virtual.Transport):
 
     def _look_everywhere(self, queues: set[str] | None = None) -> None:
         """Something was published: no-ack queues must be looked at now, not after their
-        quiet-interval throttle. ``queues``: the ones notified (None: any of them)."""
+        quiet-interval throttle, and drained queues claimed from again. ``queues``: the ones
+        notified (None: any of them)."""
         for channel in self.channels:
-            if isinstance(channel, Channel) and (
-                queues is None or not queues.isdisjoint(channel._noack_queues)
-            ):
+            if not isinstance(channel, Channel):
+                continue
+            if queues is None or not queues.isdisjoint(channel._noack_queues):
                 channel._next_take = 0.0
+            if queues is None or not queues.isdisjoint(channel._active_queues):
+                channel._drained = False
+
+    def look_again(self) -> None:
+        """Messages may have become ready (released, or the next of a run after an ack)."""
+        for channel in self.channels:
+            if isinstance(channel, Channel):
+                channel._drained = False
 
     def _on_readable(self) -> None:
         waker = self.waker
@@ -947,6 +997,7 @@ class Transport(virtual.Transport):
 
     def _on_due(self) -> None:
         self._due_entry = None
+        self.look_again()
         self._more = True
         self._drain_in_loop()
 

@@ -665,6 +665,53 @@ def test_a_notification_wakes_only_the_queues_it_names(
     assert delivered == [{"n": 1}, {"n": 2}] and takes[-1] == ["ctl"]
 
 
+@pytest.mark.pg
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)  # LISTEN/NOTIFY
+def test_a_drained_queue_is_not_claimed_from_again_until_something_can_be_ready(
+    connect: Connect, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a claim came back short, the worker's next look (an ack's) claims nothing until a
+    notification names the queue or a message is released: no empty claims while idle."""
+    import select
+
+    worker, producer = connect(), connect()
+    channel = worker.default_channel
+    transport = worker.transport
+    delivered: list[Message] = []
+    Consumer(
+        channel, [Queue("work")], callbacks=[lambda b, m: delivered.append(m)], accept=["json"]
+    ).consume()
+    claims: list[int] = []
+    claim = transport.store.claim
+
+    def counting_claim(*args: Any, **kwargs: Any) -> Any:
+        claims.append(1)
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(transport.store, "claim", counting_claim)
+    fd = transport.waker.fileno()
+    assert fd is not None
+
+    def look() -> None:  # what an ack or a tick does in the worker's loop
+        transport._more = True
+        transport._drain_in_loop()
+
+    look()
+    assert len(claims) == 1 and not delivered
+    look()
+    assert len(claims) == 1, "claimed again from a queue known to be empty"
+    publish(producer, "work", {"n": 1})
+    assert select.select([fd], [], [], 5)[0], "no notification within 5 s"
+    transport._on_readable()
+    assert len(claims) == 2 and len(delivered) == 1
+    look()
+    assert len(claims) == 2
+    delivered[0].requeue()  # released: ready again, so look for it
+    look()
+    assert len(claims) == 3 and len(delivered) == 2
+
+
 # ---- delayed delivery ---------------------------------------------------------------------
 
 
