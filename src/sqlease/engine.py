@@ -66,9 +66,14 @@ def _create(url: URL, options: dict[str, Any]) -> Engine:
 def _translate_error(context: Any) -> BaseException | None:
     """Turn database refusals that retrying cannot fix into specific sqlease errors (the
     driver's error stays attached as ``__cause__``); transient ones pass through unchanged."""
-    original = context.original_exception
-    text = str(original)
     where = context.engine.url.render_as_string(hide_password=True) if context.engine else ""
+    return refusal(context.original_exception, where)
+
+
+def refusal(original: BaseException, where: str) -> BaseException | None:
+    """The sqlease error for a driver error no retry can fix (read-only database, missing
+    privilege), or None."""
+    text = str(original)
     if "readonly database" in text or "read-only transaction" in text:
         error: BaseException = DatabaseReadOnly(
             f"the database {where} refuses writes ({text.strip()}); sqlease needs write "

@@ -151,8 +151,9 @@ class ResultStore:
             keep_success=keep_success,
             now=None if self.store.clock is None else row["updated_at_ms"],
         )
-        with self.store._writing(statements=1) as conn:
-            held, stored = conn.execute(self._put_sql(), params).one()
+        assert self.store.fast is not None
+        (row,) = self.store.fast.rows(self._put_sql(), params)
+        held, stored = row["held"], row["stored"]
         if fence is not None and not held:
             return "lease_lost"
         return "stored" if stored else "kept_success"

@@ -26,6 +26,7 @@ from sqlalchemy.engine import URL, Engine
 from ._sql import Statements, dialect_for
 from .engine import get_engine
 from .errors import ConfigurationError, PayloadTooLarge
+from .fastpath import FastPath
 from .resilience import retry_transient, retrying
 from .schema import Tables, build_tables, ensure_schema
 
@@ -123,7 +124,11 @@ class Event:
 
 
 def _row_to_message(row: Row[Any]) -> Message:
-    mapping = row._mapping
+    # By name only when selected (RowMapping.get on a missing key raises inside).
+    return _message_from(row._mapping, has_last_error="last_error" in row._fields)
+
+
+def _message_from(mapping: Mapping[Any, Any], *, has_last_error: bool) -> Message:
     return Message(
         id=int(mapping["id"]),
         queue=mapping["queue"],
@@ -141,8 +146,7 @@ def _row_to_message(row: Row[Any]) -> Message:
         ),
         attempt=int(mapping["attempt"]),
         max_attempts=int(mapping["max_attempts"]),
-        # By name only when selected (RowMapping.get on a missing key raises inside).
-        last_error=mapping["last_error"] if "last_error" in row._fields else None,
+        last_error=mapping["last_error"] if has_last_error else None,
     )
 
 
@@ -211,6 +215,8 @@ class Store:
         )
         self.tables: Tables = build_tables(table_prefix)
         self.dialect = dialect_for(self.engine.dialect.name)
+        #: PostgreSQL: the per-task statements bypass SQLAlchemy's execution layer.
+        self.fast: FastPath | None = FastPath(self.engine) if self.dialect.is_postgresql else None
         self.sql = Statements(self.dialect, self.tables)
         self.max_attempts = max_attempts
         self.max_payload_bytes = max_payload_bytes
@@ -340,6 +346,9 @@ class Store:
             return []
         if connection is not None:
             return self._enqueue_on(connection, rows, self._now(now))
+        if self.fast is not None and len(rows) == 1:  # one statement: autocommit
+            params = dict(rows[0], now=self._now(now), channel=self.notify_channel)
+            return [int(self.fast.rows(self.sql.enqueue, params)[0]["id"])]
         with self._writing(statements=len(rows)) as conn:
             return self._enqueue_on(conn, rows, self._now(now))
 
@@ -406,6 +415,9 @@ class Store:
         else:
             statement = self.sql.claim
             params["queues"] = self._queues_param(queues)
+        if self.fast is not None:  # one statement (claim, run locks and events): autocommit
+            found = self.fast.rows(statement, params)
+            return [_message_from(r, has_last_error="last_error" in r) for r in found]
         with self._writing(statements=1) as conn:
             rows = conn.execute(statement, params).fetchall()
             claimed = [_row_to_message(r) for r in rows]
@@ -509,6 +521,10 @@ class Store:
         groups = _by_owner(fences)
         if not groups:
             return done
+        if self.fast is not None and len(groups) == 1:  # one statement: autocommit
+            ((owner, group),) = groups.items()
+            params = {**self._fence_params(group), "owner": owner, "now": now}
+            return {int(row["id"]) for row in self.fast.rows(self.sql.ack, params)}
         with self._writing(statements=len(groups)) as conn:
             for owner, group in groups.items():
                 params = {**self._fence_params(group), "owner": owner, "now": now}

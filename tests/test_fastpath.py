@@ -1,0 +1,54 @@
+"""The PostgreSQL hot path (enqueue, claim, ack and result writes straight through psycopg)
+behaves as the SQLAlchemy path does when the database misbehaves: a dropped connection is
+retried on a fresh one and other errors are SQLAlchemy's. (A refusal becoming the same
+sqlease error: tests/reliability/test_bad_input.py, whose claim takes this path.)"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import text
+
+from conftest import unique_prefix
+from sqlease import Store
+
+pytestmark = pytest.mark.pg
+
+
+def _terminate_pooled_backends(store: Store) -> int:
+    """Kill the server side of every connection the store's pool holds, as a restart would."""
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND application_name LIKE 'sqlease%%'"
+        ).fetchall()
+    return len(rows)
+
+
+def test_a_dropped_connection_is_replaced_and_the_operation_retried(
+    pg_database_url: str,
+) -> None:
+    store = Store(pg_database_url, table_prefix=unique_prefix())
+    assert store.fast is not None
+    store.enqueue("q", "a")
+    assert _terminate_pooled_backends(store) >= 1
+    store.enqueue("q", "b")  # the first try fails on the dead connection
+    assert _terminate_pooled_backends(store) >= 1
+    claimed = store.claim(["q"], "w", lease_ms=60_000, limit=2)
+    assert [m.payload for m in claimed] == ["a", "b"]
+    assert _terminate_pooled_backends(store) >= 1
+    assert store.ack([m.fence for m in claimed]) == {m.id for m in claimed}
+    assert store.size(["q"]) == 0
+
+
+def test_other_errors_are_sqlalchemys(pg_database_url: str) -> None:
+    store = Store(pg_database_url, table_prefix=unique_prefix())
+    assert store.fast is not None
+    with pytest.raises(sa_exc.ProgrammingError):
+        store.fast.rows(text("SELECT * FROM no_such_table_here"), {})
+    with pytest.raises(sa_exc.DataError):
+        store.fast.rows(text("SELECT 1 / (SELECT count(*) FROM (SELECT 1 WHERE false) s)"), {})
+    assert store.fast.rows(text("SELECT 1 AS one"), {}) == [{"one": 1}]  # connection still fine
