@@ -323,14 +323,16 @@ class Channel(virtual.Channel):
         return delivered
 
     def _refill_later(self) -> bool:
-        """While messages are still buffered, wait until a quarter of the prefetch credit is
-        free before claiming: one claim (one commit) then fetches several, instead of one
-        commit per finished task. An idle consumer (nothing held) claims at once."""
+        """While messages are still buffered, wait until half of the prefetch credit is free
+        before claiming: one claim (one commit) then fetches several, instead of one commit
+        per finished task; the other half keeps the pool busy while the claim runs. (Against
+        a quarter: about a fifth more tasks/s draining no-op tasks, prefork -c 2, prefetch 8.)
+        An idle consumer (nothing held) claims at once."""
         pcount = self.qos.prefetch_count
         if not pcount or pcount < 8:
             return False
         held = len(self.qos._delivered) - len(self.qos._dirty)
-        return held > 0 and self.qos.can_consume_max_estimate() < pcount // 4
+        return held > 0 and self.qos.can_consume_max_estimate() < pcount // 2
 
     def _deliver_claimed(self, claimed: list[Message], callback: Any) -> int:
         delivered = 0
