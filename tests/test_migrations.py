@@ -25,3 +25,31 @@ def test_concurrent_first_connects_migrate_once(db_url: str) -> None:
         versions = pool.starmap(_open, [(db_url, prefix)] * 4)
     assert versions == [CURRENT_VERSION] * 4
     assert Store(db_url, table_prefix=prefix, auto_migrate=False).size("q") == 4
+
+
+def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) -> None:
+    """Version 2 leaves room on PostgreSQL's messages pages for HOT claims; a database made
+    by version 1 is brought to it at the next start, messages and all."""
+    from sqlalchemy import text, update
+
+    prefix = unique_prefix()
+    old = Store(db_url, table_prefix=prefix)
+    old.enqueue("q", '{"n": 1}')
+    messages = old.tables.messages.name
+    with old.engine.begin() as conn:  # as version 1 left it
+        if old.is_postgresql:
+            conn.execute(text(f"ALTER TABLE {messages} RESET (fillfactor)"))
+        conn.execute(update(old.tables.schema_version).values(version=1))
+    with pytest.raises(Exception, match="older"):
+        Store(db_url, table_prefix=prefix, auto_migrate=False)
+    new = Store(db_url, table_prefix=prefix)
+    with new._reading() as conn:
+        assert read_version(conn, new.tables) == CURRENT_VERSION == 2
+        if new.is_postgresql:
+            options = conn.execute(
+                text("SELECT reloptions FROM pg_class WHERE relname = :name"),
+                {"name": messages},
+            ).scalar()
+            assert options == ["fillfactor=50"]
+    claimed = new.claim(["q"], "w", lease_ms=1000)
+    assert [m.payload for m in claimed] == ['{"n": 1}']
