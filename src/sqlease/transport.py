@@ -56,6 +56,9 @@ TAKE_BATCH = 64
 #: when this many are waiting.
 ACK_DELAY = 0.005
 ACK_BATCH = 32
+#: SQLite: the longest an idle worker waits between looks at the file's ``data_version`` (a
+#: read of a counter in shared memory, about 20 microseconds): new work starts within this.
+SQLITE_IDLE_CHECK = 0.005
 #: SQLite: the longest a consumer that never acks (remote control, events) waits between looks
 #: while its queues are empty. (PostgreSQL looks when a notification names one of its queues,
 #: and at the safety poll.)
@@ -1010,7 +1013,7 @@ class Transport(virtual.Transport):
     def _on_poll(self) -> None:
         """The safety poll. PostgreSQL: every polling_interval (notifications do the rest).
         SQLite: a cheap data_version check every few milliseconds when busy, backing off to
-        50 ms when idle, and a full look every polling_interval."""
+        5 ms when idle, and a full look every polling_interval."""
         self._poll_entry = None
         try:
             now = time.monotonic()
@@ -1031,7 +1034,7 @@ class Transport(virtual.Transport):
                     self._idle_delay = 0.002
                 else:
                     self._idle_delay = min(
-                        max(self._idle_delay * 2, 0.002), 0.05, self.polling_interval
+                        max(self._idle_delay * 2, 0.002), SQLITE_IDLE_CHECK, self.polling_interval
                     )
                 next_delay = self._idle_delay
             if self._more:
