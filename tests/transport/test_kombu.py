@@ -613,6 +613,41 @@ def test_no_ack_consumer_deletes_on_fetch(connect: Connect, db_store: Store) -> 
     assert consume(b, ["q"], 1, timeout=0.2) == []
 
 
+def _calls_of(monkeypatch: pytest.MonkeyPatch, target: Any, name: str) -> list[tuple[Any, ...]]:
+    """Record the positional arguments of every call to ``target.name`` (still carried out)."""
+    calls: list[tuple[Any, ...]] = []
+    real = getattr(target, name)
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, recording)
+    return calls
+
+
+def _consuming(channel: Any, queue: str, into: list[Any], *, no_ack: bool = False) -> None:
+    """Start a consumer on ``queue`` that appends each message it gets to ``into``."""
+    Consumer(
+        channel,
+        [Queue(queue)],
+        callbacks=[lambda b, m: into.append(m)],
+        accept=["json"],
+        no_ack=no_ack,
+    ).consume()
+
+
+def _wait_for_notification(transport: Any) -> None:
+    """Block until the transport's LISTEN socket has something, then let it wake as its event
+    loop would."""
+    import select
+
+    fd = transport.waker.fileno()
+    assert fd is not None
+    assert select.select([fd], [], [], 5)[0], "no notification within 5 s"
+    transport._on_readable()
+
+
 @pytest.mark.pg
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)  # LISTEN/NOTIFY
@@ -622,47 +657,22 @@ def test_a_notification_wakes_only_the_queues_it_names(
     """PostgreSQL names the queue in its wake-up: a published task goes straight to its claim,
     without a look at the no-ack (remote control) queues; a message for those is looked at when
     its own notification comes."""
-    import select
-
     worker, producer = connect(), connect()
-    channel = worker.default_channel
     transport = worker.transport
-    delivered: list[Any] = []
-    Consumer(
-        channel, [Queue("work")], callbacks=[lambda b, m: delivered.append(b)], accept=["json"]
-    ).consume()
-    Consumer(
-        channel,
-        [Queue("ctl")],
-        callbacks=[lambda b, m: delivered.append(b)],
-        accept=["json"],
-        no_ack=True,
-    ).consume()
-    takes: list[list[str]] = []
-    take = transport.store.take
-
-    def counting_take(queues: list[str], **kwargs: Any) -> Any:
-        takes.append(list(queues))
-        return take(queues, **kwargs)
-
-    monkeypatch.setattr(transport.store, "take", counting_take)
-    waker = transport.waker
-    fd = waker.fileno()
-    assert fd is not None
+    got: list[Message] = []
+    _consuming(worker.default_channel, "work", got)
+    _consuming(worker.default_channel, "ctl", got, no_ack=True)
+    takes = _calls_of(monkeypatch, transport.store, "take")
+    assert transport.waker.fileno() is not None  # listening before anything is published
     transport._on_readable()  # the first look: everything, then quiet
-    assert takes == [["ctl"]] and delivered == []
-
-    def notified() -> None:
-        assert select.select([fd], [], [], 5)[0], "no notification within 5 s"
-        transport._on_readable()
-
+    assert takes == [(["ctl"],)] and got == []
     publish(producer, "work", {"n": 1})
-    notified()
-    assert delivered == [{"n": 1}]
-    assert takes == [["ctl"]], "a task's notification made the worker look at its no-ack queue"
+    _wait_for_notification(transport)
+    assert bodies(got) == [{"n": 1}]
+    assert len(takes) == 1, "a task's notification made the worker look at its no-ack queue"
     publish(producer, "ctl", {"n": 2})
-    notified()
-    assert delivered == [{"n": 1}, {"n": 2}] and takes[-1] == ["ctl"]
+    _wait_for_notification(transport)
+    assert bodies(got) == [{"n": 1}, {"n": 2}] and takes[-1] == (["ctl"],)
 
 
 @pytest.mark.pg
@@ -673,25 +683,12 @@ def test_a_drained_queue_is_not_claimed_from_again_until_something_can_be_ready(
 ) -> None:
     """After a claim came back short, the worker's next look (an ack's) claims nothing until a
     notification names the queue or a message is released: no empty claims while idle."""
-    import select
-
     worker, producer = connect(), connect()
-    channel = worker.default_channel
     transport = worker.transport
     delivered: list[Message] = []
-    Consumer(
-        channel, [Queue("work")], callbacks=[lambda b, m: delivered.append(m)], accept=["json"]
-    ).consume()
-    claims: list[int] = []
-    claim = transport.store.claim
-
-    def counting_claim(*args: Any, **kwargs: Any) -> Any:
-        claims.append(1)
-        return claim(*args, **kwargs)
-
-    monkeypatch.setattr(transport.store, "claim", counting_claim)
-    fd = transport.waker.fileno()
-    assert fd is not None
+    _consuming(worker.default_channel, "work", delivered)
+    claims = _calls_of(monkeypatch, transport.store, "claim")
+    assert transport.waker.fileno() is not None  # listening before anything is published
 
     def look() -> None:  # what an ack or a tick does in the worker's loop
         transport._more = True
@@ -702,8 +699,7 @@ def test_a_drained_queue_is_not_claimed_from_again_until_something_can_be_ready(
     look()
     assert len(claims) == 1, "claimed again from a queue known to be empty"
     publish(producer, "work", {"n": 1})
-    assert select.select([fd], [], [], 5)[0], "no notification within 5 s"
-    transport._on_readable()
+    _wait_for_notification(transport)
     assert len(claims) == 2 and len(delivered) == 1
     look()
     assert len(claims) == 2
