@@ -373,6 +373,40 @@ class Statements:
         )
         self.now = text(f"SELECT {now}")
 
+        # ---- result write (PostgreSQL: one statement) ---------------------------------------
+        # The lease check of ``hold`` as a row-locking UPDATE (only when fenced), the upsert
+        # only if it held (and, with :keep_success, never over a stored SUCCESS), and the
+        # waiters' notification: with the value when it was stored, by key alone when a
+        # stored SUCCESS was kept. SQLite runs the check and the upsert in one transaction.
+        self.result_put = None
+        if d.is_postgresql:
+            r = tables.results.name
+            cols = "key, value, state, task_id, message_id, attempt, expires_at_ms, updated_at_ms"
+            self.result_put = text(
+                f"WITH h AS (UPDATE {m} AS m SET lease_expires_at_ms = m.lease_expires_at_ms "
+                "WHERE CAST(:fenced AS BOOLEAN) AND m.id = :message_id "
+                f"AND m.attempt = :attempt AND {held} "
+                "AND (CAST(:task_id AS TEXT) IS NULL OR m.task_id IS NULL "
+                "OR m.task_id = CAST(:task_id AS TEXT)) RETURNING m.id), "
+                f"up AS (INSERT INTO {r} AS r ({cols}) "
+                "SELECT CAST(:key AS TEXT), :value, CAST(:state AS TEXT), "
+                "CAST(:task_id AS TEXT), CAST(:message_id AS BIGINT), "
+                "CAST(:attempt AS INTEGER), CAST(:expires_at_ms AS BIGINT), "
+                "CAST(:updated_at_ms AS BIGINT) "
+                "WHERE NOT CAST(:fenced AS BOOLEAN) OR EXISTS (SELECT 1 FROM h) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+                "state = excluded.state, task_id = excluded.task_id, "
+                "message_id = excluded.message_id, attempt = excluded.attempt, "
+                "expires_at_ms = excluded.expires_at_ms, updated_at_ms = excluded.updated_at_ms "
+                "WHERE NOT CAST(:keep_success AS BOOLEAN) "
+                "OR r.state IS DISTINCT FROM 'SUCCESS' RETURNING 1), "
+                "n AS (SELECT pg_notify(CAST(:channel AS TEXT), CASE WHEN EXISTS "
+                "(SELECT 1 FROM up) THEN CAST(:payload AS TEXT) ELSE CAST(:key AS TEXT) END) "
+                "WHERE NOT CAST(:fenced AS BOOLEAN) OR EXISTS (SELECT 1 FROM h)) "
+                "SELECT EXISTS (SELECT 1 FROM h) AS held, "
+                "(SELECT count(*) FROM up) + 0 * (SELECT count(*) FROM n) AS stored"
+            )
+
         # ---- bindings and queues --------------------------------------------------------
         b = tables.bindings.name
         q = tables.queues.name

@@ -66,7 +66,6 @@ class ResultStore:
         self.counters = store.tables.counters
         self.notify_channel = f"{store.tables.prefix}results"
         self._insert = pg_insert if store.is_postgresql else sqlite_insert
-        self._put_statement: Any = None
 
     def _now(self) -> int:
         return int(self.store.clock()) if self.store.clock else int(time.time() * 1000)
@@ -151,46 +150,12 @@ class ResultStore:
             keep_success=keep_success,
             now=None if self.store.clock is None else row["updated_at_ms"],
         )
-        assert self.store.fast is not None
-        (row,) = self.store.fast.rows(self._put_sql(), params)
-        held, stored = row["held"], row["stored"]
+        assert self.store.fast is not None and self.store.sql.result_put is not None
+        (outcome,) = self.store.fast.rows(self.store.sql.result_put, params)
+        held, stored = outcome["held"], outcome["stored"]
         if fence is not None and not held:
             return "lease_lost"
         return "stored" if stored else "kept_success"
-
-    def _put_sql(self) -> Any:
-        if self._put_statement is None:
-            t = self.store.tables
-            r, m = t.results.name, t.messages.name
-            cols = "key, value, state, task_id, message_id, attempt, expires_at_ms, updated_at_ms"
-            self._put_statement = text(
-                # The lease check of Store.holds_on, as a row-locking UPDATE.
-                f"WITH h AS (UPDATE {m} AS m SET lease_expires_at_ms = m.lease_expires_at_ms "
-                "WHERE CAST(:fenced AS BOOLEAN) AND m.id = :message_id "
-                f"AND m.attempt = :attempt AND {self.store.sql.held_predicate} "
-                "AND (CAST(:task_id AS TEXT) IS NULL OR m.task_id IS NULL "
-                "OR m.task_id = CAST(:task_id AS TEXT)) RETURNING m.id), "
-                f"up AS (INSERT INTO {r} AS r ({cols}) "
-                "SELECT CAST(:key AS TEXT), :value, CAST(:state AS TEXT), "
-                "CAST(:task_id AS TEXT), CAST(:message_id AS BIGINT), "
-                "CAST(:attempt AS INTEGER), CAST(:expires_at_ms AS BIGINT), "
-                "CAST(:updated_at_ms AS BIGINT) "
-                "WHERE NOT CAST(:fenced AS BOOLEAN) OR EXISTS (SELECT 1 FROM h) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
-                "state = excluded.state, task_id = excluded.task_id, "
-                "message_id = excluded.message_id, attempt = excluded.attempt, "
-                "expires_at_ms = excluded.expires_at_ms, updated_at_ms = excluded.updated_at_ms "
-                "WHERE NOT CAST(:keep_success AS BOOLEAN) "
-                "OR r.state IS DISTINCT FROM 'SUCCESS' RETURNING 1), "
-                # Waiters hear of every write that held its lease: with the value when it
-                # was stored, by key alone when a stored SUCCESS was kept.
-                "n AS (SELECT pg_notify(CAST(:channel AS TEXT), CASE WHEN EXISTS "
-                "(SELECT 1 FROM up) THEN CAST(:payload AS TEXT) ELSE CAST(:key AS TEXT) END) "
-                "WHERE NOT CAST(:fenced AS BOOLEAN) OR EXISTS (SELECT 1 FROM h)) "
-                "SELECT EXISTS (SELECT 1 FROM h) AS held, "
-                "(SELECT count(*) FROM up) + 0 * (SELECT count(*) FROM n) AS stored"
-            )
-        return self._put_statement
 
     def _live(self) -> Any:
         return or_(

@@ -289,9 +289,7 @@ def _migration_2(conn: Connection, tables: Tables) -> None:
     # VACUUM FULL or the table draining applies it to the rest). SQLite has no such setting.
     if conn.dialect.name == "postgresql":
         conn.execute(
-            text(
-                f"ALTER TABLE {tables.messages.name} SET (fillfactor = {MESSAGES_FILLFACTOR})"
-            )
+            text(f"ALTER TABLE {tables.messages.name} SET (fillfactor = {MESSAGES_FILLFACTOR})")
         )
 
 

@@ -334,8 +334,7 @@ class Channel(virtual.Channel):
         pcount = self.qos.prefetch_count
         if not pcount or pcount < 8:
             return False
-        held = len(self.qos._delivered) - len(self.qos._dirty)
-        return held > 0 and self.qos.can_consume_max_estimate() < pcount // 2
+        return self.unacked_count() > 0 and self.qos.can_consume_max_estimate() < pcount // 2
 
     def _deliver_claimed(self, claimed: list[Message], callback: Any) -> int:
         delivered = 0
@@ -419,6 +418,7 @@ class Channel(virtual.Channel):
         return bool((message.headers or {}).get("run_id"))
 
     def unacked_count(self) -> int:
+        """Deliveries this channel holds: prefetched or running, not yet acked."""
         return len(self.qos._delivered) - len(self.qos._dirty)
 
     def _report_refused_ack(self, fence: Fence) -> None:
@@ -962,12 +962,12 @@ class Transport(virtual.Transport):
             # Only the no-ack queues a notification names are looked at: a published task
             # goes straight to its claim, without a look at the remote-control queue first.
             self._look_everywhere(waker.pending())
+            if not waker.connected:
+                # The LISTEN connection broke (server restart): re-listen on the next poll.
+                self._remove_reader()
         else:
             waker.ready()
             self._look_everywhere()
-        if isinstance(waker, PostgresListener) and not waker.connected:
-            # The LISTEN connection broke (server restart): re-listen on the next poll.
-            self._remove_reader()
         self._more = True
         self._drain_in_loop()
 
