@@ -273,13 +273,18 @@ class Statements:
             self.transition = text(
                 f"WITH f AS ({d.fences}), "
                 f"up AS (UPDATE {m} m SET {transition} FROM f WHERE {fenced_join} "
-                "RETURNING m.id, m.task_id, m.attempt, m.run_id), "
+                "RETURNING m.id, m.task_id, m.attempt, m.run_id, m.queue), "
                 f"r AS (DELETE FROM {runs} r USING up WHERE r.run_id = up.run_id "
                 "AND r.message_id = up.id), "
                 f"e AS (INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
                 f"SELECT task_id, id, attempt, CAST(:kind AS TEXT), CAST(:data AS TEXT), {now} "
-                "FROM up) "
-                "SELECT id FROM up"
+                "FROM up), "
+                # A message released to be claimed now (warm shutdown, a requeue) wakes the
+                # idle workers of its queue at commit, as a publish does.
+                "n AS (SELECT pg_notify(CAST(:channel AS TEXT), q.queue) FROM "
+                "(SELECT DISTINCT queue FROM up WHERE CAST(:new_state AS TEXT) = 'ready' "
+                "AND :delay_ms <= 0) q) "
+                "SELECT id FROM up WHERE (SELECT count(*) FROM n) >= 0"
             )
         else:
             self.transition = text(

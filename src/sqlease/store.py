@@ -576,6 +576,7 @@ class Store:
                     "error": error,
                     "kind": kind,
                     "data": data_text,
+                    "channel": self.notify_channel,
                 }
                 rows = conn.execute(self.sql.transition, params).fetchall()
                 for row in rows:
