@@ -116,6 +116,30 @@ def test_states_before_success_are_overwritten_and_success_is_kept_atomically(
     assert AsyncResult("tid-k", app=app).result == 7
 
 
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The keys of every result read (ResultStore.get, in any thread: app.backend is per
+    thread)."""
+    keys: list[str] = []
+    real_get = ResultStore.get
+
+    def counting_get(self: ResultStore, key: str) -> Any:
+        keys.append(key)
+        return real_get(self, key)
+
+    monkeypatch.setattr(ResultStore, "get", counting_get)
+    return keys
+
+
+def _until_napping(reads: list[str]) -> None:
+    """Until a waiter in another thread has made its first read and is waiting for its
+    notification."""
+    deadline = time.monotonic() + 5
+    while not reads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+
+
 def _wait_in_thread(app: Celery, task_id: str) -> tuple[Any, dict[str, Any]]:
     import threading
 
@@ -136,22 +160,11 @@ def _wait_in_thread(app: Celery, task_id: str) -> tuple[Any, dict[str, Any]]:
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 @pytest.mark.parametrize("size", [10, 20_000])
 def test_waiting_get_takes_the_result_from_its_notification(
-    app: Celery, db_url: str, size: int, monkeypatch: pytest.MonkeyPatch
+    app: Celery, db_url: str, size: int, reads: list[str]
 ) -> None:
     """A result small enough to travel with its NOTIFY is not read back; a larger one is."""
-    reads: list[str] = []
-    real_get = ResultStore.get
-
-    def counting_get(self: ResultStore, key: str) -> Any:
-        reads.append(key)
-        return real_get(self, key)
-
-    monkeypatch.setattr(ResultStore, "get", counting_get)  # app.backend is per thread
     thread, box = _wait_in_thread(app, "tid-n")
-    deadline = time.monotonic() + 5
-    while not reads and time.monotonic() < deadline:  # the waiter's first look
-        time.sleep(0.01)
-    time.sleep(0.05)  # and it is napping on its notification
+    _until_napping(reads)
     writer = Celery("writer", broker=app.conf.broker_url, backend=app.conf.result_backend)
     writer.conf.broker_transport_options = app.conf.broker_transport_options
     value = "x" * size
@@ -165,7 +178,7 @@ def test_waiting_get_takes_the_result_from_its_notification(
 @pytest.mark.pg
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_get_after_publishing_skips_its_first_read_and_still_sees_old_results(
-    app: Celery, db_url: str, monkeypatch: pytest.MonkeyPatch
+    app: Celery, db_url: str, reads: list[str]
 ) -> None:
     """A thread that already waits for results listens before it publishes (on_task_call), so
     its get() needs no first read; a reused task id whose SUCCESS is already stored (and so
@@ -175,14 +188,7 @@ def test_get_after_publishing_skips_its_first_read_and_still_sees_old_results(
     writer.conf.broker_transport_options = app.conf.broker_transport_options
     writer.backend.store_result("warm-up", 0, states.SUCCESS)
     assert AsyncResult("warm-up", app=app).get(timeout=5) == 0  # this thread now listens
-    reads: list[str] = []
-    real_get = ResultStore.get
-
-    def counting_get(self: ResultStore, key: str) -> Any:
-        reads.append(key)
-        return real_get(self, key)
-
-    monkeypatch.setattr(ResultStore, "get", counting_get)
+    reads.clear()
     backend.on_task_call(None, "tid-fresh")
     writer.backend.store_result("tid-fresh", 42, states.SUCCESS)
     assert AsyncResult("tid-fresh", app=app).get(timeout=5) == 42
@@ -197,6 +203,22 @@ def test_get_after_publishing_skips_its_first_read_and_still_sees_old_results(
     backend._cache.clear()
     backend.on_task_call(None, "warm-up")  # and with no write at all: the safety read
     assert AsyncResult("warm-up", app=app).get(timeout=5) == 0
+    writer.close()
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_failure_carried_by_its_notification_raises_as_usual(
+    app: Celery, db_url: str, reads: list[str]
+) -> None:
+    thread, box = _wait_in_thread(app, "tid-f")
+    _until_napping(reads)
+    writer = Celery("writer", broker=app.conf.broker_url, backend=app.conf.result_backend)
+    writer.conf.broker_transport_options = app.conf.broker_transport_options
+    writer.backend.mark_as_failure("tid-f", KeyError("no such order"))
+    thread.join(10)
+    assert isinstance(box.get("error"), KeyError) and "no such order" in str(box["error"])
+    assert len(reads) == 1  # the failure came with its notification
     writer.close()
 
 
