@@ -186,6 +186,94 @@ def test_batch_ack_reports_only_the_held(store: Store, clock: FakeClock) -> None
     assert store.ack([stale, *[m.fence for m in msgs[1:]]]) == {m.id for m in msgs[1:]}
 
 
+def test_ack_and_claim_acks_the_held_and_claims_the_next(store: Store, clock: FakeClock) -> None:
+    """A busy worker's acks and refill claim together (one statement on PostgreSQL): the acked
+    rows leave, a stale fence is refused, and the next messages are leased."""
+    ids = [store.enqueue("q", f"p{i}", task_id=f"t{i}") for i in range(5)]
+    first = store.claim(["q"], "w", lease_ms=LEASE, limit=2)
+    stale = Fence(ids[4], "w", 1)  # never claimed: nothing to ack
+    acked, claimed = store.ack_and_claim(
+        [m.fence for m in first] + [stale], ["q"], "w", lease_ms=LEASE, limit=2
+    )
+    assert acked == {ids[0], ids[1]}
+    assert [(m.id, m.attempt, m.lease_owner) for m in claimed] == [
+        (ids[2], 1, "w"),
+        (ids[3], 1, "w"),
+    ]
+    assert all(m.lease_expires_at_ms == clock() + LEASE for m in claimed)
+    assert store.get_message(ids[0]) is None and store.get_message(ids[1]) is None
+    assert kinds(store, "t0") == ["enqueued", "claimed", "acked"]
+    assert kinds(store, "t2") == ["enqueued", "claimed"]
+    # Nothing left to claim but the last: the acks still come back.
+    acked, claimed = store.ack_and_claim(
+        [m.fence for m in claimed], ["q", "other"], "w", lease_ms=LEASE, limit=8
+    )
+    assert acked == {ids[2], ids[3]} and [m.id for m in claimed] == [ids[4]]
+    acked, claimed = store.ack_and_claim([claimed[0].fence], ["q"], "w", lease_ms=LEASE, limit=8)
+    assert (acked, claimed) == ({ids[4]}, [])
+    assert store.size("q") == 0
+
+
+def test_ack_and_claim_keeps_a_run_serialized(store: Store, clock: FakeClock) -> None:
+    """The claim that goes with an ack may not see it (one snapshot on PostgreSQL), so the
+    run's next message comes with it or with the next claim, never while the head is held."""
+    a1 = store.enqueue("q", "a1", run_id="A")
+    a2 = store.enqueue("q", "a2", run_id="A")
+    [head] = store.claim(["q"], "w", lease_ms=LEASE)
+    assert head.id == a1
+    # Another worker's combined ack+claim cannot take a2 while a1 is held.
+    other = store.enqueue("q", "free")
+    held = store.claim(["q"], "w2", lease_ms=LEASE)
+    assert [m.id for m in held] == [other]
+    acked, claimed = store.ack_and_claim([held[0].fence], ["q"], "w2", lease_ms=LEASE, limit=5)
+    assert acked == {other} and claimed == []
+    acked, claimed = store.ack_and_claim([head.fence], ["q"], "w", lease_ms=LEASE, limit=5)
+    assert acked == {a1}
+    if not claimed:
+        claimed = store.claim(["q"], "w", lease_ms=LEASE, limit=5)
+    assert [m.id for m in claimed] == [a2]
+
+
+def test_ack_and_claim_marks_exhausted_messages_and_delivers_past_them(
+    store: Store, clock: FakeClock
+) -> None:
+    poison = store.enqueue("q", "poison", max_attempts=1, priority=9, task_id="poison")
+    good = store.enqueue("q", "good")
+    extra = store.enqueue("q", "extra", priority=5)
+    [p] = store.claim(["q"], "w", lease_ms=LEASE)
+    assert p.id == poison
+    [e] = store.claim(["q"], "w", lease_ms=LEASE)
+    assert e.id == extra
+    clock.advance(LEASE - 1)
+    renewed = store.renew([e.fence], lease_ms=LEASE)
+    assert set(renewed) == {extra}
+    clock.advance(1)  # the poison's lease has expired, the other's is held
+    dead: list[int] = []
+    acked, claimed = store.ack_and_claim(
+        [e.fence],
+        ["q"],
+        "w",
+        lease_ms=LEASE,
+        limit=1,
+        on_exhausted=lambda ms: dead.extend(m.id for m in ms),
+    )
+    assert acked == {extra} and [m.id for m in claimed] == [good] and dead == [poison]
+    assert kinds(store, "poison")[-1] == "attempts_exhausted"
+
+
+def test_ack_and_claim_with_fences_of_another_owner(store: Store) -> None:
+    """Fences of another owner are checked as ack() checks them (here: refused)."""
+    mid = store.enqueue("q", "p")
+    [m] = store.claim(["q"], "w1", lease_ms=LEASE)
+    store.enqueue("q", "next")
+    acked, claimed = store.ack_and_claim([m.fence], ["q"], "w2", lease_ms=LEASE, limit=1)
+    assert acked == {mid}  # the fence is w1's own, valid
+    assert [c.lease_owner for c in claimed] == ["w2"]
+    wrong = Fence(claimed[0].id, "w1", claimed[0].attempt)
+    acked, _ = store.ack_and_claim([wrong], ["q"], "w2", lease_ms=LEASE, limit=1)
+    assert acked == set()
+
+
 def test_ids_are_never_reused(store: Store) -> None:
     first = store.enqueue("q", "p")
     [msg] = store.claim(["q"], "w", lease_ms=LEASE)

@@ -142,8 +142,8 @@ class Statements:
             # then re-checks the run's lease on the newest row version), so two claimers can
             # never both lease messages of one run; the outer UPDATE re-checks the lease
             # predicate (READ COMMITTED).
-            claim_sql = (
-                "WITH cand AS ("
+            claim_ctes = (
+                "cand AS ("
                 f"SELECT m.id, m.run_id, m.attempt, (m.attempt >= m.max_attempts) AS exhausted "
                 f"FROM {m} m WHERE {ready} AND (m.run_id IS NULL OR {run_free}) "
                 f"{order} LIMIT :limit FOR UPDATE OF m SKIP LOCKED), "
@@ -174,9 +174,9 @@ class Statements:
                 "SELECT m.task_id, m.id, m.attempt, "
                 "CASE WHEN m.state = 'dead' THEN 'attempts_exhausted' ELSE 'claimed' END, "
                 f"CASE WHEN m.state = 'dead' THEN NULL ELSE {d.json_owner} END, {now} "
-                "FROM claimed m) "
-                "SELECT * FROM claimed"
+                "FROM claimed m)"
             )
+            claim_sql = f"WITH {claim_ctes} SELECT * FROM claimed"
             self.claim_runs = None
             self.claim_events = None
         else:
@@ -208,13 +208,37 @@ class Statements:
 
         self.claim = text(claim_sql.replace("{queue}", queue_in))
         self.claim_single = text(claim_sql.replace("{queue}", queue_eq))
+        fenced_join = f"m.id = f.id AND m.attempt = f.attempt AND {held}"
+        if d.is_postgresql:
+            fenced_join += " AND m.id = ANY(CAST(:ids AS BIGINT[]))"
+        ack_ctes = (
+            f"f AS ({d.fences}), "
+            f"del AS (DELETE FROM {m} m USING f WHERE {fenced_join} "
+            "RETURNING m.id, m.task_id, m.attempt, m.run_id), "
+            f"r AS (DELETE FROM {runs} r USING del WHERE r.run_id = del.run_id "
+            "AND r.message_id = del.id), "
+            f"ea AS (INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
+            f"SELECT task_id, id, attempt, 'acked', NULL, {now} FROM del)"
+        )
+        if d.is_postgresql:
+            # A busy worker's acks and its refill claim in one statement: one round trip and
+            # one commit instead of two. Every claimed row comes back with the ids the acks
+            # removed (one row of NULLs and those ids when nothing was claimed). The claim does
+            # not see the acks' effects (one snapshot): a run's next message waits for the
+            # next claim, and the acked rows are leased, so the claim never takes them.
+            ack_claim = (
+                f"WITH {ack_ctes}, {claim_ctes} "
+                "SELECT c.*, (SELECT array_agg(id) FROM del) AS acked_ids "
+                "FROM (SELECT 1) one LEFT JOIN claimed c ON true"
+            )
+            self.ack_claim: TextClause | None = text(ack_claim.replace("{queue}", queue_in))
+            self.ack_claim_single: TextClause | None = text(ack_claim.replace("{queue}", queue_eq))
+        else:
+            self.ack_claim = self.ack_claim_single = None
 
         # ---- renew ----------------------------------------------------------------------
         # The new expiry is max(old, now + lease): based on now, never on the old expiry, and
         # never shortened. An expired lease is not renewed.
-        fenced_join = f"m.id = f.id AND m.attempt = f.attempt AND {held}"
-        if d.is_postgresql:
-            fenced_join += " AND m.id = ANY(CAST(:ids AS BIGINT[]))"
         if d.is_postgresql:
             self.renew = text(
                 f"WITH f AS ({d.fences}), "
@@ -240,16 +264,7 @@ class Statements:
 
         # ---- ack / release / park / fail (fenced) -----------------------------------------
         if d.is_postgresql:
-            self.ack = text(
-                f"WITH f AS ({d.fences}), "
-                f"del AS (DELETE FROM {m} m USING f WHERE {fenced_join} "
-                "RETURNING m.id, m.task_id, m.attempt, m.run_id), "
-                f"r AS (DELETE FROM {runs} r USING del WHERE r.run_id = del.run_id "
-                "AND r.message_id = del.id), "
-                f"e AS (INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
-                f"SELECT task_id, id, attempt, 'acked', NULL, {now} FROM del) "
-                "SELECT id FROM del"
-            )
+            self.ack = text(f"WITH {ack_ctes} SELECT id FROM del")
         else:
             self.ack = text(
                 f"DELETE FROM {m} WHERE id IN (SELECT m.id FROM {m} m JOIN ({d.fences}) f "

@@ -169,6 +169,7 @@ def _dump(data: Any) -> str | None:
     "next_due_in_ms",
     "renew",
     "ack",
+    "ack_and_claim",
     "_transition",
     "requeue",
     "compare_and_set",
@@ -424,6 +425,66 @@ class Store:
             if not self.is_postgresql:
                 self._claim_bookkeeping_sqlite(conn, claimed, owner, now)
         return claimed
+
+    def ack_and_claim(
+        self,
+        fences: Iterable[Fence],
+        queues: Sequence[str],
+        owner: str,
+        *,
+        lease_ms: int,
+        limit: int,
+        now: int | None = None,
+        on_exhausted: Callable[[list[Message]], None] | None = None,
+    ) -> tuple[set[int], list[Message]]:
+        """``ack(fences)`` and ``claim(queues, owner, ...)`` together: the ids acked and the
+        messages delivered. On PostgreSQL, when every fence is ``owner``'s, one statement
+        (one commit): the claim then does not see the acks' effects, so the next message of
+        a run whose message was just acked is not among those claimed. Elsewhere, the two
+        operations one after the other."""
+        fences = list(fences)
+        statement = None
+        if self.fast is not None and fences and all(f.owner == owner for f in fences):
+            statement = self.sql.ack_claim_single if len(queues) == 1 else self.sql.ack_claim
+        if statement is None or not queues or limit < 1:
+            acked = self.ack(fences, now=now) if fences else set()
+            claimed = self.claim(
+                queues, owner, lease_ms=lease_ms, limit=limit, now=now, on_exhausted=on_exhausted
+            )
+            return acked, claimed
+        if lease_ms < 1:
+            raise ConfigurationError(f"lease_ms must be positive, not {lease_ms!r}")
+        assert self.fast is not None
+        params: dict[str, Any] = {
+            **self._fence_params(fences),
+            "owner": owner,
+            "lease_ms": int(lease_ms),
+            "limit": int(limit),
+            "now": self._now(now),
+        }
+        if len(queues) == 1:
+            params["queue"] = queues[0]
+        else:
+            params["queues"] = self._queues_param(queues)
+        rows = self.fast.rows(statement, params)
+        acked = {int(i) for i in (rows[0]["acked_ids"] or [])} if rows else set()
+        found = [_message_from(r, has_last_error=False) for r in rows if r["id"] is not None]
+        exhausted = [m for m in found if m.state != "ready"]
+        if exhausted and on_exhausted is not None:
+            on_exhausted(exhausted)
+        delivered = [m for m in found if m.state == "ready"]
+        if exhausted and len(delivered) < limit:
+            # As claim() does: a delivery must not wait a polling interval behind dead rows.
+            delivered += self.claim(
+                queues,
+                owner,
+                lease_ms=lease_ms,
+                limit=limit - len(delivered),
+                now=now,
+                on_exhausted=on_exhausted,
+            )
+        delivered.sort(key=lambda m: (-m.priority, m.available_at_ms, m.id))
+        return acked, delivered
 
     def _claim_bookkeeping_sqlite(
         self, conn: Connection, claimed: list[Message], owner: str, now: int | None

@@ -38,6 +38,7 @@ import sqlalchemy.exc
 from kombu.transport import virtual
 from sqlalchemy.engine import URL
 
+from .background import BackgroundCalls, Job, Outcome
 from .errors import ConfigurationError, DatabaseUnavailable
 from .heartbeat import heartbeat
 from .options import TransportOptions
@@ -70,6 +71,9 @@ ID_KEY = "sqlease_id"
 ATTEMPT_KEY = "sqlease_attempt"
 OWNER_KEY = "sqlease_owner"
 LEASE_KEY = "sqlease_lease_ms"
+
+#: The key of ack writes on the transport's background thread (claims are keyed by channel).
+ACKS: Any = object()
 
 _stores: dict[tuple[str, TransportOptions], Store] = {}
 _stores_lock = threading.Lock()
@@ -131,10 +135,22 @@ class Channel(virtual.Channel):
         # claim that would find nothing.
         self._drained = False
         self._due_checked = False
+        # A claim for this channel is running on the transport's background thread.
+        self._claiming = False
+        self._closing = False
 
     @property
     def store(self) -> Store:
         return self.connection.store
+
+    def close(self) -> None:
+        if not self.closed:
+            self._closing = True
+            if self._claiming and self.connection is not None:
+                # Its messages are given back (attempt refunded) before the channel's
+                # unacked ones are restored, so a warm shutdown leaves no lease behind.
+                self.connection.finish_background_claims()
+        super().close()
 
     # ---- publishing --------------------------------------------------------------------
 
@@ -180,7 +196,29 @@ class Channel(virtual.Channel):
             limit=limit,
             on_exhausted=transport.record_exhausted,
         )
-        short = len(messages) < limit
+        return self._hold(messages), len(messages) < limit
+
+    def claim_with_acks(
+        self, queues: list[str], limit: int, fences: list[Fence]
+    ) -> tuple[set[int], list[Message], bool]:
+        """Ack ``fences`` and claim as ``_claim`` does, in one statement on PostgreSQL: the ids
+        acked, the messages claimed, and whether the store had fewer than asked. (Never
+        "fewer" when acks went with it: the claim did not see them free a run's next
+        message, so the queues are not known to be drained.)"""
+        transport = self.connection
+        acked, messages = self.store.ack_and_claim(
+            fences,
+            queues,
+            transport.owner,
+            lease_ms=transport.options.lease_ms,
+            limit=limit,
+            on_exhausted=transport.record_exhausted,
+        )
+        return acked, self._hold(messages), False
+
+    def _hold(self, messages: list[Message]) -> list[Message]:
+        """The heartbeat keeps the leases of what will be delivered from now on."""
+        transport = self.connection
         messages = self._skip_completed(messages)
         beat = heartbeat()
         for message in messages:
@@ -191,7 +229,7 @@ class Channel(virtual.Channel):
                 interval=transport.options.heartbeat_seconds,
                 task_id=message.task_id,
             )
-        return messages, short
+        return messages
 
     def _skip_completed(self, messages: list[Message]) -> list[Message]:
         """Invariant 9: a redelivered message whose final result was already stored under
@@ -302,7 +340,9 @@ class Channel(virtual.Channel):
                 if payload is not None:
                     callback(payload, message.queue)
                     delivered += 1
-        if acked and (not self.qos.can_consume() or self._refill_later()):
+        if acked and self._claiming:
+            pass  # the claim running in the background delivers when it is done
+        elif acked and (not self.qos.can_consume() or self._refill_later()):
             transport._starved = True
         elif acked and self._drained and transport.is_postgresql:
             if not self._due_checked:
@@ -312,18 +352,26 @@ class Channel(virtual.Channel):
         elif acked:
             credit = self.qos.can_consume_max_estimate() if self.qos.prefetch_count else None
             limit = min(credit or CLAIM_BATCH, CLAIM_BATCH)
-            claimed, short = self._claim(acked, limit)
-            self._drained = short
-            self._due_checked = False
-            if len(claimed) == limit:
-                transport._more = True
-            elif not claimed:
-                transport._found_nothing = True
-                self._due_checked = True
-            delivered += self._deliver_claimed(claimed, callback)
+            if transport.can_claim_in_background(self):
+                transport.claim_in_background(self, acked, limit)
+            else:
+                claimed, short = self._claim(acked, limit)
+                delivered += self.after_claim(claimed, short, limit, callback)
         if not delivered:
             raise Empty()
         return delivered
+
+    def after_claim(self, claimed: list[Message], short: bool, limit: int, callback: Any) -> int:
+        """Note what a claim of ``limit`` found, and deliver it."""
+        transport = self.connection
+        self._drained = short
+        self._due_checked = False
+        if len(claimed) == limit:
+            transport._more = True
+        elif not claimed:
+            transport._found_nothing = True
+            self._due_checked = True
+        return self._deliver_claimed(claimed, callback)
 
     def _refill_later(self) -> bool:
         """While messages are still buffered, wait until half of the prefetch credit is free
@@ -525,6 +573,11 @@ class Channel(virtual.Channel):
         return None
 
 
+# The name ``Channel`` is the Transport's class attribute inside its body: annotations there use
+# this one.
+SqlChannel = Channel
+
+
 class Transport(virtual.Transport):
     """Kombu transport ``sqlease``: SQLite or PostgreSQL through SQLAlchemy."""
 
@@ -583,6 +636,7 @@ class Transport(virtual.Transport):
         self._idle_delay = 0.0
         self._last_full_poll = 0.0
         self._maintenance: Any = None
+        self._background: BackgroundCalls | None = None
 
     # ---- the store -----------------------------------------------------------------------
 
@@ -739,14 +793,24 @@ class Transport(virtual.Transport):
         included)."""
         return sum(c.unacked_count() for c in self.channels if isinstance(c, Channel))
 
-    def flush_acks(self) -> None:
+    def flush_acks(self, *, in_background: bool = True) -> None:
         if self._ack_timer is not None:
             self._ack_timer.cancel()
             self._ack_timer = None
         pending, self._pending_acks = self._pending_acks, []
         if not pending:
             return
-        acked = self.store.ack([fence for fence, _ in pending])
+        fences = [fence for fence, _ in pending]
+        if in_background and self._background_possible():
+            # Like a busy worker's claims, and in order with them: a claim submitted after
+            # these acks runs after them or together with them. (Together, it cannot see them
+            # free a run's next message; it then never reports its queues drained, so the
+            # next look claims that message.)
+            self._background_calls().submit(ACKS, lambda: self.store.ack(fences), pending=pending)
+            return
+        self._after_acks(pending, self.store.ack(fences))
+
+    def _after_acks(self, pending: list[tuple[Fence, Any]], acked: set[int]) -> None:
         for fence, channel in pending:
             if fence.message_id not in acked:
                 channel._report_refused_ack(fence)
@@ -755,6 +819,151 @@ class Transport(virtual.Transport):
             # work in the next iteration rather than at the next poll.
             self._more = True
             self._kick()
+
+    # ---- claims off the event loop's thread (PostgreSQL, while tasks run) ----------------
+
+    def can_claim_in_background(self, channel: SqlChannel) -> bool:
+        """While the channel holds deliveries (tasks running or buffered), its refill claim
+        runs on a background thread, so the loop keeps feeding the pool during the claim's
+        round trip and commit. An idle worker claims in the loop: nothing else is waiting
+        for it, and the hop to a thread would only delay the new task's start. (SQLite's
+        claims have no network round trip and commit without an fsync: in the loop.)"""
+        return self._background_possible() and channel.unacked_count() > 0
+
+    def _background_possible(self) -> bool:
+        return (
+            self.is_postgresql
+            and self._pipe is not None
+            and threading.get_ident() == self._loop_thread
+        )
+
+    def _background_calls(self) -> BackgroundCalls:
+        if self._background is None:
+            self._background = BackgroundCalls(self._wake_from_background, self._combine_background)
+        return self._background
+
+    def claim_in_background(self, channel: SqlChannel, queues: list[str], limit: int) -> None:
+        """Submit the channel's refill claim, with the acks waiting to be written: the acks of
+        the tasks whose completion freed the credit go with it, in one statement."""
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        pending, self._pending_acks = self._pending_acks, []
+        channel._claiming = True
+        self._background_calls().submit(
+            channel,
+            lambda: channel._claim(queues, limit),
+            limit=limit,
+            queues=queues,
+            pending=pending,
+        )
+
+    def _combine_background(self, jobs: list[Job]) -> list[Outcome]:
+        """On the background thread: the acks of every waiting call are written with the first
+        waiting claim, in one statement (or together, when no claim waits)."""
+        fences = [fence for job in jobs for fence, _ in job.context["pending"]]
+        claims = [job for job in jobs if job.key is not ACKS]
+        first = claims[0] if claims else None
+        try:
+            if first is not None:
+                acked, claimed, short = first.key.claim_with_acks(
+                    first.context["queues"], first.context["limit"], fences
+                )
+            else:
+                acked = self.store.ack(fences) if fences else set()
+        except BaseException as exc:  # none of it is known to be written: all report it
+            return [Outcome(job.key, error=exc, context=job.context) for job in jobs]
+        outcomes: list[Outcome] = []
+        for job in jobs:
+            if job is first:
+                outcome = Outcome(job.key, value=(claimed, short), context=job.context)
+            elif job.key is ACKS:
+                outcome = Outcome(job.key, context=job.context)
+            else:
+                outcome = job.run()  # a second claim (another channel): on its own
+            outcome.acked = acked
+            outcomes.append(outcome)
+        return outcomes
+
+    def _wake_from_background(self) -> None:
+        # Called on the background thread: always write (the loop's _kicked flag is the loop
+        # thread's own, and a wake-up lost to a race would leave the claim undelivered).
+        pipe = self._pipe
+        if pipe is not None:
+            try:
+                os.write(pipe[1], b"c")
+            except OSError:
+                pass
+
+    def deliver_background_claims(self) -> None:
+        """In the loop: report the background thread's acks and deliver its claims (or give
+        them back if their channel is closing); raise the first error as the call in the loop
+        would have (a connection error makes Celery reconnect)."""
+        background = self._background
+        if background is None:
+            return
+        error: BaseException | None = None
+        for outcome in background.collect():
+            if outcome.acked is not None:
+                self._after_acks(outcome.context["pending"], outcome.acked)
+            if outcome.key is not ACKS:
+                channel: SqlChannel = outcome.key
+                channel._claiming = False
+            if outcome.error is not None:
+                error = error or outcome.error
+            if outcome.key is ACKS or outcome.error is not None:
+                continue
+            claimed, short = outcome.value
+            if error is not None or channel.closed or channel._closing or self._loop is None:
+                self._give_back(claimed)
+                continue
+            self._found_nothing = False
+            if channel.after_claim(claimed, short, outcome.context["limit"], self._deliver):
+                self._kick()  # let the pool pick the new jobs up in the next iteration
+            elif self._found_nothing:
+                self._schedule_due()
+        if error is not None:
+            if isinstance(error, self.connection_errors):
+                raise error
+            logger.error("sqlease: error while fetching messages", exc_info=error)
+
+    def finish_background_claims(self, timeout: float = 30.0) -> None:
+        """Wait for the background thread's calls; report their acks and give back what
+        their claims leased (channels are closing: nothing more is delivered). Leases it
+        could not give back expire."""
+        background = self._background
+        if background is None:
+            return
+        if not background.wait_idle(timeout):
+            logger.warning(
+                "sqlease: a background claim did not finish within %.0f s; its messages come "
+                "back when their leases expire",
+                timeout,
+            )
+        for outcome in background.collect():
+            if outcome.acked is not None:
+                self._after_acks(outcome.context["pending"], outcome.acked)
+            elif outcome.context.get("pending"):
+                logger.warning(
+                    "sqlease: could not write %d ack(s); their messages come back when "
+                    "their leases expire",
+                    len(outcome.context["pending"]),
+                    exc_info=outcome.error,
+                )
+            if outcome.key is not ACKS:
+                outcome.key._claiming = False
+                if outcome.error is None:
+                    self._give_back(outcome.value[0])
+
+    def _give_back(self, claimed: list[Message]) -> None:
+        fences = [m.fence for m in claimed]
+        if not fences:
+            return
+        heartbeat().drop(fences)
+        try:
+            self.store.release(fences, refund=True)
+        except Exception:
+            logger.exception("sqlease: could not release %d undelivered message(s)", len(fences))
 
     def _caller_transaction(self) -> Any:
         """The caller's ``sqlease.transaction()`` connection, if any, checked before this
@@ -894,6 +1103,8 @@ class Transport(virtual.Transport):
             except (BlockingIOError, OSError):
                 pass
         self._kicked = False
+        if self._background is not None:
+            self.deliver_background_claims()
         if len(self._pending_acks) >= ACK_BATCH:
             self.flush_acks()
 
@@ -936,7 +1147,8 @@ class Transport(virtual.Transport):
                 entry.cancel()
         self._poll_entry = self._due_entry = None
         self._loop = None
-        self.flush_acks()
+        self.finish_background_claims()
+        self.flush_acks(in_background=False)
 
     def _look_everywhere(self, queues: set[str] | None = None) -> None:
         """Something was published: no-ack queues must be looked at now, not after their
@@ -972,6 +1184,8 @@ class Transport(virtual.Transport):
         self._drain_in_loop()
 
     def _on_tick(self) -> None:
+        if self._background is not None:
+            self.deliver_background_claims()
         if len(self._pending_acks) >= ACK_BATCH:
             self.flush_acks()
         if self._more:
@@ -1072,8 +1286,9 @@ class Transport(virtual.Transport):
             self._look_everywhere()
 
     def close_connection(self, connection: Any) -> None:
+        self.finish_background_claims()
         try:
-            self.flush_acks()
+            self.flush_acks(in_background=False)
         except Exception:
             logger.warning("sqlease: could not write deferred acks at close", exc_info=True)
         try:
@@ -1083,6 +1298,9 @@ class Transport(virtual.Transport):
             if self._maintenance is not None:
                 self._maintenance.stop()
                 self._maintenance = None
+            if self._background is not None:
+                self._background.stop()
+                self._background = None
             if self._waker is not None:
                 self._waker.close()
                 self._waker = None

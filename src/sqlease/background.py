@@ -1,0 +1,133 @@
+"""Database calls of the worker's event loop, run on a thread of their own.
+
+A busy worker's event loop dispatches jobs to the pool and reads their results; every
+millisecond it spends waiting for a claim's commit is a millisecond in which a pool process
+that finished its task waits for its next one. So while tasks are running, the transport hands
+the claim that refills its prefetch buffer to this thread and goes on with the loop; the
+outcome comes back through the loop's self-pipe and is delivered on the loop's own thread
+(Celery's callbacks are not thread-safe). One call runs at a time, in submission order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from queue import Empty, SimpleQueue
+from typing import Any
+
+
+@dataclass
+class Outcome:
+    """A finished call: ``value`` if it returned, ``error`` if it raised."""
+
+    key: Any
+    value: Any = None
+    error: BaseException | None = None
+    context: dict[str, Any] = field(default_factory=dict)
+    #: For calls that wrote acks as well: the ids acked.
+    acked: set[int] | None = None
+
+
+@dataclass
+class Job:
+    key: Any
+    call: Callable[[], Any]
+    context: dict[str, Any]
+
+    def run(self) -> Outcome:
+        try:
+            return Outcome(self.key, value=self.call(), context=self.context)
+        except BaseException as exc:  # handed to the loop thread, which raises it there
+            return Outcome(self.key, error=exc, context=self.context)
+
+
+def run_each(jobs: list[Job]) -> list[Outcome]:
+    return [job.run() for job in jobs]
+
+
+class BackgroundCalls:
+    """One daemon thread running submitted calls in order; finished calls wait in
+    ``collect()`` for the loop thread, which ``notify`` wakes (called from this thread).
+
+    The calls waiting when the thread comes back for more are handed to ``combine``
+    together, which may run several as one statement (it returns one outcome per job)."""
+
+    def __init__(
+        self,
+        notify: Callable[[], None],
+        combine: Callable[[list[Job]], list[Outcome]] = run_each,
+        name: str = "sqlease-claims",
+    ) -> None:
+        self._notify = notify
+        self._combine = combine
+        self._name = name
+        self._jobs: SimpleQueue[Job | None] = SimpleQueue()
+        self._done: deque[Outcome] = deque()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._running = 0  # submitted and not yet finished
+        self._thread: threading.Thread | None = None
+
+    def submit(self, key: Any, call: Callable[[], Any], **context: Any) -> None:
+        with self._lock:
+            self._running += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+                self._thread.start()
+        self._jobs.put(Job(key, call, context))
+
+    def collect(self) -> list[Outcome]:
+        """The calls finished since the last collect, oldest first."""
+        done: list[Outcome] = []
+        while True:
+            try:
+                done.append(self._done.popleft())
+            except IndexError:
+                return done
+
+    @property
+    def pending(self) -> bool:
+        """A call is running or waiting to run, or finished and not collected."""
+        with self._lock:
+            return self._running > 0 or bool(self._done)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no call is running (their outcomes are then in ``collect()``)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        self._jobs.put(None)
+        thread.join(timeout)
+        self._thread = None
+
+    def _work(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._jobs.get()
+            if first is None:
+                return
+            jobs = [first]
+            while True:  # whatever else is already waiting goes with it
+                try:
+                    job = self._jobs.get_nowait()
+                except Empty:
+                    break
+                if job is None:
+                    stopping = True
+                    break
+                jobs.append(job)
+            try:
+                outcomes = self._combine(jobs)
+            except BaseException as exc:
+                outcomes = [Outcome(job.key, error=exc, context=job.context) for job in jobs]
+            self._done.extend(outcomes)
+            with self._idle:
+                self._running -= len(jobs)
+                self._idle.notify_all()
+            self._notify()

@@ -1,0 +1,139 @@
+"""A busy worker's claims and acks off its event loop's thread (PostgreSQL).
+
+The transport runs in a real Kombu ``Hub`` here, as in a Celery worker: once tasks are held, the
+refill claim and the acks waiting with it go to the background thread as one statement, and
+what it claimed is delivered on the loop's thread. A connection closed while such a claim runs
+gives its messages back at once (invariant 8), with the attempt refunded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kombu import Connection
+from kombu.asynchronous import Hub
+from kombu.message import Message
+
+from sqlease import Store
+
+from .test_kombu import _consuming, attempt_of, leased_rows, msg_id, publish, rows
+
+Connect = Callable[..., Connection]
+
+pytestmark = [
+    pytest.mark.pg,
+    pytest.mark.timeout(60),
+    pytest.mark.parametrize("db_url", ["postgresql"], indirect=True),
+]
+
+
+@pytest.fixture
+def hub() -> Iterator[Hub]:
+    hub = Hub()
+    yield hub
+    hub.close()
+
+
+def run_until(hub: Hub, done: Callable[[], bool], timeout: float = 10.0) -> None:
+    loop = hub.create_loop()
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "the event loop did not get there in time"
+        next(loop)
+
+
+def consuming_worker(connect: Connect, hub: Hub, got: list[Message], prefetch: int = 8) -> Any:
+    worker = connect()
+    channel = worker.default_channel
+    channel.basic_qos(0, prefetch, False)
+    _consuming(channel, "work", got)
+    worker.transport.register_with_event_loop(worker.connection, hub)
+    return worker
+
+
+def threads_of(monkeypatch: pytest.MonkeyPatch, target: Any, name: str) -> list[tuple[int, Any]]:
+    """Record (thread ident, first argument) of every call to ``target.name``."""
+    calls: list[tuple[int, Any]] = []
+    real = getattr(target, name)
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        calls.append((threading.get_ident(), args[0] if args else None))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, recording)
+    return calls
+
+
+def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
+    connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    producer = connect()
+    for i in range(12):
+        publish(producer, "work", {"n": i})
+    got: list[Message] = []
+    worker = consuming_worker(connect, hub, got)
+    store = worker.transport.store
+    combined = threads_of(monkeypatch, store, "ack_and_claim")
+    plain_acks = threads_of(monkeypatch, store, "ack")
+    run_until(hub, lambda: len(got) == 8)  # idle: the first claim runs in the loop
+    assert combined == []
+    for message in got[:4]:
+        message.ack()
+    run_until(hub, lambda: len(got) == 12)
+    loop_thread = threading.get_ident()
+    assert combined and all(thread != loop_thread for thread, _ in combined)
+    acked_with_claims = {f.message_id for _, fences in combined for f in fences}
+    acked_alone = {f.message_id for _, fences in plain_acks for f in fences}
+    assert acked_with_claims | acked_alone == {msg_id(m) for m in got[:4]}
+    assert acked_with_claims, "no ack went with the refill claim"
+    # The first four are gone; the other eight are leased, each delivered once.
+    assert rows(db_store, "work") == 8
+    assert sorted(m.id for m in leased_rows(db_store)) == sorted(msg_id(m) for m in got[4:])
+    assert len({msg_id(m) for m in got}) == 12
+    for message in got[4:]:
+        message.ack()
+    run_until(hub, lambda: rows(db_store, "work") == 0)
+    worker.release()
+
+
+def test_closing_while_a_background_claim_runs_gives_its_messages_back(
+    connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    producer = connect()
+    for i in range(12):
+        publish(producer, "work", {"n": i})
+    got: list[Message] = []
+    worker = consuming_worker(connect, hub, got)
+    store = worker.transport.store
+    run_until(hub, lambda: len(got) == 8)
+    entered, gate = threading.Event(), threading.Event()
+    real = store.ack_and_claim
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        gate.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "ack_and_claim", slow)
+    for message in got[:4]:
+        message.ack()
+    run_until(hub, entered.is_set)
+    threading.Timer(0.3, gate.set).start()
+    worker.release()  # waits for the claim, then gives back what it leased
+    assert len(got) == 8, "a message was delivered to a closing connection"
+    # The four acks went through; the four still held and the four just claimed are ready
+    # again at once (no lease left behind), their attempt refunded.
+    assert rows(db_store, "work") == 8 and leased_rows(db_store) == []
+    assert db_store.size("work") == 8
+    again: list[Message] = []
+    other = consuming_worker(connect, hub, again, prefetch=16)
+    run_until(hub, lambda: len(again) == 8)
+    assert {msg_id(m) for m in again}.isdisjoint(msg_id(m) for m in got[:4])
+    budgets = [db_store.get_message(msg_id(m)) for m in again]
+    assert all(b is not None and b.max_attempts - b.attempt >= 2 for b in budgets)
+    assert {attempt_of(m) for m in again} <= {1, 2}
+    other.release()
