@@ -112,6 +112,7 @@ class StoreRun:
     seconds: float
     tasks_per_s: float
     per_worker_acked: list[int] = field(default_factory=list)
+    mode: str = "separate"
 
 
 @dataclass
@@ -139,9 +140,12 @@ def _worker(
     max_seconds: float,
     barrier: Any,
     results: Any,
+    mode: str = "separate",
 ) -> None:
     """Claim and ack until the queue is empty (or ``max_seconds`` have passed); report
-    timings through ``results``."""
+    timings through ``results``. ``separate``: ``claim`` then ``ack`` of the same batch (two
+    statements, two commits); ``combined``: ``ack_and_claim``, the ack of the previous batch
+    with the claim of the next, as a busy worker's event loop does (one statement)."""
     start = end = 0.0
     acked = batches = 0
     timed_out = False
@@ -152,15 +156,26 @@ def _worker(
         # time.monotonic is CLOCK_MONOTONIC on Linux: comparable across processes.
         start = time.monotonic()
         deadline = start + max_seconds
+        held: list[Any] = []
         while True:
-            claimed = store.claim([QUEUE], owner, lease_ms=LEASE_MS, limit=batch)
+            if mode == "combined":
+                done, claimed = store.ack_and_claim(
+                    [m.fence for m in held], [QUEUE], owner, lease_ms=LEASE_MS, limit=batch
+                )
+                acked += len(done)
+                held = claimed
+            else:
+                claimed = store.claim([QUEUE], owner, lease_ms=LEASE_MS, limit=batch)
+                if claimed:
+                    acked += len(store.ack([m.fence for m in claimed]))
             if not claimed:
                 break
-            acked += len(store.ack([m.fence for m in claimed]))
             batches += 1
             if time.monotonic() >= deadline:
                 timed_out = True
                 break
+        if held:  # stopped at the time limit with a batch in hand
+            acked += len(store.ack([m.fence for m in held]))
         end = time.monotonic()
         results.put(WorkerResult(owner, start, end, acked, batches, timed_out))
     except BaseException as exc:  # reported to the parent, which fails the run
@@ -231,6 +246,7 @@ def run_store(
     repeat: int,
     payload_bytes: int,
     max_seconds: float,
+    mode: str = "separate",
 ) -> StoreRun:
     store = Store(url, table_prefix=prefix, sqlite_synchronous="NORMAL")
     _enqueue(store, tasks, payload_bytes)
@@ -242,7 +258,7 @@ def run_store(
     workers = [
         ctx.Process(
             target=_worker,
-            args=(url, prefix, f"bench-w{i}", batch, max_seconds, barrier, results),
+            args=(url, prefix, f"bench-w{i}", batch, max_seconds, barrier, results, mode),
             daemon=True,
         )
         for i in range(processes)
@@ -270,6 +286,7 @@ def run_store(
         seconds=round(seconds, 4),
         tasks_per_s=round(acked / seconds, 1),
         per_worker_acked=sorted((r.acked for r in reports), reverse=True),
+        mode=mode,
     )
 
 
@@ -424,6 +441,7 @@ def _pg_settings(engine: Engine) -> dict[str, str]:
 @dataclass
 class Row:
     backend: str
+    mode: str
     processes: int
     batch: int
     tasks: int
@@ -447,13 +465,15 @@ class Row:
 
 def summarize(store_runs: Sequence[StoreRun], pg_runs: Sequence[PgbenchRun]) -> list[Row]:
     keys = sorted(
-        {(r.backend, r.processes, r.batch, r.tasks) for r in store_runs},
-        key=lambda k: (k[0] != "sqlite", k[2], k[1]),
+        {(r.backend, r.mode, r.processes, r.batch, r.tasks) for r in store_runs},
+        key=lambda k: (k[0] != "sqlite", k[3], k[2], k[1] != "separate"),
     )
     rows: list[Row] = []
-    for backend, procs, batch, tasks in keys:
+    for backend, mode, procs, batch, tasks in keys:
         mine = [
-            r for r in store_runs if (r.backend, r.processes, r.batch) == (backend, procs, batch)
+            r
+            for r in store_runs
+            if (r.backend, r.mode, r.processes, r.batch) == (backend, mode, procs, batch)
         ]
         ceiling = {
             p.repeat: p.rows_per_s
@@ -464,6 +484,7 @@ def summarize(store_runs: Sequence[StoreRun], pg_runs: Sequence[PgbenchRun]) -> 
         rows.append(
             Row(
                 backend,
+                mode,
                 procs,
                 batch,
                 tasks,
@@ -484,14 +505,15 @@ def _spread(values: Sequence[float]) -> str:
 
 def format_table(rows: Sequence[Row]) -> str:
     lines = [
-        "| backend | processes | batch | tasks | sqlease tasks/s | pgbench rows/s | ratio |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| backend | loop | processes | batch | tasks | sqlease tasks/s | pgbench rows/s | ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         pg = r.pgbench_median
         ratio = r.ratio_median
         lines.append(
-            f"| {r.backend} | {r.processes} | {r.batch} | {r.tasks:,}{'' if r.drained else '*'} | "
+            f"| {r.backend} | {r.mode} | {r.processes} | {r.batch} | "
+            f"{r.tasks:,}{'' if r.drained else '*'} | "
             f"{r.sqlease_median:,.0f}{_spread(r.sqlease)} | "
             f"{'-' if pg is None else f'{pg:,.0f}{_spread(r.pgbench)}'} | "
             f"{'-' if ratio is None else f'{ratio:.0%}'} |"
@@ -521,6 +543,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated")
     parser.add_argument("--processes", default="1,2,4", help="worker processes, comma-separated")
     parser.add_argument("--batches", default="1,32", help="claim batch sizes, comma-separated")
+    parser.add_argument(
+        "--loops",
+        default="separate,combined",
+        help="worker loops: separate (claim, then ack: two statements per batch) and/or "
+        "combined (ack_and_claim: one statement per batch, as a busy Celery worker)",
+    )
     parser.add_argument(
         "--repeat", type=int, default=None, help="measurements per configuration (3; quick: 1)"
     )
@@ -559,6 +587,14 @@ def _setting(text: str) -> tuple[str, str]:
     return name.strip(), "'" + value.strip().replace("'", "''") + "'"
 
 
+def _loops(value: str) -> list[str]:
+    modes = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = set(modes) - {"separate", "combined"}
+    if not modes or unknown:
+        raise SystemExit(f"--loops takes separate and/or combined, not {value!r}")
+    return modes
+
+
 def _ints(value: str) -> list[int]:
     return [int(v) for v in value.split(",") if v.strip()]
 
@@ -584,6 +620,7 @@ class Plan:
     pgbench_seconds: int
     max_seconds: float
     pg_settings: dict[str, str]
+    modes: list[str] = field(default_factory=lambda: ["separate"])
 
     def tasks_for(self, backend: str, batch: int) -> int:
         base = self.tasks.get((backend, batch), self.tasks[(backend, 32 if batch > 1 else 1)])
@@ -603,12 +640,25 @@ def bench_sqlite(plan: Plan) -> list[StoreRun]:
         for seq, (rep, batch, procs) in enumerate(plan.configs()):
             url = f"sqlite:///{Path(tmp) / f'run{seq}.db'}"
             tasks = plan.tasks_for("sqlite", batch)
-            run = run_store(
-                "sqlite", url, "b_", procs, batch, tasks, rep, plan.payload_bytes, plan.max_seconds
-            )
-            runs.append(run)
-            _note(f"[{rep + 1}/{plan.repeat}] sqlite  P={procs} B={batch}: {_describe(run)}")
-            dispose_all(close=True)
+            for mode in plan.modes:
+                run = run_store(
+                    "sqlite",
+                    url,
+                    f"b_{mode}_",
+                    procs,
+                    batch,
+                    tasks,
+                    rep,
+                    plan.payload_bytes,
+                    plan.max_seconds,
+                    mode,
+                )
+                runs.append(run)
+                _note(
+                    f"[{rep + 1}/{plan.repeat}] sqlite  {mode} P={procs} B={batch}: "
+                    f"{_describe(run)}"
+                )
+                dispose_all(close=True)
     return runs
 
 
@@ -642,19 +692,21 @@ def bench_postgresql(
                     pg_runs.append(pg)
                     _note(f"{tag} pgbench C={procs} B={batch}: {pg.rows_per_s:,.0f} rows/s")
                 tasks = plan.tasks_for("postgresql", batch)
-                run = run_store(
-                    "postgresql",
-                    url,
-                    f"b{seq}_",
-                    procs,
-                    batch,
-                    tasks,
-                    rep,
-                    plan.payload_bytes,
-                    plan.max_seconds,
-                )
-                runs.append(run)
-                _note(f"{tag} sqlease P={procs} B={batch}: {_describe(run)}")
+                for mode in plan.modes:
+                    run = run_store(
+                        "postgresql",
+                        url,
+                        f"b{seq}_{mode[0]}_",
+                        procs,
+                        batch,
+                        tasks,
+                        rep,
+                        plan.payload_bytes,
+                        plan.max_seconds,
+                        mode,
+                    )
+                    runs.append(run)
+                    _note(f"{tag} sqlease {mode} P={procs} B={batch}: {_describe(run)}")
         finally:
             engine.dispose()
     return runs, pg_runs
@@ -675,6 +727,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pgbench_seconds=args.pgbench_seconds or (2 if args.quick else 5),
         max_seconds=args.max_seconds or (5.0 if args.quick else 15.0),
         pg_settings=dict(_setting(s) for s in args.pg_set),
+        modes=_loops(args.loops),
     )
     backends = {b.strip() for b in args.backends.split(",") if b.strip()}
     sqlease_dir = Path(sqlease.__file__).resolve().parent
