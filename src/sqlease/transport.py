@@ -203,7 +203,7 @@ class Channel(virtual.Channel):
     ) -> tuple[set[int], list[Message], bool]:
         """Ack ``fences`` and claim as ``_claim`` does, in one statement on PostgreSQL: the ids
         acked, the messages claimed, and whether the store had fewer than asked. (Never
-        "fewer" when acks went with it: the claim did not see them free a run's next
+        "fewer" when acks went with it: the claim may not have seen them free a run's next
         message, so the queues are not known to be drained.)"""
         transport = self.connection
         acked, messages = self.store.ack_and_claim(
@@ -214,7 +214,8 @@ class Channel(virtual.Channel):
             limit=limit,
             on_exhausted=transport.record_exhausted,
         )
-        return acked, self._hold(messages), False
+        short = not fences and len(messages) < limit
+        return acked, self._hold(messages), short
 
     def _hold(self, messages: list[Message]) -> list[Message]:
         """The heartbeat keeps the leases of what will be delivered from now on."""

@@ -137,3 +137,31 @@ def test_closing_while_a_background_claim_runs_gives_its_messages_back(
     assert all(b is not None and b.max_attempts - b.attempt >= 2 for b in budgets)
     assert {attempt_of(m) for m in again} <= {1, 2}
     other.release()
+
+
+def test_a_background_claim_without_acks_reports_the_queue_drained(
+    connect: Connect, hub: Hub
+) -> None:
+    """A short background claim that carried no acks saw the queue as it is: drained (so the
+    worker makes no more claims until something can be ready). One that carried acks is
+    never taken as drained: it may not have seen them free a run's next message."""
+    producer = connect()
+    for i in range(10):
+        publish(producer, "work", {"n": i})
+    got: list[Message] = []
+    worker = consuming_worker(connect, hub, got)
+    transport, channel = worker.transport, worker.default_channel
+    run_until(hub, lambda: len(got) == 8)
+    transport.claim_in_background(channel, ["work"], 4)
+    run_until(hub, lambda: not channel._claiming)
+    assert len(got) == 10 and channel._drained
+    got[0].ack()
+    transport.flush_acks()  # written on the thread, reported in the loop
+    assert transport._pending_acks == []
+    run_until(hub, lambda: not transport._background.pending)
+    got[1].ack()
+    assert transport._pending_acks  # deferred: goes with the next claim
+    transport.claim_in_background(channel, ["work"], 4)
+    run_until(hub, lambda: not channel._claiming)
+    assert len(got) == 10 and not channel._drained
+    worker.release()
