@@ -55,6 +55,18 @@ def consuming_worker(connect: Connect, hub: Hub, got: list[Message], prefetch: i
     return worker
 
 
+def holding_eight(connect: Connect, hub: Hub, published: int) -> tuple[Any, list[Message]]:
+    """Publish ``published`` messages; a worker with a prefetch of 8 then holds the first 8
+    (claimed in the loop: it was idle)."""
+    producer = connect()
+    for i in range(published):
+        publish(producer, "work", {"n": i})
+    got: list[Message] = []
+    worker = consuming_worker(connect, hub, got)
+    run_until(hub, lambda: len(got) == 8)
+    return worker, got
+
+
 def threads_of(monkeypatch: pytest.MonkeyPatch, target: Any, name: str) -> list[tuple[int, Any]]:
     """Record (thread ident, first argument) of every call to ``target.name``."""
     calls: list[tuple[int, Any]] = []
@@ -71,16 +83,11 @@ def threads_of(monkeypatch: pytest.MonkeyPatch, target: Any, name: str) -> list[
 def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
     connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    producer = connect()
-    for i in range(12):
-        publish(producer, "work", {"n": i})
-    got: list[Message] = []
-    worker = consuming_worker(connect, hub, got)
+    worker, got = holding_eight(connect, hub, 12)
+    assert worker.transport._background is None  # idle: the first claim ran in the loop
     store = worker.transport.store
     combined = threads_of(monkeypatch, store, "ack_and_claim")
     plain_acks = threads_of(monkeypatch, store, "ack")
-    run_until(hub, lambda: len(got) == 8)  # idle: the first claim runs in the loop
-    assert combined == []
     for message in got[:4]:
         message.ack()
     run_until(hub, lambda: len(got) == 12)
@@ -103,13 +110,8 @@ def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
 def test_closing_while_a_background_claim_runs_gives_its_messages_back(
     connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    producer = connect()
-    for i in range(12):
-        publish(producer, "work", {"n": i})
-    got: list[Message] = []
-    worker = consuming_worker(connect, hub, got)
+    worker, got = holding_eight(connect, hub, 12)
     store = worker.transport.store
-    run_until(hub, lambda: len(got) == 8)
     entered, gate = threading.Event(), threading.Event()
     real = store.ack_and_claim
 
@@ -145,13 +147,8 @@ def test_a_background_claim_without_acks_reports_the_queue_drained(
     """A short background claim that carried no acks saw the queue as it is: drained (so the
     worker makes no more claims until something can be ready). One that carried acks is
     never taken as drained: it may not have seen them free a run's next message."""
-    producer = connect()
-    for i in range(10):
-        publish(producer, "work", {"n": i})
-    got: list[Message] = []
-    worker = consuming_worker(connect, hub, got)
+    worker, got = holding_eight(connect, hub, 10)
     transport, channel = worker.transport, worker.default_channel
-    run_until(hub, lambda: len(got) == 8)
     transport.claim_in_background(channel, ["work"], 4)
     run_until(hub, lambda: not channel._claiming)
     assert len(got) == 10 and channel._drained
