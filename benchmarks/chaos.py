@@ -30,6 +30,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -203,6 +204,7 @@ def check(store: Any, cfg: Config, task_ids: dict[str, tuple[str, int, bool]]) -
     from sqlalchemy import select
 
     from sqlease.admin import Admin
+    from sqlease.store import expand_event_rows
 
     t = store.tables
     admin = Admin("x", store=store)
@@ -216,7 +218,8 @@ def check(store: Any, cfg: Config, task_ids: dict[str, tuple[str, int, bool]]) -
         leftovers = conn.execute(
             select(t.messages.c.task_id, t.messages.c.state, t.messages.c.reason)
         ).fetchall()
-        events = conn.execute(select(t.events).order_by(t.events.c.id)).fetchall()
+        rows = conn.execute(select(t.events).order_by(t.events.c.id))
+        events = [SimpleNamespace(**e) for e in expand_event_rows(r._mapping for r in rows)]
     by_task: dict[str, list[Any]] = defaultdict(list)
     for event in events:
         by_task[event.task_id].append(event)
@@ -352,13 +355,17 @@ def main() -> int:
                 last_disconnect = now
             # Faults are scheduled by time and by progress, whichever comes first, so a fast
             # machine that drains the backlog early still sees every one of them.
-            if cfg.stall and not did_stall and (
-                elapsed > cfg.kill_every * 1.5 or remaining <= total * 3 // 4
+            if (
+                cfg.stall
+                and not did_stall
+                and (elapsed > cfg.kill_every * 1.5 or remaining <= total * 3 // 4)
             ):
                 chaos.stall_one()
                 did_stall = True
-            if cfg.restart_pg and not did_restart and (
-                elapsed > cfg.kill_every * 3 or remaining <= total // 2
+            if (
+                cfg.restart_pg
+                and not did_restart
+                and (elapsed > cfg.kill_every * 3 or remaining <= total // 2)
             ):
                 chaos.restart_pg()
                 did_restart = True

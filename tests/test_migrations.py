@@ -28,28 +28,43 @@ def test_concurrent_first_connects_migrate_once(db_url: str) -> None:
 
 
 def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) -> None:
-    """Version 2 leaves room on PostgreSQL's messages pages for HOT claims; a database made
-    by version 1 is brought to it at the next start, messages and all."""
-    from sqlalchemy import text, update
+    """Version 2 leaves room on PostgreSQL's messages pages for HOT claims; version 3 adds
+    the batch-event columns (and their index on PostgreSQL). A database made by version 1
+    is brought to the current version at the next start, messages and all."""
+    from sqlalchemy import inspect, text, update
 
     prefix = unique_prefix()
     old = Store(db_url, table_prefix=prefix)
-    old.enqueue("q", '{"n": 1}')
-    messages = old.tables.messages.name
+    old.enqueue("q", '{"n": 1}', task_id="t-old")
+    messages, events = old.tables.messages.name, old.tables.events.name
     with old.engine.begin() as conn:  # as version 1 left it
         if old.is_postgresql:
             conn.execute(text(f"ALTER TABLE {messages} RESET (fillfactor)"))
+            conn.execute(text(f"DROP INDEX {events}_batch_ix"))
+        for column in ("task_ids", "message_ids", "attempts"):
+            conn.execute(text(f"ALTER TABLE {events} DROP COLUMN {column}"))
         conn.execute(update(old.tables.schema_version).values(version=1))
     with pytest.raises(Exception, match="older"):
         Store(db_url, table_prefix=prefix, auto_migrate=False)
     new = Store(db_url, table_prefix=prefix)
     with new._reading() as conn:
-        assert read_version(conn, new.tables) == CURRENT_VERSION == 2
+        assert read_version(conn, new.tables) == CURRENT_VERSION == 3
+        columns = {c["name"] for c in inspect(conn).get_columns(events)}
+        assert {"task_ids", "message_ids", "attempts"} <= columns
         if new.is_postgresql:
             options = conn.execute(
                 text("SELECT reloptions FROM pg_class WHERE relname = :name"),
                 {"name": messages},
             ).scalar()
             assert options == ["fillfactor=50"]
-    claimed = new.claim(["q"], "w", lease_ms=1000)
-    assert [m.payload for m in claimed] == ['{"n": 1}']
+            indexes = {i["name"] for i in inspect(conn).get_indexes(events)}
+            assert f"{events}_batch_ix" in indexes
+    [claimed] = new.claim(["q"], "w", lease_ms=1000)
+    assert claimed.payload == '{"n": 1}'
+    assert new.ack([claimed.fence]) == {claimed.id}
+    kinds = [(e.kind, e.message_id, e.attempt) for e in new.events(task_id="t-old")]
+    assert kinds == [
+        ("enqueued", claimed.id, 0),
+        ("claimed", claimed.id, 1),
+        ("acked", claimed.id, 1),
+    ]

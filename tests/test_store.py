@@ -483,6 +483,54 @@ def test_every_state_change_writes_an_event(store: Store, clock: FakeClock) -> N
     assert [e.id for e in events] == sorted(e.id for e in events)
 
 
+def test_each_message_of_a_batch_has_its_own_claimed_and_acked_events(
+    store: Store, clock: FakeClock
+) -> None:
+    """One claim and one ack of several messages: every task's timeline shows its own
+    delivery (its message, attempt and owner), whether the database wrote a row per message
+    (SQLite) or one row per statement (PostgreSQL); an exhausted message in the same claim
+    keeps its own event."""
+    from sqlalchemy import func, select
+
+    ids = [store.enqueue("q", f"p{i}", task_id=f"t{i}") for i in range(5)]
+    spent = store.enqueue("q", "spent", task_id="spent", max_attempts=1)
+    [first] = store.claim(["q"], "w0", lease_ms=LEASE, limit=1)  # t0, delivery 1
+    store.release([first.fence])
+    [spent_msg] = [m for m in store.claim(["q"], "w0", lease_ms=LEASE, limit=6) if m.id == spent]
+    clock.advance(LEASE)  # every lease expires: the next claim takes all, spent is exhausted
+    exhausted: list[int] = []
+    batch = store.claim(
+        ["q"],
+        "w1",
+        lease_ms=LEASE,
+        limit=10,
+        on_exhausted=lambda ms: exhausted.extend(m.id for m in ms),
+    )
+    assert exhausted == [spent]
+    assert sorted(m.id for m in batch) == ids
+    assert store.ack([m.fence for m in batch]) == set(ids)
+    for i, mid in enumerate(ids):
+        events = [
+            (e.kind, e.message_id, e.attempt, e.task_id) for e in store.events(task_id=f"t{i}")
+        ]
+        attempt = 3 if i == 0 else 2
+        assert events[-2:] == [("claimed", mid, attempt, f"t{i}"), ("acked", mid, attempt, f"t{i}")]
+        claimed = store.events(task_id=f"t{i}")[-2]
+        assert claimed.data == {"owner": "w1"} and claimed.at_ms == clock()
+        by_message = [(e.kind, e.attempt) for e in store.events(message_id=mid)][-2:]
+        assert by_message == [("claimed", attempt), ("acked", attempt)]
+    assert kinds(store, "spent")[-1] == "attempts_exhausted"
+    assert spent_msg.attempt == 1
+    events = store.tables.events
+    with store._reading() as conn:
+        rows = conn.execute(
+            select(func.count()).where(events.c.kind.in_(["claimed", "acked"]))
+        ).scalar()
+    # Three claims (t0; all six; the five) and one ack: a row per message on SQLite, a row
+    # per statement on PostgreSQL.
+    assert rows == (1 + 6 + 5 + 5 if not store.is_postgresql else 4)
+
+
 def test_refused_writes_leave_no_event(store: Store, clock: FakeClock) -> None:
     store.enqueue("q", "p", task_id="t")
     [m1] = store.claim(["q"], "w1", lease_ms=LEASE)

@@ -34,6 +34,7 @@ from hypothesis.stateful import (
 from sqlalchemy import select
 
 from sqlease import Fence, Message, Outcome, Store
+from sqlease.store import expand_event_rows
 from sqlease.testing import FakeClock
 
 MAX_ATTEMPTS = 2  # the store's default budget: small, so exhaustion happens often
@@ -513,14 +514,14 @@ class StoreMachine(RuleBasedStateMachine):
             messages = [r._mapping for r in conn.execute(select(t.messages)).all()]
             runs = [r._mapping for r in conn.execute(select(t.runs)).all()]
             tasks = [r._mapping for r in conn.execute(select(t.tasks)).all()]
-            events = [
+            events = expand_event_rows(
                 r._mapping
                 for r in conn.execute(
                     select(t.events)
                     .where(t.events.c.id > self.last_event_id)
                     .order_by(t.events.c.id)
                 ).all()
-            ]
+            )
             conn.rollback()
 
         rows = {int(m["id"]): m for m in messages}
@@ -588,7 +589,7 @@ class StoreMachine(RuleBasedStateMachine):
             if e["kind"] == "checkpoint":
                 assert e["task_id"] == self.task_of[int(e["message_id"])]
         if events:
-            self.last_event_id = int(events[-1]["id"])
+            self.last_event_id = max(int(e["id"]) for e in events)
         self.expected_events.clear()
 
 

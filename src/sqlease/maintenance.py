@@ -13,7 +13,7 @@ import logging
 import threading
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, not_, or_, select, update
+from sqlalchemy import and_, any_, delete, exists, false, not_, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -110,10 +110,21 @@ def run_pass(store: Store, *, event_retention_ms: int, now: int | None = None) -
         if event_retention_ms > 0:
             horizon = now - event_retention_ms
             still_active = exists().where(m.c.task_id == ev.c.task_id)
+            # A batch event (PostgreSQL) stays while any task it lists is still queued.
+            lists_active = (
+                exists().where(m.c.task_id == any_(ev.c.task_ids))
+                if store.is_postgresql
+                else false()
+            )
             summary["events_expired"] = (
                 conn.execute(
                     delete(ev).where(
-                        ev.c.at_ms < horizon, or_(ev.c.task_id.is_(None), not_(still_active))
+                        ev.c.at_ms < horizon,
+                        or_(
+                            and_(ev.c.task_id.is_(None), ev.c.task_ids.is_(None)),
+                            and_(ev.c.task_id.isnot(None), not_(still_active)),
+                            and_(ev.c.task_ids.isnot(None), not_(lists_active)),
+                        ),
                     )
                 ).rowcount
                 or 0

@@ -29,6 +29,7 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine
 
 from .errors import ConfigurationError, SchemaError, SchemaMissing, SchemaVersionMismatch
@@ -39,6 +40,11 @@ _PREFIX_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
 # that an id is never handed out twice, even after the highest row is deleted: a reused id
 # would let a stale (id, attempt) fence match a different message.
 _Id = BigInteger().with_variant(Integer(), "sqlite")
+
+# PostgreSQL arrays; on SQLite, where batch events are not written, plain (always NULL) text.
+_TextArray = Text().with_variant(ARRAY(Text), "postgresql")
+_BigIntArray = Text().with_variant(ARRAY(BigInteger), "postgresql")
+_IntArray = Text().with_variant(ARRAY(Integer), "postgresql")
 
 MESSAGE_STATES = ("ready", "parked", "dead")
 #: PostgreSQL: percent of each messages page filled by inserts (see migration 2).
@@ -175,10 +181,17 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         Column("kind", Text, nullable=False),
         Column("data", Text),
         Column("at_ms", BigInteger, nullable=False),
+        # A batch event (PostgreSQL, migration 3): one ``claimed`` or ``acked`` row for all
+        # the messages of one claim or ack statement, listed position by position. task_id,
+        # message_id and attempt are NULL on such a row. ``Store.events`` expands it.
+        Column("task_ids", _TextArray),
+        Column("message_ids", _BigIntArray),
+        Column("attempts", _IntArray),
         sqlite_autoincrement=True,
     )
     Index(f"{p}events_task_ix", events.c.task_id, events.c.id)
     Index(f"{p}events_message_ix", events.c.message_id, events.c.id)
+    batch_events_index(events)
     bindings = Table(
         f"{p}bindings",
         md,
@@ -280,6 +293,22 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
     )
 
 
+def batch_events_index(events: Table) -> Index:
+    """A task's batch events are found by the task id inside the row's list (PostgreSQL
+    GIN: entries go through its pending list, so a batch costs about one index insertion
+    rather than one per message). Made once per table; later calls return it."""
+    name = f"{events.name}_batch_ix"
+    for index in events.indexes:
+        if index.name == name:
+            return index
+    return Index(
+        name,
+        events.c.task_ids,
+        postgresql_using="gin",
+        postgresql_where=events.c.task_ids.isnot(None),
+    ).ddl_if(dialect="postgresql")
+
+
 def _migration_1(conn: Connection, tables: Tables) -> None:
     tables.metadata.create_all(conn, checkfirst=True)
 
@@ -293,8 +322,21 @@ def _migration_2(conn: Connection, tables: Tables) -> None:
         )
 
 
+def _migration_3(conn: Connection, tables: Tables) -> None:
+    # Batch events: columns listing the messages of one claim or ack (written on PostgreSQL,
+    # NULL on SQLite) and, on PostgreSQL, their GIN index. Only what is missing is added:
+    # a database made by migration 1 of this code already has them.
+    events = tables.events
+    present = {c["name"] for c in inspect(conn).get_columns(events.name)}
+    for name in ("task_ids", "message_ids", "attempts"):
+        if name not in present:
+            kind = events.c[name].type.compile(dialect=conn.dialect)
+            conn.execute(text(f"ALTER TABLE {events.name} ADD COLUMN {name} {kind}"))
+    batch_events_index(events).create(conn, checkfirst=True)
+
+
 # Each entry moves the schema from version N-1 to N. Append; never edit a released one.
-MIGRATIONS: list[Callable[[Connection, Tables], None]] = [_migration_1, _migration_2]
+MIGRATIONS: list[Callable[[Connection, Tables], None]] = [_migration_1, _migration_2, _migration_3]
 CURRENT_VERSION = len(MIGRATIONS)
 
 

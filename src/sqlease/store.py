@@ -123,6 +123,22 @@ class Event:
     at_ms: int
 
 
+def expand_event_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Raw ``events`` rows, each PostgreSQL batch row (the ``claimed`` or ``acked`` events
+    of one statement, see ``docs/leases.md`` §3.7) expanded into one row per listed message,
+    as ``Store.events`` returns them. For tools and tests that read the table directly."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if row.get("task_ids") is None:
+            out.append(dict(row))
+            continue
+        for task_id, message_id, attempt in zip(
+            row["task_ids"], row["message_ids"], row["attempts"], strict=True
+        ):
+            out.append({**row, "task_id": task_id, "message_id": message_id, "attempt": attempt})
+    return out
+
+
 def _row_to_message(row: Row[Any]) -> Message:
     # By name only when selected (RowMapping.get on a missing key raises inside).
     return _message_from(row._mapping, has_last_error="last_error" in row._fields)

@@ -22,9 +22,10 @@ from multiprocessing.synchronize import Event
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from sqlease import Fence, NewMessage, Outcome, Store
+from sqlease.store import expand_event_rows
 
 from . import workers
 
@@ -142,15 +143,11 @@ def messages_left(store: Store) -> int:
 def event_counts(store: Store, kind: str) -> Counter[tuple[int, int]]:
     """How many ``kind`` events each ``(message_id, attempt)`` has (the database's record)."""
     ev = store.tables.events
-    stmt = (
-        select(ev.c.message_id, ev.c.attempt, func.count())
-        .where(ev.c.kind == kind)
-        .group_by(ev.c.message_id, ev.c.attempt)
-    )
+    stmt = select(ev).where(ev.c.kind == kind)
     with store.engine.connect() as conn:
-        rows = conn.execute(stmt).fetchall()
+        rows = expand_event_rows(r._mapping for r in conn.execute(stmt))
         conn.rollback()
-    return Counter({(int(r[0]), int(r[1])): int(r[2]) for r in rows})
+    return Counter((int(r["message_id"]), int(r["attempt"])) for r in rows)
 
 
 def bulk_enqueue(store: Store, queue: str, n: int) -> list[int]:
