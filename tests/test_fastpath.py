@@ -52,3 +52,28 @@ def test_other_errors_are_sqlalchemys(pg_database_url: str) -> None:
     with pytest.raises(sa_exc.DataError):
         store.fast.rows(text("SELECT 1 / (SELECT count(*) FROM (SELECT 1 WHERE false) s)"), {})
     assert store.fast.rows(text("SELECT 1 AS one"), {}) == [{"one": 1}]  # connection still fine
+
+
+def test_long_statements_are_converted_once_and_bind_their_parameters(
+    pg_database_url: str,
+) -> None:
+    """psycopg caches its placeholder conversion only for statements up to 4 KB; the busy
+    worker's ack + claim is longer. The hot path converts each statement once, and the
+    parameters still land in the right places."""
+    from sqlease import fastpath
+
+    store = Store(pg_database_url, table_prefix=unique_prefix())
+    assert len(str(store.sql.ack_claim_single)) > 4096
+    for i in range(4):
+        store.enqueue("q", f"p{i}", task_id=f"t{i}")
+    [first] = store.claim(["q"], "w", lease_ms=60_000)
+    before = fastpath._convert.cache_info()
+    acked, second = store.ack_and_claim([first.fence], ["q"], "w", lease_ms=60_000, limit=2)
+    acked2, third = store.ack_and_claim(
+        [m.fence for m in second], ["q"], "w", lease_ms=60_000, limit=2
+    )
+    after = fastpath._convert.cache_info()
+    assert acked == {first.id} and acked2 == {m.id for m in second}
+    assert [m.payload for m in second + third] == ["p1", "p2", "p3"]
+    assert all(m.lease_owner == "w" and m.attempt == 1 for m in second + third)
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
