@@ -29,8 +29,9 @@ def test_concurrent_first_connects_migrate_once(db_url: str) -> None:
 
 def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) -> None:
     """Version 2 leaves room on PostgreSQL's messages pages for HOT claims; version 3 adds
-    the batch-event columns (and their index on PostgreSQL). A database made by version 1
-    is brought to the current version at the next start, messages and all."""
+    the batch-event columns (and their index on PostgreSQL); version 4 the handoff offers
+    table. A database made by version 1 is brought to the current version at the next
+    start, messages and all."""
     from sqlalchemy import inspect, text, update
 
     prefix = unique_prefix()
@@ -43,14 +44,24 @@ def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) ->
             conn.execute(text(f"DROP INDEX {events}_batch_ix"))
         for column in ("task_ids", "message_ids", "attempts"):
             conn.execute(text(f"ALTER TABLE {events} DROP COLUMN {column}"))
+        conn.execute(text(f"DROP TABLE {old.tables.offers.name}"))
         conn.execute(update(old.tables.schema_version).values(version=1))
     with pytest.raises(Exception, match="older"):
         Store(db_url, table_prefix=prefix, auto_migrate=False)
     new = Store(db_url, table_prefix=prefix)
     with new._reading() as conn:
-        assert read_version(conn, new.tables) == CURRENT_VERSION == 3
+        assert read_version(conn, new.tables) == CURRENT_VERSION == 4
         columns = {c["name"] for c in inspect(conn).get_columns(events)}
         assert {"task_ids", "message_ids", "attempts"} <= columns
+        offers = new.tables.offers.name
+        assert {c["name"] for c in inspect(conn).get_columns(offers)} == {
+            "owner",
+            "queue",
+            "lease_ms",
+            "lock_key",
+            "expires_at_ms",
+        }
+        assert f"{offers}_queue_ix" in {i["name"] for i in inspect(conn).get_indexes(offers)}
         if new.is_postgresql:
             options = conn.execute(
                 text("SELECT reloptions FROM pg_class WHERE relname = :name"),

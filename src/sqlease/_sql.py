@@ -20,6 +20,10 @@ from sqlalchemy import TextClause, text
 
 from .schema import Tables
 
+#: A handed-off message travels whole in its notification when the text fits in this many
+#: bytes (PostgreSQL refuses a NOTIFY payload of 8000 bytes or more); otherwise only its id.
+HANDOFF_NOTIFY_BYTES = 7900
+
 _SELECT_COLS = (
     "id, queue, payload, priority, available_at_ms, created_at_ms, run_id, task_id, state, "
     "reason, lease_owner, lease_expires_at_ms, attempt, max_attempts"
@@ -112,21 +116,97 @@ class Statements:
             "'ready', 0, :max_attempts"
         )
         if d.is_postgresql:
-            self.enqueue = text(
+            off = tables.offers.name
+            # Handoff: a message that needs no claim-time check (no run, due now) goes to the
+            # freshest live offer of an idle worker for its queue, if any. The offer is
+            # deleted (one-shot, for that queue; SKIP LOCKED: two publishes never share one),
+            # the message is inserted leased to that worker with attempt 1, and the
+            # notification carries it whole. Live: unexpired, and the worker's listening
+            # connection still holds its advisory lock, so a killed worker (its connections
+            # closed) is never chosen.
+            handoff = (
+                f"o AS (DELETE FROM {off} WHERE queue = :queue AND owner = (SELECT w.owner "
+                f"FROM {off} w WHERE CAST(:run_id AS TEXT) IS NULL AND :delay_ms <= 0 "
+                f"AND w.queue = :queue AND w.expires_at_ms > {now} "
+                "AND NOT pg_try_advisory_xact_lock_shared(w.lock_key) "
+                "ORDER BY w.expires_at_ms DESC LIMIT 1 FOR UPDATE SKIP LOCKED) "
+                "RETURNING owner, lease_ms), "
+            )
+            handed_cols = f"{insert_cols}, lease_owner, lease_expires_at_ms"
+            handed_vals = (
+                f":queue, :payload, :priority, {now} + :delay_ms, {now}, :run_id, :task_id, "
+                "'ready', CASE WHEN o.owner IS NULL THEN 0 ELSE 1 END, :max_attempts, "
+                f"o.owner, {now} + o.lease_ms"
+            )
+            # Within NOTIFY's 8000 bytes the whole row travels; otherwise only its id (the
+            # worker then reads the row back, fenced by owner and attempt).
+            row_json = (
+                "json_build_object('id', i.id, 'queue', i.queue, 'payload', i.payload, "
+                "'priority', i.priority, 'available_at_ms', i.available_at_ms, "
+                "'created_at_ms', i.created_at_ms, 'run_id', i.run_id, 'task_id', i.task_id, "
+                "'lease_owner', i.lease_owner, 'lease_expires_at_ms', i.lease_expires_at_ms, "
+                "'attempt', i.attempt, 'max_attempts', i.max_attempts)::text"
+            )
+            handed_note = (
+                f"chr(1) || i.lease_owner || chr(10) || CASE WHEN octet_length({row_json}) "
+                f"+ octet_length(i.lease_owner) < {HANDOFF_NOTIFY_BYTES} THEN {row_json} "
+                "ELSE json_build_object('id', i.id, 'attempt', i.attempt)::text END"
+            )
+            # Inside a caller's transaction (the outbox), no handoff: the offer's row would
+            # stay locked until that transaction ends, and the offering worker's next refresh
+            # would wait for it in its event loop.
+            self.enqueue_plain = text(
                 f"WITH ins AS (INSERT INTO {m} ({insert_cols}) VALUES ({insert_vals}) "
                 "RETURNING id, task_id, queue), "
                 f"e AS (INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
                 f"SELECT task_id, id, 0, 'enqueued', NULL, {now} FROM ins "
                 "WHERE CAST(:record AS BOOLEAN)) "
-                # Wake listening workers; delivered at commit, so a rolled-back enqueue
-                # never wakes anyone.
                 "SELECT ins.id FROM ins CROSS JOIN "
                 "(SELECT pg_notify(CAST(:channel AS TEXT), ins2.queue) FROM ins ins2) n"
+            )
+            self.enqueue = text(
+                f"WITH {handoff}"
+                f"ins AS (INSERT INTO {m} ({handed_cols}) SELECT {handed_vals} "
+                "FROM (SELECT 1) one LEFT JOIN o ON true "
+                "RETURNING id, task_id, queue, payload, priority, available_at_ms, "
+                "created_at_ms, run_id, lease_owner, lease_expires_at_ms, attempt, "
+                "max_attempts), "
+                f"e AS (INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
+                f"SELECT task_id, id, 0, 'enqueued', NULL, {now} FROM ins "
+                "WHERE CAST(:record AS BOOLEAN) "
+                f"UNION ALL SELECT task_id, id, 1, 'claimed', "
+                "json_build_object('owner', lease_owner, 'handoff', true)::text, "
+                f"{now} FROM ins WHERE lease_owner IS NOT NULL) "
+                # Wake listening workers (or hand the message over); delivered at commit, so
+                # a rolled-back enqueue never wakes anyone.
+                "SELECT ins.id FROM ins CROSS JOIN "
+                "(SELECT pg_notify(CAST(:channel AS TEXT), CASE WHEN i.lease_owner IS NULL "
+                f"THEN i.queue ELSE {handed_note} END) FROM ins i) n"
+            )
+            # An idle worker's offer for each queue it consumes (refreshed by each idle look;
+            # offers for queues it no longer consumes are dropped), with, in the same
+            # statement, when the next delayed message of those queues is due.
+            self.offer_and_next_due: TextClause | None = text(
+                f"WITH gone AS (DELETE FROM {off} WHERE owner = :owner "
+                "AND queue <> ALL(CAST(:queues AS TEXT[]))), "
+                f"o AS (INSERT INTO {off} (owner, queue, lease_ms, lock_key, expires_at_ms) "
+                f"SELECT :owner, q, :lease_ms, :lock_key, {now} + :ttl_ms "
+                "FROM unnest(CAST(:queues AS TEXT[])) q "
+                "ON CONFLICT (owner, queue) DO UPDATE SET lease_ms = excluded.lease_ms, "
+                "lock_key = excluded.lock_key, expires_at_ms = excluded.expires_at_ms) "
+                f"SELECT min(available_at_ms) - {now} AS due FROM {m} WHERE state = 'ready' "
+                f"AND queue = ANY(CAST(:queues AS TEXT[])) AND available_at_ms > {now}"
+            )
+            self.offer_withdraw: TextClause | None = text(f"DELETE FROM {off} WHERE owner = :owner")
+            self.leased_to_owner: TextClause | None = text(
+                f"SELECT id, attempt FROM {m} WHERE lease_owner = :owner AND state = 'ready'"
             )
         else:
             self.enqueue = text(
                 f"INSERT INTO {m} ({insert_cols}) VALUES ({insert_vals}) RETURNING id"
             )
+            self.offer_and_next_due = self.offer_withdraw = self.leased_to_owner = None
+            self.enqueue_plain = self.enqueue
         self.event_insert = text(
             f"INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
             f"VALUES (:task_id, :message_id, :attempt, :kind, CAST(:data AS TEXT), {now})"

@@ -105,6 +105,9 @@ class TransportOptions:
     maintenance_interval: float = 60.0
     #: Days to keep events, checkpoints and answers of finished tasks (0 keeps them forever).
     event_retention_days: float = 30.0
+    #: PostgreSQL: an idle worker offers to take its queues' next message, and a publish that
+    #: finds the offer leases the message to it in the same statement (no claim round trip).
+    handoff: bool = True
 
     @property
     def lease_ms(self) -> int:
@@ -162,6 +165,8 @@ class TransportOptions:
             values["event_retention_days"] = _seconds(
                 "event_retention_days", raw.pop("event_retention_days"), minimum=0.0
             )
+        if "handoff" in raw:
+            values["handoff"] = _boolean("handoff", raw.pop("handoff"))
         options = cls(**values)
         if options.heartbeat_seconds >= options.lease_seconds:
             raise ConfigurationError(

@@ -76,6 +76,7 @@ class Tables:
     steps: Table
     waits: Table
     locks: Table
+    offers: Table
 
     def name(self, short: str) -> str:
         return f"{self.prefix}{short}"
@@ -275,6 +276,24 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         Column("owner", Text, nullable=False),
         Column("expires_at_ms", BigInteger, nullable=False),
     )
+    # Idle workers' standing offers to take a queue's next message (PostgreSQL, migration 4):
+    # a publish that finds a live offer for its queue leases the message to that worker in
+    # the same statement and hands it over with the notification, so no claim round trip
+    # stands between the publish and the task's start. One-shot: the publish deletes it.
+    offers = Table(
+        f"{p}offers",
+        md,
+        Column("owner", Text, nullable=False),
+        Column("queue", Text, nullable=False),
+        Column("lease_ms", BigInteger, nullable=False),
+        # The advisory lock the offering worker's listening connection holds while it lives.
+        Column("lock_key", BigInteger, nullable=False),
+        Column("expires_at_ms", BigInteger, nullable=False),
+        PrimaryKeyConstraint("owner", "queue"),
+    )
+    # On the queue alone: an offer's refresh (a new expiry) is then a HOT update that leaves
+    # the index untouched, so the table stays small without vacuum.
+    Index(f"{p}offers_queue_ix", offers.c.queue)
     return Tables(
         p,
         md,
@@ -290,6 +309,7 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         steps,
         waits,
         locks,
+        offers,
     )
 
 
@@ -342,8 +362,20 @@ def _migration_3(conn: Connection, tables: Tables) -> None:
     batch_events_index(events).create(conn, checkfirst=True)
 
 
+def _migration_4(conn: Connection, tables: Tables) -> None:
+    # Handoff offers (a table and its index; unused on SQLite, created for one schema).
+    tables.offers.create(conn, checkfirst=True)
+    for index in tables.offers.indexes:
+        index.create(conn, checkfirst=True)
+
+
 # Each entry moves the schema from version N-1 to N. Append; never edit a released one.
-MIGRATIONS: list[Callable[[Connection, Tables], None]] = [_migration_1, _migration_2, _migration_3]
+MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
+    _migration_1,
+    _migration_2,
+    _migration_3,
+    _migration_4,
+]
 CURRENT_VERSION = len(MIGRATIONS)
 
 

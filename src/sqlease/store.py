@@ -380,7 +380,7 @@ class Store:
         if not rows:
             return []
         if connection is not None:
-            return self._enqueue_on(connection, rows, self._now(now))
+            return self._enqueue_on(connection, rows, self._now(now), handoff=False)
         if self.fast is not None and len(rows) == 1:  # one statement: autocommit
             params = dict(rows[0], now=self._now(now), channel=self.notify_channel)
             return [int(self.fast.rows(self.sql.enqueue, params)[0]["id"])]
@@ -388,12 +388,13 @@ class Store:
             return self._enqueue_on(conn, rows, self._now(now))
 
     def _enqueue_on(
-        self, conn: Connection, rows: list[dict[str, Any]], now: int | None
+        self, conn: Connection, rows: list[dict[str, Any]], now: int | None, *, handoff: bool = True
     ) -> list[int]:
         ids: list[int] = []
+        statement = self.sql.enqueue if handoff else self.sql.enqueue_plain
         for row in rows:
             params = dict(row, now=now, channel=self.notify_channel)
-            message_id = int(conn.execute(self.sql.enqueue, params).scalar_one())
+            message_id = int(conn.execute(statement, params).scalar_one())
             ids.append(message_id)
             if not self.is_postgresql and row["record"]:
                 self._insert_event(conn, row["task_id"], message_id, 0, "enqueued", None, now)
@@ -563,6 +564,58 @@ class Store:
                 self.sql.next_due, {"queues": self._queues_param(queues), "now": self._now(now)}
             ).scalar()
         return None if value is None else max(0, int(value))
+
+    # ---- handoff (PostgreSQL) -------------------------------------------------------------
+
+    def offer(
+        self,
+        queues: Sequence[str],
+        owner: str,
+        *,
+        lease_ms: int,
+        lock_key: int,
+        ttl_ms: int,
+        now: int | None = None,
+    ) -> int | None:
+        """An idle worker's standing offer to take the next message published to ``queues``
+        (PostgreSQL): until ``ttl_ms`` from now, a publish to one of them that finds the offer
+        leases the message to ``owner`` for ``lease_ms`` and hands it over in its notification
+        (``sqlease.handoff``). The offer counts only while a connection holds the advisory
+        lock ``lock_key``. Offers for queues not listed are withdrawn. Returns, as
+        ``next_due_in_ms`` does, when the next delayed message of ``queues`` is due."""
+        if not queues:
+            self.withdraw_offers(owner)
+            return None
+        if self.sql.offer_and_next_due is None:
+            raise ConfigurationError("handoff offers need PostgreSQL")
+        for name, value in (("lease_ms", lease_ms), ("ttl_ms", ttl_ms)):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{name} must be a positive integer, not {value!r}")
+        params = {
+            "queues": list(queues),
+            "owner": owner,
+            "lease_ms": lease_ms,
+            "lock_key": int(lock_key),
+            "ttl_ms": ttl_ms,
+            "now": self._now(now),
+        }
+        assert self.fast is not None
+        rows = self.fast.rows(self.sql.offer_and_next_due, params)
+        due = rows[0]["due"] if rows else None
+        return None if due is None else max(0, int(due))
+
+    def withdraw_offers(self, owner: str) -> None:
+        """Remove ``owner``'s offers: no publish hands it a message from now on."""
+        if self.fast is not None and self.sql.offer_withdraw is not None:
+            self.fast.rows(self.sql.offer_withdraw, {"owner": owner})
+
+    def leased_to(self, owner: str) -> list[Fence]:
+        """The fences of every message ``owner`` holds now, expired leases included."""
+        if self.sql.leased_to_owner is None:
+            return []
+        with self._reading() as conn:
+            rows = conn.execute(self.sql.leased_to_owner, {"owner": owner}).fetchall()
+        return [Fence(int(r.id), owner, int(r.attempt)) for r in rows]
 
     def take(
         self, queues: Sequence[str], *, limit: int = 1, now: int | None = None

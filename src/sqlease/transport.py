@@ -40,6 +40,8 @@ from sqlalchemy.engine import URL
 
 from .background import BackgroundCalls, Job, Outcome
 from .errors import ConfigurationError, DatabaseUnavailable
+from .handoff import Handoff, lock_key_for
+from .handoff import split as split_notifications
 from .heartbeat import heartbeat
 from .options import TransportOptions
 from .results_store import ResultStore
@@ -181,6 +183,7 @@ class Channel(virtual.Channel):
 
     def basic_cancel(self, consumer_tag: str) -> Any:
         queue = self._tag_to_queue.get(consumer_tag)
+        self.connection.withdraw_offers()  # the next idle look offers the queues still consumed
         result = super().basic_cancel(consumer_tag)
         if queue is not None and queue not in self._active_queues:
             self._noack_queues.discard(queue)
@@ -618,6 +621,12 @@ class Transport(virtual.Transport):
             )
         self.url: URL = to_sqlalchemy_url(hostname)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        #: The advisory lock this transport's listening connection holds (handoff liveness).
+        self.lock_key = lock_key_for(self.owner)
+        #: Offers were made (handoff): withdraw them, and release what they brought, at close.
+        self._offered = False
+        #: The queues an offer of ours may stand for now (made, not known used or withdrawn).
+        self._offer_queues: set[str] = set()
         self._store: Store | None = None
         self._results: ResultStore | None = None
         self._waker: Waker | None = None
@@ -1005,7 +1014,11 @@ class Transport(virtual.Transport):
     def waker(self) -> Waker:
         if self._waker is None:
             if self.is_postgresql:
-                self._waker = PostgresListener(self.url, self.store.notify_channel)
+                self._waker = PostgresListener(
+                    self.url,
+                    self.store.notify_channel,
+                    lock_key=self.lock_key if self.options.handoff else None,
+                )
             else:
                 self._waker = SqliteWatcher(str(self.url.database))
         return self._waker
@@ -1013,19 +1026,114 @@ class Transport(virtual.Transport):
     def wake_soon(self) -> None:
         self._more = True
 
-    def _active_ack_queues(self) -> list[str]:
+    def _active_ack_queues(self, *, with_credit: bool = False) -> list[str]:
         queues: set[str] = set()
         for channel in self.channels:
             if isinstance(channel, Channel) and channel._consumers:
+                if with_credit and (channel._closing or not channel.qos.can_consume()):
+                    continue
                 queues.update(q for q in channel._active_queues if q not in channel._noack_queues)
         return sorted(queues)
 
-    def _next_due_delay(self) -> float | None:
+    def _next_due_delay(self, *, offer: bool = False) -> float | None:
+        """Seconds until the next delayed message of the consumed queues is due. With
+        ``offer`` (an idle worker in its event loop, PostgreSQL, handoff on), the same
+        statement leaves an offer for the queues whose channel has prefetch credit."""
         queues = self._active_ack_queues()
+        if offer and self._can_offer():
+            # Only a worker that holds nothing offers (and one that holds something again
+            # withdraws): a busy or stalled worker is never handed a message another could
+            # start now.
+            idle = (
+                not self._pending_acks
+                and self._unacked_total() == 0
+                and not any(isinstance(c, Channel) and c._claiming for c in self.channels)
+            )
+            open_queues = self._active_ack_queues(with_credit=True) if idle else []
+            if open_queues or self._offer_queues:
+                due_ms = self.store.offer(
+                    open_queues,
+                    self.owner,
+                    lease_ms=self.options.lease_ms,
+                    lock_key=self.lock_key,
+                    ttl_ms=self._offer_ttl_ms(),
+                )
+                self._offer_queues = set(open_queues)
+                self._offered = self._offered or bool(open_queues)
+                if open_queues and set(open_queues) == set(queues):
+                    return None if due_ms is None else due_ms / 1000.0
         if not queues:
             return None
         due_ms = self.store.next_due_in_ms(queues)
         return None if due_ms is None else due_ms / 1000.0
+
+    def _can_offer(self) -> bool:
+        waker = self._waker
+        return (
+            self.options.handoff
+            and isinstance(waker, PostgresListener)
+            and waker.connected
+            and self._loop is not None
+        )
+
+    def _offer_ttl_ms(self) -> int:
+        # Refreshed by every idle look (the safety poll runs each polling_interval); the
+        # margin covers a slow loop. Liveness itself is the listener's advisory lock.
+        return int(max(3.0 * self.polling_interval, 2.0) * 1000)
+
+    def _accept_handoffs(self, handoffs: list[Handoff]) -> None:
+        """Deliver messages a publish leased to this worker (its idle offer), as a claim's
+        would be. One for a queue no channel consumes any more is given back at once."""
+        delivered = 0
+        for handoff in handoffs:
+            message = handoff.message
+            if message is None:  # too long for the notification: read it back, fenced
+                row = self.store.get_message(handoff.message_id)
+                if (
+                    row is None
+                    or row.lease_owner != self.owner
+                    or row.attempt != handoff.attempt
+                    or row.state != "ready"
+                ):
+                    continue
+                message = row
+            self._offer_queues.discard(message.queue)  # a publish used that queue's offer up
+            channel = self._channel_for(message.queue)
+            if channel is None:
+                self.store.release([message.fence], refund=True)
+                continue
+            held = channel._hold([message])
+            # It came because the queues were idle: nothing more to claim until something
+            # notifies them; after its ack, the idle look offers again.
+            channel._drained = True
+            channel._due_checked = False
+            delivered += channel._deliver_claimed(held, self._deliver)
+        if delivered:
+            self._kick()  # let the pool pick the new job up in the next iteration
+
+    def _channel_for(self, queue: str) -> SqlChannel | None:
+        for channel in self.channels:
+            if (
+                isinstance(channel, Channel)
+                and not channel.closed
+                and not channel._closing
+                and queue in channel._active_queues
+                and queue not in channel._noack_queues
+            ):
+                return channel
+        return None
+
+    def withdraw_offers(self) -> None:
+        """No more handoffs to this worker until its next idle look (a consumer cancelled).
+        A failure is only logged: the offer then expires, and what it brings is released at
+        close or taken over after its lease."""
+        if not self._offer_queues:
+            return
+        self._offer_queues = set()
+        try:
+            self.store.withdraw_offers(self.owner)
+        except Exception:
+            logger.warning("sqlease: could not withdraw the handoff offer", exc_info=True)
 
     def _drain_ready(self) -> bool:
         """Deliver until nothing more is ready or credit runs out; True if anything came."""
@@ -1172,12 +1280,26 @@ class Transport(virtual.Transport):
     def _on_readable(self) -> None:
         waker = self.waker
         if isinstance(waker, PostgresListener):
-            # Only the no-ack queues a notification names are looked at: a published task
-            # goes straight to its claim, without a look at the remote-control queue first.
-            self._look_everywhere(waker.pending())
+            payloads = waker.pending()
             if not waker.connected:
                 # The LISTEN connection broke (server restart): re-listen on the next poll.
                 self._remove_reader()
+            queues: set[str] | None = None
+            if payloads is not None:
+                handoffs, queues = split_notifications(payloads, self.owner)
+                if handoffs:
+                    try:
+                        self._accept_handoffs(handoffs)
+                    except self.connection_errors:
+                        raise
+                    except Exception:
+                        logger.exception("sqlease: error while taking handed-off messages")
+                if not queues:
+                    # Only handoffs (ours are on their way; others' name nothing to look at).
+                    return
+            # Only the no-ack queues a notification names are looked at: a published task
+            # goes straight to its claim, without a look at the remote-control queue first.
+            self._look_everywhere(queues)
         else:
             waker.ready()
             self._look_everywhere()
@@ -1208,7 +1330,7 @@ class Transport(virtual.Transport):
     def _schedule_due(self) -> None:
         if self._loop is None:
             return
-        delay = self._next_due_delay()
+        delay = self._next_due_delay(offer=True)
         if self._due_entry is not None:
             self._due_entry.cancel()
             self._due_entry = None
@@ -1294,6 +1416,7 @@ class Transport(virtual.Transport):
             logger.warning("sqlease: could not write deferred acks at close", exc_info=True)
         try:
             super().close_connection(connection)
+            self._release_handoffs()
         finally:
             self._unregister_from_loop()
             if self._maintenance is not None:
@@ -1305,6 +1428,23 @@ class Transport(virtual.Transport):
             if self._waker is not None:
                 self._waker.close()
                 self._waker = None
+
+    def _release_handoffs(self) -> None:
+        """At close, after the channels gave back what they held: withdraw the offers, and
+        release (attempt refunded) any message a publish handed over that was never
+        delivered (its notification not yet read), instead of leaving it to lease expiry."""
+        if not self._offered:
+            return
+        try:
+            self.store.withdraw_offers(self.owner)
+            self._offer_queues = set()
+            leftover = self.store.leased_to(self.owner)
+            if leftover:
+                heartbeat().drop(leftover)
+                self.store.release(leftover, refund=True)
+        except Exception:
+            logger.warning("sqlease: could not withdraw handoff offers at close", exc_info=True)
+        self._offered = False
 
     def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
         prefix = "" if uri.startswith("sqlease") else "sqlease+"

@@ -45,9 +45,12 @@ class PostgresListener:
     safety poll covers whatever was notified meanwhile.
     """
 
-    def __init__(self, url: URL, channel: str) -> None:
+    def __init__(self, url: URL, channel: str, *, lock_key: int | None = None) -> None:
         self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._channel = channel
+        # Held by this connection while it lives: the worker's handoff offers count only
+        # while it is (see sqlease.handoff).
+        self._lock_key = lock_key
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         #: Counts the connections made: while it is unchanged, no notification was missed.
         self.generation = 0
@@ -55,10 +58,14 @@ class PostgresListener:
     def _connect(self) -> psycopg.Connection[tuple[object, ...]] | None:
         if self._conn is not None and not self._conn.closed:
             return self._conn
+        conn = None
         try:
             conn = psycopg.connect(self._dsn, autocommit=True, application_name="sqlease-listen")
             conn.execute(f'LISTEN "{self._channel}"')
+            if self._lock_key is not None:
+                conn.execute("SELECT pg_advisory_lock(%s)", (self._lock_key,))
         except psycopg.Error as exc:
+            _close_quietly(conn)
             logger.warning(
                 "sqlease could not LISTEN for wake-ups (%s); polling meanwhile", type(exc).__name__
             )

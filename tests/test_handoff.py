@@ -1,0 +1,182 @@
+"""Handoff (PostgreSQL): a publish leases its message to an idle worker's live offer and sends
+the leased row in its notification, so the worker starts it without a claim round trip
+(sqlease/handoff.py, docs/leases.md "Handoff")."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from sqlease import Store
+from sqlease.handoff import Handoff, lock_key_for, split
+from sqlease.testing import FakeClock
+from sqlease.wakeup import PostgresListener
+
+pytestmark = [pytest.mark.pg, pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)]
+
+OWNER = "host:1:worker-a"
+LEASE_MS = 5_000
+TTL_MS = 3_000
+
+
+@pytest.fixture
+def listener(store: Store) -> Iterator[PostgresListener]:
+    """The offering worker's listening connection, holding its advisory lock."""
+    waker = PostgresListener(store.engine.url, store.notify_channel, lock_key=lock_key_for(OWNER))
+    assert waker.fileno() is not None
+    yield waker
+    waker.close()
+
+
+def offer(store: Store, queues: list[str] | None = None, owner: str = OWNER) -> int | None:
+    return store.offer(
+        queues or ["q"], owner, lease_ms=LEASE_MS, lock_key=lock_key_for(owner), ttl_ms=TTL_MS
+    )
+
+
+def heard(listener: PostgresListener) -> list[str]:
+    return listener.wait_payloads(0.5) or []
+
+
+def test_a_publish_leases_its_message_to_a_live_offer_and_sends_the_row(
+    store: Store, listener: PostgresListener, clock: FakeClock
+) -> None:
+    assert offer(store) is None  # nothing delayed: no due time
+    heard(listener)
+    message_id = store.enqueue("q", '{"n": 1}', task_id="t1", priority=3)
+    row = store.get_message(message_id)
+    assert row is not None
+    assert (row.lease_owner, row.attempt, row.state) == (OWNER, 1, "ready")
+    assert row.lease_expires_at_ms == clock() + LEASE_MS
+    # The notification carries the leased row, addressed to the offering worker only.
+    mine, queues = split(heard(listener), OWNER)
+    assert queues == set()
+    assert mine == [Handoff(message_id, 1, row)]
+    assert split([f"\x01{OWNER}\n{{}}"], "host:2:worker-b") == ([], set())
+    # An ordinary lease: timeline, fenced ack.
+    kinds = [(e.kind, e.attempt, e.data) for e in store.events(task_id="t1")]
+    assert kinds == [("enqueued", 0, None), ("claimed", 1, {"owner": OWNER, "handoff": True})]
+    assert store.claim(["q"], "other", lease_ms=LEASE_MS) == []
+    assert store.ack([row.fence]) == {message_id}
+    # One-shot: the next publish is an ordinary one (ready, its queue notified).
+    second = store.enqueue("q", '{"n": 2}')
+    assert split(heard(listener), OWNER) == ([], {"q"})
+    got = store.get_message(second)
+    assert got is not None and got.lease_owner is None and got.attempt == 0
+
+
+def test_no_handoff_to_a_worker_whose_listening_connection_is_gone(
+    store: Store, listener: PostgresListener
+) -> None:
+    offer(store)
+    listener.close()  # as when the worker is killed: its connections close, the lock goes
+    message_id = store.enqueue("q", "{}")
+    row = store.get_message(message_id)
+    assert row is not None and row.lease_owner is None
+    assert store.claim(["q"], "other", lease_ms=LEASE_MS)[0].id == message_id
+
+
+def test_an_expired_offer_is_not_used(
+    store: Store, listener: PostgresListener, clock: FakeClock
+) -> None:
+    offer(store)
+    clock.advance(TTL_MS)
+    message_id = store.enqueue("q", "{}")
+    row = store.get_message(message_id)
+    assert row is not None and row.lease_owner is None
+
+
+def test_run_and_delayed_messages_are_never_handed_off(
+    store: Store, listener: PostgresListener
+) -> None:
+    """A run's message needs the claim's per-run lock; a delayed one is not due. Both wait
+    for an ordinary claim, and the offer stays for the next plain message."""
+    offer(store)
+    in_run = store.enqueue("q", "{}", run_id="R")
+    delayed = store.enqueue("q", "{}", delay_ms=60_000)
+    plain = store.enqueue("q", "{}")
+    owners = {
+        i: getattr(store.get_message(i), "lease_owner", "?") for i in (in_run, delayed, plain)
+    }
+    assert owners == {in_run: None, delayed: None, plain: OWNER}
+
+
+def test_an_offer_covers_its_queues_only_and_is_replaced_by_the_next(
+    store: Store, listener: PostgresListener
+) -> None:
+    offer(store, ["a", "b"])
+    offer(store, ["b"])  # no longer consuming "a"
+    on_a = store.enqueue("a", "{}")
+    on_b = store.enqueue("b", "{}")
+    assert getattr(store.get_message(on_a), "lease_owner", "?") is None
+    assert getattr(store.get_message(on_b), "lease_owner", "?") == OWNER
+    offer(store, ["b"])
+    store.withdraw_offers(OWNER)
+    after = store.enqueue("b", "{}")
+    assert getattr(store.get_message(after), "lease_owner", "?") is None
+
+
+def test_the_offer_reports_when_the_next_delayed_message_is_due(
+    store: Store, listener: PostgresListener
+) -> None:
+    store.enqueue("q", "{}", delay_ms=2_500)
+    assert offer(store) == 2_500
+
+
+def test_a_long_message_is_handed_by_id_and_read_back(
+    store: Store, listener: PostgresListener
+) -> None:
+    offer(store)
+    heard(listener)
+    payload = json.dumps({"pad": 'x"y' * 4_000})  # over NOTIFY's 8000 bytes once escaped
+    message_id = store.enqueue("q", payload)
+    [handoff], _ = split(heard(listener), OWNER)
+    assert handoff == Handoff(message_id, 1, None)
+    row = store.get_message(message_id)
+    assert row is not None and row.payload == payload and row.lease_owner == OWNER
+
+
+def test_concurrent_publishes_never_share_one_offer(
+    make_store: Callable[..., Store], store: Store, listener: PostgresListener
+) -> None:
+    offer(store)
+    stores = [make_store() for _ in range(8)]
+    start = threading.Barrier(len(stores))
+    ids: list[int] = []
+
+    def publish(s: Store) -> None:
+        start.wait()
+        ids.append(s.enqueue("q", "{}"))
+
+    threads = [threading.Thread(target=publish, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    owners = [getattr(store.get_message(i), "lease_owner", "?") for i in ids]
+    assert sorted(owners, key=str) == [None] * 7 + [OWNER]
+
+
+def test_a_handed_message_is_taken_over_after_its_lease_like_any_other(
+    store: Store, listener: PostgresListener, clock: FakeClock
+) -> None:
+    offer(store)
+    message_id = store.enqueue("q", "{}", task_id="t")
+    row = store.get_message(message_id)
+    assert row is not None
+    clock.advance(LEASE_MS)
+    [taken] = store.claim(["q"], "other", lease_ms=LEASE_MS)
+    assert (taken.id, taken.attempt) == (message_id, 2)
+    assert store.ack([row.fence]) == set()  # the first holder's late ack changes nothing
+    assert store.ack([taken.fence]) == {message_id}
+
+
+def test_each_queue_of_an_offer_is_used_once(store: Store, listener: PostgresListener) -> None:
+    offer(store, ["a", "b"])
+    first_a, first_b, second_a = (store.enqueue(q, "{}") for q in ("a", "b", "a"))
+    owners = [getattr(store.get_message(i), "lease_owner", "?") for i in (first_a, first_b)]
+    assert owners == [OWNER, OWNER]
+    assert getattr(store.get_message(second_a), "lease_owner", "?") is None

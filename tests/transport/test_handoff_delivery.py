@@ -1,0 +1,142 @@
+"""Handoff through the transport in a real Kombu ``Hub`` (PostgreSQL): an idle consumer offers
+to take its queue's next message, a publish leases it to the consumer and the notification
+delivers it, with no claim statement in between. A consumer closed before it read such a
+notification gives the message back at once, attempt refunded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kombu import Connection
+from kombu.asynchronous import Hub
+from kombu.message import Message
+from sqlalchemy import select
+
+from sqlease import Store
+
+from .test_background_claims import consuming_worker, hub, run_until, threads_of
+from .test_kombu import attempt_of, msg_id, publish, rows
+
+Connect = Callable[..., Connection]
+
+__all__ = ["hub"]  # the fixture, imported for these tests
+
+pytestmark = [
+    pytest.mark.pg,
+    pytest.mark.timeout(60),
+    pytest.mark.parametrize("db_url", ["postgresql"], indirect=True),
+]
+
+
+def offered_queues(store: Store, owner: str) -> set[str]:
+    offers = store.tables.offers
+    with store.engine.connect() as c:
+        found = c.execute(select(offers.c.queue).where(offers.c.owner == owner)).scalars()
+        return set(found)
+
+
+def idle_worker(connect: Connect, hub: Hub, got: list[Message], **options: Any) -> Any:
+    """A consumer on "work" that has looked, found nothing, and (handoff on) offered."""
+    producer = connect()
+    publish(producer, "work", {"n": "declare"})  # declares the queue; consumed below
+    worker = consuming_worker(_with(connect, options), hub, got)
+    run_until(hub, lambda: len(got) == 1)
+    got.pop().ack()
+    return worker
+
+
+def _with(connect: Connect, options: dict[str, Any]) -> Connect:
+    return lambda **more: connect(**{**options, **more})
+
+
+def test_an_idle_consumer_gets_a_published_message_without_claiming(
+    connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    got: list[Message] = []
+    worker = idle_worker(connect, hub, got)
+    transport = worker.transport
+    run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
+    claims = threads_of(monkeypatch, transport.store, "claim")
+    combined = threads_of(monkeypatch, transport.store, "ack_and_claim")
+
+    publish(connect(), "work", {"n": 1})
+    run_until(hub, lambda: len(got) == 1)
+    [message] = got
+    assert message.payload == {"n": 1}
+    assert attempt_of(message) == 1 and not message.delivery_info["redelivered"]
+    assert claims == [] and combined == []  # handed over, not claimed
+    assert offered_queues(db_store, transport.owner) == set()  # the offer was used up
+    kinds = [e.kind for e in db_store.events(message_id=msg_id(message))]
+    assert kinds == ["claimed"]  # (no "enqueued": a Kombu message without a task id)
+    message.ack()
+    # After the ack the idle look offers again, and the next publish is handed over too.
+    run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
+    assert rows(db_store, "work") == 0
+    publish(connect(), "work", {"n": 2})
+    run_until(hub, lambda: len(got) == 2)
+    assert claims == [] and got[1].payload == {"n": 2}
+    got[1].ack()
+    run_until(hub, lambda: rows(db_store, "work") == 0)
+
+
+def test_a_handoff_not_yet_read_at_close_is_released_with_the_attempt_refunded(
+    connect: Connect, db_store: Store, hub: Hub
+) -> None:
+    got: list[Message] = []
+    worker = idle_worker(connect, hub, got)
+    owner = worker.transport.owner
+    run_until(hub, lambda: offered_queues(db_store, owner) == {"work"})
+    publish(connect(), "work", {"n": 1})  # handed over; the loop never runs to read it
+    [row] = [m for m in _work_rows(db_store) if m.lease_owner is not None]
+    assert row.lease_owner == owner and row.attempt == 1
+    worker.release()
+    assert got == []
+    after = db_store.get_message(row.id)
+    assert after is not None and after.lease_owner is None and after.state == "ready"
+    assert offered_queues(db_store, owner) == set()
+    released = [e for e in db_store.events(message_id=row.id) if e.kind == "released"]
+    assert [e.data for e in released] == [{"delay_ms": 0, "refund": True}]
+    [claimed] = db_store.claim(["work"], "next", lease_ms=5_000)
+    assert claimed.id == row.id
+
+
+def test_with_handoff_off_an_idle_consumer_claims(
+    connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    got: list[Message] = []
+    worker = idle_worker(connect, hub, got, handoff=False)
+    claims = threads_of(monkeypatch, worker.transport.store, "claim")
+    publish(connect(), "work", {"n": 1})
+    run_until(hub, lambda: len(got) == 1)
+    assert claims and offered_queues(db_store, worker.transport.owner) == set()
+    got[0].ack()
+
+
+def _work_rows(store: Store) -> list[Any]:
+    table = store.tables.messages
+    with store.engine.connect() as c:
+        ids = c.execute(select(table.c.id).where(table.c.queue == "work")).scalars().all()
+    return [store.get_message(int(i)) for i in ids]
+
+
+def test_a_consumer_that_holds_a_message_withdraws_its_offer(
+    connect: Connect, db_store: Store, hub: Hub
+) -> None:
+    """A busy (or stalled) worker must not be handed what another could start now: only a
+    consumer holding nothing offers."""
+    got: list[Message] = []
+    worker = idle_worker(connect, hub, got)
+    owner = worker.transport.owner
+    run_until(hub, lambda: offered_queues(db_store, owner) == {"work"})
+    publish(connect(), "work", {"n": 1})
+    run_until(hub, lambda: len(got) == 1)  # handed over: the offer is used up
+    for _ in range(3):  # safety polls while the message is held: no new offer
+        polls = worker.transport._poll_entry
+        run_until(hub, lambda p=polls: worker.transport._poll_entry is not p)
+        assert offered_queues(db_store, owner) == set()
+    publish(connect(), "work", {"n": 2})  # not handed over: ready for any worker
+    [other] = db_store.claim(["work"], "other", lease_ms=5_000)
+    assert other.attempt == 1 and other.id != msg_id(got[0])
+    got[0].ack()
