@@ -1,0 +1,55 @@
+"""Handoff with real worker processes (PostgreSQL): an idle worker is handed a published task
+in the publish statement and runs it without claiming; once that worker is SIGKILLed, its offer
+(still unexpired in the table) is never used, because its listening connection and the
+advisory lock that made the offer live died with it: the next task goes to another worker at
+once, as delivery 1."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from sqlalchemy import select
+
+from .conftest import E2E, wait_for
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.pg,
+    pytest.mark.parametrize("db_url", ["postgresql"], indirect=True),
+]
+
+LEASE = 30.0  # far longer than the test waits: a message handed to the dead worker would stall
+
+
+def offer_owners(e2e: E2E) -> set[str]:
+    offers = e2e.store.tables.offers
+    with e2e.store.engine.connect() as conn:
+        return set(conn.execute(select(offers.c.owner)).scalars())
+
+
+@pytest.mark.timeout(120)
+def test_idle_worker_is_handed_the_task_and_a_killed_ones_offer_is_never_used(e2e: E2E) -> None:
+    first = e2e.start_worker(app="durable_app", E2E_LEASE_SECONDS=LEASE)
+    sender = e2e.app(lease_seconds=LEASE)
+    [owner] = wait_for(lambda: offer_owners(e2e), 15, "the idle worker to offer")
+
+    result = sender.send_task("durable.slow", args=(0.0,))
+    wait_for(lambda: e2e.finished(task_id=result.id), 15, "the first task to finish")
+    claimed = [e for e in e2e.store.events(task_id=result.id) if e.kind == "claimed"]
+    assert [(e.attempt, e.data) for e in claimed] == [(1, {"owner": owner, "handoff": True})]
+    # After the ack the idle worker offers again; then it is killed with its offer standing.
+    wait_for(lambda: offer_owners(e2e) == {owner}, 15, "the worker to offer again")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.proc.wait(10)
+    # Published while the dead worker's offer is the only one (unexpired; its lock is gone).
+    after = sender.send_task("durable.slow", args=(0.0,))
+    assert offer_owners(e2e) == {owner}
+    second = e2e.start_worker(app="durable_app", E2E_LEASE_SECONDS=LEASE)
+    # Not stalled behind a lease given to the dead worker (that would take LEASE seconds).
+    wait_for(lambda: e2e.finished(task_id=after.id), 15, "the second task to finish")
+    [execution] = e2e.executions(task_id=after.id)
+    assert execution["attempt"] == 1 and execution["hostname"] == second.nodename
+    owners = {(e.data or {}).get("owner") for e in e2e.store.events(task_id=after.id)}
+    assert owner not in owners
