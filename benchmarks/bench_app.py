@@ -5,6 +5,7 @@ counted the same way for every broker and result backend."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -20,7 +21,11 @@ UDP_PORT = int(os.environ.get("BENCH_UDP", "0"))
 app = Celery("bench", broker=BROKER, backend=BACKEND)
 app.conf.update(
     worker_prefetch_multiplier=4,
-    broker_transport_options={"table_prefix": os.environ.get("BENCH_PREFIX", "sqlease_")}
+    # BENCH_TRANSPORT_OPTIONS: JSON merged into sqlease's options (e.g. '{"handoff": false}')
+    broker_transport_options={
+        "table_prefix": os.environ.get("BENCH_PREFIX", "sqlease_"),
+        **json.loads(os.environ.get("BENCH_TRANSPORT_OPTIONS") or "{}"),
+    }
     if BROKER.startswith("sqlease")
     else {},
     result_backend_transport_options={},

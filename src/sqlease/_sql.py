@@ -186,16 +186,21 @@ class Statements:
             # An idle worker's offer for each queue it consumes (refreshed by each idle look;
             # offers for queues it no longer consumes are dropped), with, in the same
             # statement, when the next delayed message of those queues is due.
-            self.offer_and_next_due: TextClause | None = text(
-                f"WITH gone AS (DELETE FROM {off} WHERE owner = :owner "
+            self.offer_ctes: str | None = (
+                f"gone AS (DELETE FROM {off} WHERE owner = :owner "
                 "AND queue <> ALL(CAST(:queues AS TEXT[]))), "
                 f"o AS (INSERT INTO {off} (owner, queue, lease_ms, lock_key, expires_at_ms) "
                 f"SELECT :owner, q, :lease_ms, :lock_key, {now} + :ttl_ms "
                 "FROM unnest(CAST(:queues AS TEXT[])) q "
                 "ON CONFLICT (owner, queue) DO UPDATE SET lease_ms = excluded.lease_ms, "
-                "lock_key = excluded.lock_key, expires_at_ms = excluded.expires_at_ms) "
-                f"SELECT min(available_at_ms) - {now} AS due FROM {m} WHERE state = 'ready' "
+                "lock_key = excluded.lock_key, expires_at_ms = excluded.expires_at_ms)"
+            )
+            self.next_due_of_queues: str | None = (
+                f"SELECT min(available_at_ms) - {now} FROM {m} WHERE state = 'ready' "
                 f"AND queue = ANY(CAST(:queues AS TEXT[])) AND available_at_ms > {now}"
+            )
+            self.offer_and_next_due: TextClause | None = text(
+                f"WITH {self.offer_ctes} SELECT ({self.next_due_of_queues}) AS due"
             )
             self.offer_withdraw: TextClause | None = text(f"DELETE FROM {off} WHERE owner = :owner")
             self.leased_to_owner: TextClause | None = text(
@@ -206,6 +211,7 @@ class Statements:
                 f"INSERT INTO {m} ({insert_cols}) VALUES ({insert_vals}) RETURNING id"
             )
             self.offer_and_next_due = self.offer_withdraw = self.leased_to_owner = None
+            self.offer_ctes = self.next_due_of_queues = None
             self.enqueue_plain = self.enqueue
         self.event_insert = text(
             f"INSERT INTO {ev} (task_id, message_id, attempt, kind, data, at_ms) "
@@ -357,11 +363,20 @@ class Statements:
         # ---- ack / release / park / fail (fenced) -----------------------------------------
         if d.is_postgresql:
             self.ack = text(f"WITH {ack_ctes} SELECT id FROM del")
+            # The ack that leaves a worker idle, with its handoff offer (and its next due
+            # time): one statement instead of two, so the offer stands sooner.
+            assert self.offer_ctes is not None
+            self.ack_offer: TextClause | None = text(
+                f"WITH {ack_ctes}, {self.offer_ctes} "
+                "SELECT (SELECT array_agg(id) FROM del) AS acked_ids, "
+                f"({self.next_due_of_queues}) AS due"
+            )
         else:
             self.ack = text(
                 f"DELETE FROM {m} WHERE id IN (SELECT m.id FROM {m} m JOIN ({d.fences}) f "
                 f"ON {fenced_join}) RETURNING id, task_id, attempt, run_id"
             )
+            self.ack_offer = None
         self.release_run = text(
             f"DELETE FROM {runs} WHERE run_id = :run_id AND message_id = :message_id"
         )

@@ -604,6 +604,50 @@ class Store:
         due = rows[0]["due"] if rows else None
         return None if due is None else max(0, int(due))
 
+    def ack_and_offer(
+        self,
+        fences: Sequence[Fence],
+        queues: Sequence[str],
+        owner: str,
+        *,
+        lease_ms: int,
+        lock_key: int,
+        ttl_ms: int,
+        now: int | None = None,
+    ) -> tuple[set[int], int | None]:
+        """``ack(fences)`` and ``offer(queues, owner, …)`` in one statement (PostgreSQL): the
+        ack that leaves a worker idle also leaves its offer. Returns the ids acked and when
+        the next delayed message of ``queues`` is due. Fences of another owner, or no
+        queues: the two run separately."""
+        if (
+            self.fast is None
+            or self.sql.ack_offer is None
+            or not fences
+            or not queues
+            or any(f.owner != owner for f in fences)
+        ):
+            acked = self.ack(fences, now=now) if fences else set()
+            due = self.offer(
+                queues, owner, lease_ms=lease_ms, lock_key=lock_key, ttl_ms=ttl_ms, now=now
+            )
+            return acked, due
+        for name, value in (("lease_ms", lease_ms), ("ttl_ms", ttl_ms)):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{name} must be a positive integer, not {value!r}")
+        params = {
+            **self._fence_params(fences),
+            "queues": list(queues),
+            "owner": owner,
+            "lease_ms": lease_ms,
+            "lock_key": int(lock_key),
+            "ttl_ms": ttl_ms,
+            "now": self._now(now),
+        }
+        rows = self.fast.rows(self.sql.ack_offer, params)
+        acked = {int(i) for i in (rows[0]["acked_ids"] or [])} if rows else set()
+        due = rows[0]["due"] if rows else None
+        return acked, (None if due is None else max(0, int(due)))
+
     def withdraw_offers(self, owner: str) -> None:
         """Remove ``owner``'s offers: no publish hands it a message from now on."""
         if self.fast is not None and self.sql.offer_withdraw is not None:

@@ -577,6 +577,16 @@ class Channel(virtual.Channel):
         return None
 
 
+def _celery_holds_tasks() -> bool:
+    """In a Celery worker process: tasks received and not finished, whatever their ack mode
+    (Celery's own bookkeeping; empty elsewhere)."""
+    try:
+        from celery.worker import state
+    except ImportError:  # pragma: no cover - celery is a dependency
+        return False
+    return bool(state.active_requests or state.reserved_requests or state.scheduled_requests)
+
+
 # The name ``Channel`` is the Transport's class attribute inside its body: annotations there use
 # this one.
 SqlChannel = Channel
@@ -627,6 +637,7 @@ class Transport(virtual.Transport):
         self._offered = False
         #: The queues an offer of ours may stand for now (made, not known used or withdrawn).
         self._offer_queues: set[str] = set()
+        self._closing_connection = False
         self._store: Store | None = None
         self._results: ResultStore | None = None
         self._waker: Waker | None = None
@@ -670,6 +681,7 @@ class Transport(virtual.Transport):
         return str(sqlalchemy.__version__)
 
     def establish_connection(self) -> Any:
+        self._closing_connection = False
         self._caller_transaction()  # inside sqlease.transaction(): check on its connection
         self.store  # noqa: B018  (connects, checks or migrates the schema: fails fast)
         return super().establish_connection()
@@ -811,6 +823,26 @@ class Transport(virtual.Transport):
         if not pending:
             return
         fences = [fence for fence, _ in pending]
+        if self._acks_leave_idle(fences):
+            # The acks that leave the worker idle also leave its handoff offer (one
+            # statement), so a publish right after the task finished is handed over too.
+            queues = self._active_ack_queues()
+            acked, due_ms = self.store.ack_and_offer(
+                fences,
+                queues,
+                self.owner,
+                lease_ms=self.options.lease_ms,
+                lock_key=self.lock_key,
+                ttl_ms=self._offer_ttl_ms(),
+            )
+            self._offer_queues = set(queues)
+            self._offered = True
+            for channel in self.channels:
+                if isinstance(channel, Channel) and channel._drained:
+                    channel._due_checked = True  # the due time came with the acks
+            self._set_due_timer(None if due_ms is None else due_ms / 1000.0)
+            self._after_acks(pending, acked)
+            return
         if in_background and self._background_possible():
             # Like a busy worker's claims, and in order with them: a claim submitted after
             # these acks runs after them or together with them. (Together, it cannot see them
@@ -819,6 +851,17 @@ class Transport(virtual.Transport):
             self._background_calls().submit(ACKS, lambda: self.store.ack(fences), pending=pending)
             return
         self._after_acks(pending, self.store.ack(fences))
+
+    def _acks_leave_idle(self, fences: list[Fence]) -> bool:
+        return (
+            self.is_postgresql
+            and self._loop is not None
+            and threading.get_ident() == self._loop_thread
+            and self._can_offer()
+            and all(f.owner == self.owner for f in fences)
+            and self._holds_nothing(besides=fences)
+            and bool(self._active_ack_queues())
+        )
 
     def _after_acks(self, pending: list[tuple[Fence, Any]], acked: set[int]) -> None:
         for fence, channel in pending:
@@ -1044,11 +1087,7 @@ class Transport(virtual.Transport):
             # Only a worker that holds nothing offers (and one that holds something again
             # withdraws): a busy or stalled worker is never handed a message another could
             # start now.
-            idle = (
-                not self._pending_acks
-                and self._unacked_total() == 0
-                and not any(isinstance(c, Channel) and c._claiming for c in self.channels)
-            )
+            idle = not self._pending_acks and self._holds_nothing()
             open_queues = self._active_ack_queues(with_credit=True) if idle else []
             if open_queues or self._offer_queues:
                 due_ms = self.store.offer(
@@ -1067,10 +1106,25 @@ class Transport(virtual.Transport):
         due_ms = self.store.next_due_in_ms(queues)
         return None if due_ms is None else due_ms / 1000.0
 
+    def _holds_nothing(self, besides: Iterable[Fence] = ()) -> bool:
+        """No delivery held on any channel (but ``besides``, being acked), no claim under way,
+        and, in a Celery worker, no task received and not finished (one acked early is still
+        running, or waiting for a pool process)."""
+        if any(isinstance(c, Channel) and c._claiming for c in self.channels):
+            return False
+        acking = {f"{f.message_id}.{f.attempt}" for f in besides}
+        for channel in self.channels:
+            if isinstance(channel, Channel):
+                qos = channel.qos
+                if any(t not in qos._dirty and t not in acking for t in qos._delivered):
+                    return False
+        return not _celery_holds_tasks()
+
     def _can_offer(self) -> bool:
         waker = self._waker
         return (
             self.options.handoff
+            and not self._closing_connection
             and isinstance(waker, PostgresListener)
             and waker.connected
             and self._loop is not None
@@ -1294,7 +1348,7 @@ class Transport(virtual.Transport):
                         raise
                     except Exception:
                         logger.exception("sqlease: error while taking handed-off messages")
-                if not queues:
+                if payloads and not queues:
                     # Only handoffs (ours are on their way; others' name nothing to look at).
                     return
             # Only the no-ack queues a notification names are looked at: a published task
@@ -1330,7 +1384,11 @@ class Transport(virtual.Transport):
     def _schedule_due(self) -> None:
         if self._loop is None:
             return
-        delay = self._next_due_delay(offer=True)
+        self._set_due_timer(self._next_due_delay(offer=True))
+
+    def _set_due_timer(self, delay: float | None) -> None:
+        if self._loop is None:
+            return
         if self._due_entry is not None:
             self._due_entry.cancel()
             self._due_entry = None
@@ -1409,6 +1467,7 @@ class Transport(virtual.Transport):
             self._look_everywhere()
 
     def close_connection(self, connection: Any) -> None:
+        self._closing_connection = True  # no more offers: what they bring is released below
         self.finish_background_claims()
         try:
             self.flush_acks(in_background=False)

@@ -140,3 +140,32 @@ def test_a_consumer_that_holds_a_message_withdraws_its_offer(
     [other] = db_store.claim(["work"], "other", lease_ms=5_000)
     assert other.attempt == 1 and other.id != msg_id(got[0])
     got[0].ack()
+
+
+def test_the_ack_that_leaves_a_consumer_idle_carries_its_next_offer(
+    connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One statement acks the last held message and offers again, so a publish right after a
+    task finished is handed over too; no separate offer or claim follows the ack."""
+    got: list[Message] = []
+    worker = idle_worker(connect, hub, got, polling_interval=30)  # no safety poll meanwhile
+    transport = worker.transport
+    run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
+    publish(connect(), "work", {"n": 1})
+    run_until(hub, lambda: len(got) == 1)
+    assert offered_queues(db_store, transport.owner) == set()
+    combined = threads_of(monkeypatch, transport.store, "ack_and_offer")
+    offers = threads_of(monkeypatch, transport.store, "offer")
+    plain_acks = threads_of(monkeypatch, transport.store, "ack")
+    claims = threads_of(monkeypatch, transport.store, "claim")
+    got[0].ack()
+    assert [[f.message_id for f in fences] for _, fences in combined] == [[msg_id(got[0])]]
+    assert offered_queues(db_store, transport.owner) == {"work"}
+    for _ in range(3):  # what the loop's next iterations run: they look no further
+        transport._on_self_pipe()
+        transport._on_tick()
+    assert offers == [] and plain_acks == [] and claims == []
+    publish(connect(), "work", {"n": 2})
+    run_until(hub, lambda: len(got) == 2)
+    assert claims == [] and attempt_of(got[1]) == 1
+    got[1].ack()
