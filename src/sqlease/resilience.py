@@ -27,13 +27,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 RETRY_SECONDS = 20.0
 
 
-def retry_transient(fn: F) -> F:
+def retry_transient(fn: F, seconds: float = RETRY_SECONDS) -> F:
+    """Retry ``fn`` on operational errors for up to ``seconds`` (see the module's docstring)."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("connection") is not None:  # the caller's transaction: theirs to retry
             return fn(*args, **kwargs)
         delay = 0.05
-        deadline = time.monotonic() + RETRY_SECONDS
+        deadline = time.monotonic() + seconds
         while True:
             try:
                 return fn(*args, **kwargs)

@@ -27,7 +27,7 @@ from ._sql import Statements, dialect_for
 from .engine import get_engine
 from .errors import ConfigurationError, PayloadTooLarge
 from .fastpath import FastPath
-from .resilience import retry_transient, retrying
+from .resilience import RETRY_SECONDS, retry_transient, retrying
 from .schema import Tables, build_tables, ensure_schema
 
 Clock = Callable[[], int]
@@ -236,6 +236,7 @@ class Store:
         max_payload_bytes: int = 16 * 1024 * 1024,
         sqlite_synchronous: str = "NORMAL",
         clock: Clock | None = None,
+        connect_retry_seconds: float = RETRY_SECONDS,
     ) -> None:
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
@@ -258,8 +259,11 @@ class Store:
         self.clock = clock
         # PostgreSQL channel that enqueue notifies and idle workers LISTEN on.
         self.notify_channel = f"{self.tables.prefix}wakeup"
-        # A pooled connection killed by a restart fails once: ride it out here too.
-        retry_transient(ensure_schema)(self.engine, self.tables, auto_migrate=auto_migrate)
+        # A pooled connection killed by a restart fails once: ride it out here too, for up to
+        # ``connect_retry_seconds`` (the transport keeps it short: Kombu retries connecting).
+        retry_transient(ensure_schema, connect_retry_seconds)(
+            self.engine, self.tables, auto_migrate=auto_migrate
+        )
 
     @property
     def is_postgresql(self) -> bool:

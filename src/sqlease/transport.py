@@ -44,6 +44,7 @@ from .handoff import Handoff, lock_key_for
 from .handoff import split as split_notifications
 from .heartbeat import heartbeat
 from .options import TransportOptions
+from .resilience import RETRY_SECONDS
 from .results_store import ResultStore
 from .store import Fence, Message, NewMessage, Store
 from .urls import display_url, to_sqlalchemy_url
@@ -81,7 +82,16 @@ _stores: dict[tuple[str, TransportOptions], Store] = {}
 _stores_lock = threading.Lock()
 
 
-def store_for(url: URL, options: TransportOptions) -> Store:
+#: How long the transport's connect (the schema check) retries a refused database itself. Kept
+#: short: a connect is one attempt of Kombu's own retry loop (``ensure_connection``,
+#: ``connect_timeout``, ``max_retries``, failover to an alternate URL), which a 20 s retry
+#: inside each attempt would defeat.
+CONNECT_RETRY_SECONDS = 1.0
+
+
+def store_for(
+    url: URL, options: TransportOptions, *, connect_retry_seconds: float = RETRY_SECONDS
+) -> Store:
     """The process-wide store for a database and options (the schema is checked once)."""
     key = (url.render_as_string(hide_password=False), options)
     with _stores_lock:
@@ -94,6 +104,7 @@ def store_for(url: URL, options: TransportOptions) -> Store:
                 max_attempts=options.max_attempts,
                 max_payload_bytes=options.max_payload_bytes,
                 sqlite_synchronous=options.sqlite_synchronous,
+                connect_retry_seconds=connect_retry_seconds,
             )
             _stores[key] = store
         return store
@@ -664,7 +675,9 @@ class Transport(virtual.Transport):
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = store_for(self.url, self.options)
+            self._store = store_for(
+                self.url, self.options, connect_retry_seconds=CONNECT_RETRY_SECONDS
+            )
         return self._store
 
     @property

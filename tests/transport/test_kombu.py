@@ -169,6 +169,31 @@ def test_unreachable_database_is_a_connection_error(
         conn.release()
 
 
+def _dead_url(db_url: str, tmp_path: Any) -> str:
+    if db_url.startswith("sqlite"):
+        return f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'x.db'}"
+    return make_url(db_url).set(port=1).render_as_string(hide_password=False)
+
+
+@pytest.mark.timeout(30)
+def test_a_refused_connect_fails_fast_so_kombu_retries_it(
+    db_url: str, table_prefix: str, tmp_path: Any
+) -> None:
+    """One connect attempt is one attempt of Kombu's retry loop: it must not retry for 20 s
+    itself, or ``connect_timeout``, ``max_retries`` and failover never get a turn (Kombu's
+    integration suite: ``BasicFunctionality.test_failed_*``, ``BaseFailover``)."""
+    conn = Connection(
+        "sqlease+" + _dead_url(db_url, tmp_path), transport_options={"table_prefix": table_prefix}
+    )
+    try:
+        started = time.monotonic()
+        with pytest.raises(kombu.exceptions.OperationalError):
+            conn.ensure_connection(max_retries=0)
+        assert time.monotonic() - started < 5
+    finally:
+        conn.release()
+
+
 # ---- publish, consume, ack ----------------------------------------------------------------
 
 
