@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from kombu.transport import TRANSPORT_ALIASES
 
+from .aliases import ALIASES as _ALIASES
+from .aliases import TARGET as _TARGET
 from .errors import (
     ConfigurationError,
     ContextUnavailable,
@@ -27,7 +29,8 @@ from .errors import (
     SqleaseError,
 )
 
-TRANSPORT_ALIASES["sqlease"] = "sqlease.transport:Transport"
+for _alias in _ALIASES:  # "sqlease", and the full schemes for failover (see sqlease.aliases)
+    TRANSPORT_ALIASES[_alias] = _TARGET
 
 try:
     from . import celery_defaults as _celery_defaults  # noqa: F401  (registers the hooks)

@@ -47,7 +47,7 @@ from .options import TransportOptions
 from .resilience import RETRY_SECONDS
 from .results_store import ResultStore
 from .store import Fence, Message, NewMessage, Store
-from .urls import display_url, to_sqlalchemy_url
+from .urls import client_url, display_url, to_sqlalchemy_url
 from .wakeup import PostgresListener, SqliteWatcher, Waker
 
 logger = logging.getLogger(__name__)
@@ -634,7 +634,14 @@ class Transport(virtual.Transport):
         super().__init__(client, **kwargs)
         self.options = TransportOptions.parse(client.transport_options)
         self.polling_interval = self.options.polling_interval
-        hostname = client.hostname
+        hostname = client_url(
+            client.hostname,
+            transport=client.transport_cls,
+            userid=client.userid,
+            password=client.password,
+            port=client.port,
+            virtual_host=client.virtual_host,
+        )
         if not hostname or hostname == "localhost":
             raise ConfigurationError(
                 "the sqlease transport needs a database URL, e.g. broker_url = "
@@ -1519,6 +1526,10 @@ class Transport(virtual.Transport):
         self._offered = False
 
     def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
-        prefix = "" if uri.startswith("sqlease") else "sqlease+"
-        text = prefix + uri
+        if "://" not in (uri or ""):
+            # after Connection.switch() (failover) the client holds the URL in parts
+            text = "sqlease+" + self.url.render_as_string(hide_password=False)
+        else:
+            prefix = "" if uri.startswith("sqlease") else "sqlease+"
+            text = prefix + uri
         return text if include_password else display_url(text)

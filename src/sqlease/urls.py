@@ -9,6 +9,7 @@ import re
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from .aliases import FULL_SCHEMES
 from .errors import ConfigurationError
 
 PREFIX = "sqlease"
@@ -74,6 +75,36 @@ def to_sqlalchemy_url(url: str | URL) -> URL:
         f"unsupported database {backend!r} in {mask_password(str(parsed))!r}: "
         "sqlease supports 'sqlite' and 'postgresql'"
     )
+
+
+def client_url(
+    hostname: str | None,
+    *,
+    transport: object = None,
+    userid: str | None = None,
+    password: object = None,
+    port: int | None = None,
+    virtual_host: str | None = None,
+) -> str | URL | None:
+    """The database URL a Kombu ``Connection`` stands for.
+
+    Normally the whole URL is ``hostname`` (Kombu keeps everything after ``sqlease+`` there).
+    After ``Connection.switch()`` (failover) it is in parts, with the full scheme as the
+    transport name: this rebuilds it. ``None`` when there is no URL at all.
+    """
+    if hostname and "://" in hostname:
+        return hostname
+    if isinstance(transport, str) and transport in FULL_SCHEMES:
+        database = virtual_host if virtual_host not in (None, "", "/") else None
+        return URL.create(
+            transport[len(PREFIX) + 1 :],
+            username=userid or None,
+            password=password if isinstance(password, str) and password else None,
+            host=hostname or None,
+            port=port or None,
+            database=database,
+        )
+    return hostname
 
 
 def mask_password(url: str) -> str:

@@ -29,6 +29,14 @@ from typing import Any
 from kombu.transport import TRANSPORT_ALIASES
 
 TRANSPORT_ALIASES.setdefault("sqlease", "sqlease.transport:Transport")
+# The full schemes, for Kombu's failover to an alternate URL (a copy of sqlease.aliases).
+for _scheme in (
+    "sqlease+sqlite",
+    "sqlease+postgresql",
+    "sqlease+postgres",
+    "sqlease+postgresql+psycopg",
+):
+    TRANSPORT_ALIASES.setdefault(_scheme, "sqlease.transport:Transport")
 
 _WATCHED = "celery.app.base"
 

@@ -24,6 +24,7 @@ import kombu.transport
 import pytest
 from kombu import Connection, Consumer, Exchange, Queue
 from kombu.message import Message
+from kombu.utils.url import parse_url
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
@@ -32,6 +33,7 @@ from conftest import unique_prefix
 from sqlease import ConfigurationError, PayloadTooLarge, Store
 from sqlease.heartbeat import heartbeat
 from sqlease.transport import Transport, fence_of
+from sqlease.urls import client_url, to_sqlalchemy_url
 
 from .conftest import POLL
 
@@ -192,6 +194,50 @@ def test_a_refused_connect_fails_fast_so_kombu_retries_it(
         assert time.monotonic() - started < 5
     finally:
         conn.release()
+
+
+@pytest.mark.timeout(60)
+def test_failover_to_an_alternate_url(
+    db_url: str, table_prefix: str, tmp_path: Any, db_store: Store
+) -> None:
+    """``"dead;live"``: Kombu's ``Connection.switch()`` resolves the alternate's whole scheme
+    (``sqlease+postgresql``) as the transport name and hands the URL over in parts. Was a
+    ``KeyError: 'No such transport: sqlease+…'`` (Kombu's ``BaseFailover``)."""
+    live = "sqlease+" + db_url
+    conn = Connection(
+        f"sqlease+{_dead_url(db_url, tmp_path)};{live}",
+        transport_options={"table_prefix": table_prefix, "polling_interval": POLL},
+    )
+    try:
+        conn.ensure_connection(max_retries=2, interval_start=0, interval_step=0)
+        assert conn.connected
+        assert conn.transport_cls == live.partition("://")[0]
+        assert to_sqlalchemy_url(conn.as_uri(include_password=True)) == to_sqlalchemy_url(live)
+        publish(conn, "q", {"n": 1})
+        [message] = consume(conn, ["q"], 1)
+        assert message.payload == {"n": 1}
+        message.ack()
+        assert rows(db_store) == 0
+    finally:
+        conn.release()
+
+
+def test_client_url_rebuilds_an_alternate_url_from_its_parts() -> None:
+    for url in (
+        "sqlease+sqlite:////tmp/some/app.db",
+        "sqlease+postgresql://app:p%40ss@db.example:6543/shop",
+        "sqlease+postgresql+psycopg://app@db.example/shop",
+    ):
+        parts = parse_url(url)
+        rebuilt = client_url(
+            parts["hostname"],
+            transport=parts["transport"],
+            userid=parts["userid"],
+            password=parts["password"],
+            port=parts["port"],
+            virtual_host=parts["virtual_host"],
+        )
+        assert to_sqlalchemy_url(rebuilt) == to_sqlalchemy_url(url)
 
 
 # ---- publish, consume, ack ----------------------------------------------------------------
