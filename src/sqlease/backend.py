@@ -177,6 +177,10 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
         fence = self._fence_for(request)
         if fence is not None and getattr(request, _REFUSED, False):
             return None  # its result was refused: it must not count towards the chord
+        chord = getattr(request, "chord", None)
+        size = self._chord_size(request)
+        if size is not None and isinstance(chord, dict):
+            request.chord = dict(chord, chord_size=size)  # Celery's base reads it from here
         token = _writing_under.set((fence, str(request.id)) if fence else None)
         try:
             return super().on_chord_part_return(request, state, result, **kwargs)
@@ -185,6 +189,29 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
             return None
         finally:
             _writing_under.reset(token)
+            if size is not None:
+                request.chord = chord
+
+    def set_chord_size(self, group_id: Any, chord_size: int) -> None:
+        """Celery calls this while publishing a chord's header, with the number of parts that
+        will report: a nested group counts each of its tasks, where the restored header
+        (Celery's fallback, ``len(deps)``) counts it once. Without it, a header such as
+        ``group(a, chain(b, group(c, d)))`` fires its body after two parts of three and then
+        joins a part that has not run. Stored in the results table under the chord counter's
+        own key, so it is expired and deleted with the counter."""
+        self._put(self.get_key_for_chord(group_id), str(int(chord_size)), None, fence=None)
+
+    def _chord_size(self, request: Any) -> int | None:
+        """The size stored by :meth:`set_chord_size` for this part's chord, unless the
+        request already carries one (None: Celery falls back to the restored header)."""
+        chord, group = getattr(request, "chord", None), getattr(request, "group", None)
+        if not group or not isinstance(chord, dict) or chord.get("chord_size") is not None:
+            return None
+        stored = self.get(self.get_key_for_chord(group))
+        try:
+            return None if stored is None else int(bytes_to_str(stored))
+        except ValueError:
+            return None
 
     # ---- the key/value primitives Celery builds on ------------------------------------
 

@@ -278,6 +278,33 @@ def test_chord_counter_is_atomic(app: Celery) -> None:
     assert backend.incr(b"chord-unlock-x") == 1
 
 
+def test_chord_with_a_nested_group_waits_for_every_part(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Header group(a, chain(b, group(c, d))): a, c and d report as parts (Celery publishes the
+    # size, 3, through set_chord_size), while the restored header has two entries. Counting to
+    # len(header) fired the body after a and c, then joined d, which had not run: a worker
+    # with one process waited forever (Celery's test_canvas::test_nested_group_chain).
+    backend = backend_of(app)
+    inner = GroupResult("inner-g", [AsyncResult("part-c", app=app), AsyncResult("part-d", app=app)])
+    header = GroupResult("chord-g", [AsyncResult("part-a", app=app), inner], app=app)
+    header.save()
+    backend.set_chord_size("chord-g", 3)
+    published: list[Any] = []
+    monkeypatch.setattr(app.amqp, "_retry_publish", lambda send, ret: published.append(ret))
+    body = dict(app.signature("t.add", args=(1,)))
+    parts = [("part-a", 1), ("part-c", 3), ("part-d", 4)]
+    for task_id, value in parts:  # all stored first, so a premature join would not block
+        backend.store_result(task_id, value, states.SUCCESS)
+    for n, (task_id, value) in enumerate(parts, 1):
+        request = SimpleNamespace(id=task_id, group="chord-g", chord=body, task="t.add")
+        backend.on_chord_part_return(request, states.SUCCESS, value)
+        assert request.chord is body
+        assert published == ([] if n < 3 else [[1, [3, 4]]])
+    # The size is deleted with the chord's counter.
+    assert backend.get(backend.get_key_for_chord("chord-g")) is None
+
+
 def test_pickle_round_trip_keeps_the_url(app: Celery) -> None:
     import pickle
 
