@@ -326,6 +326,34 @@ class Channel(virtual.Channel):
         payload["redelivered"] = message.attempt > 1
         return payload
 
+    def take_noack(self, callback: Any) -> int:
+        """Deliver one delete-on-fetch batch of the no-ack queues (remote control, events)
+        if it is time to look at them; how many were delivered."""
+        noack = [q for q in self._active_queues if q in self._noack_queues]
+        if not noack or time.monotonic() < self._next_take:
+            return 0
+        transport = self.connection
+        delivered = 0
+        taken = self.store.take(noack, limit=TAKE_BATCH)
+        # Remote control and event queues are quiet: while a worker drains a backlog,
+        # do not look at them on every fetch. PostgreSQL names the queue in its
+        # notification, so it looks again when one names them (or at the safety poll);
+        # SQLite looks at most every NOACK_INTERVAL.
+        if taken:
+            self._next_take = 0.0
+        elif transport.is_postgresql:
+            self._next_take = math.inf
+        else:
+            self._next_take = time.monotonic() + NOACK_INTERVAL
+        if len(taken) == TAKE_BATCH:
+            transport._more = True
+        for message in taken:
+            payload = self._decode(message, leased=False)
+            if payload is not None:
+                callback(payload, message.queue)
+                delivered += 1
+        return delivered
+
     def drain_events(self, timeout: float | None = None, callback: Any = None) -> int:
         """Deliver what is ready on this channel's queues: one delete-on-fetch batch for
         no-ack consumers and one claim batch, sized by the free prefetch credit."""
@@ -333,28 +361,8 @@ class Channel(virtual.Channel):
             raise Empty()
         callback = callback or self.connection._deliver
         transport = self.connection
-        delivered = 0
-        noack = [q for q in self._active_queues if q in self._noack_queues]
+        delivered = self.take_noack(callback)
         acked = [q for q in self._active_queues if q not in self._noack_queues]
-        if noack and time.monotonic() >= self._next_take:
-            taken = self.store.take(noack, limit=TAKE_BATCH)
-            # Remote control and event queues are quiet: while a worker drains a backlog,
-            # do not look at them on every fetch. PostgreSQL names the queue in its
-            # notification, so it looks again when one names them (or at the safety poll);
-            # SQLite looks at most every NOACK_INTERVAL.
-            if taken:
-                self._next_take = 0.0
-            elif transport.is_postgresql:
-                self._next_take = math.inf
-            else:
-                self._next_take = time.monotonic() + NOACK_INTERVAL
-            if len(taken) == TAKE_BATCH:
-                transport._more = True
-            for message in taken:
-                payload = self._decode(message, leased=False)
-                if payload is not None:
-                    callback(payload, message.queue)
-                    delivered += 1
         if acked and self._claiming:
             pass  # the claim running in the background delivers when it is done
         elif acked and (not self.qos.can_consume() or self._refill_later()):
@@ -1155,6 +1163,24 @@ class Transport(virtual.Transport):
         # margin covers a slow loop. Liveness itself is the listener's advisory lock.
         return int(max(3.0 * self.polling_interval, 2.0) * 1000)
 
+    def _take_noack_now(self) -> None:
+        try:
+            for channel in self.channels:
+                if isinstance(channel, Channel) and channel._consumers:
+                    channel.take_noack(self._deliver)
+        except self.connection_errors:
+            raise
+        except Exception:
+            logger.exception("sqlease: error while fetching messages")
+
+    def _take_handoffs(self, handoffs: list[Handoff]) -> None:
+        try:
+            self._accept_handoffs(handoffs)
+        except self.connection_errors:
+            raise
+        except Exception:
+            logger.exception("sqlease: error while taking handed-off messages")
+
     def _accept_handoffs(self, handoffs: list[Handoff]) -> None:
         """Deliver messages a publish leased to this worker (its idle offer), as a claim's
         would be. One for a queue no channel consumes any more is given back at once."""
@@ -1362,15 +1388,18 @@ class Transport(virtual.Transport):
             if payloads is not None:
                 handoffs, queues = split_notifications(payloads, self.owner)
                 if handoffs:
-                    try:
-                        self._accept_handoffs(handoffs)
-                    except self.connection_errors:
-                        raise
-                    except Exception:
-                        logger.exception("sqlease: error while taking handed-off messages")
-                if payloads and not queues:
-                    # Only handoffs (ours are on their way; others' name nothing to look at).
+                    if queues:
+                        # No-ack queues named in the same batch first: a revoke or other
+                        # remote control command broadcast before a task was published must
+                        # reach Celery before the task does (the payloads' order is lost).
+                        # Named task queues are claimed from in the next iteration.
+                        self._look_everywhere(queues)
+                        self._take_noack_now()
+                        self._more = True
+                    self._take_handoffs(handoffs)
                     return
+                if payloads and not queues:
+                    return  # only handoffs to other workers: nothing to look at
             # Only the no-ack queues a notification names are looked at: a published task
             # goes straight to its claim, without a look at the remote-control queue first.
             self._look_everywhere(queues)

@@ -5,6 +5,7 @@ notification gives the message back at once, attempt refunded."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from sqlalchemy import select
 from sqlease import Store
 
 from .test_background_claims import consuming_worker, hub, run_until, threads_of
-from .test_kombu import attempt_of, msg_id, publish, rows
+from .test_kombu import _consuming, attempt_of, msg_id, publish, rows
 
 Connect = Callable[..., Connection]
 
@@ -168,4 +169,23 @@ def test_the_ack_that_leaves_a_consumer_idle_carries_its_next_offer(
     publish(connect(), "work", {"n": 2})
     run_until(hub, lambda: len(got) == 2)
     assert claims == [] and attempt_of(got[1]) == 1
+    got[1].ack()
+
+
+def test_a_remote_control_message_notified_with_a_handoff_is_delivered_first(
+    connect: Connect, db_store: Store, hub: Hub
+) -> None:
+    """A revoke broadcast just before a task's publish must reach Celery before the task,
+    also when both notifications are read at once (their payloads' order is not kept)."""
+    got: list[Message] = []
+    worker = idle_worker(connect, hub, got, polling_interval=30)
+    transport = worker.transport
+    _consuming(worker.default_channel, "ctl", got, no_ack=True)
+    run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
+    producer = connect()
+    publish(producer, "ctl", {"revoke": "x"})
+    publish(producer, "work", {"n": 1})  # handed over
+    time.sleep(0.3)  # both notifications are waiting on the LISTEN socket
+    transport._on_readable()
+    assert [m.payload for m in got] == [{"revoke": "x"}, {"n": 1}]
     got[1].ack()
