@@ -145,6 +145,32 @@ class E2E:
         env.update({k: str(v) for k, v in overrides.items()})
         return env
 
+    def stall(self, worker: Worker, attempts: int = 40) -> None:
+        """SIGSTOP ``worker``'s process group. On SQLite a process stopped inside a write
+        transaction keeps the file's only write lock until it resumes, and no other worker
+        could take over (docs/operations.md, SQLite limits): such a stop is undone and tried
+        again a moment later, so the test stalls the worker between transactions."""
+        for _ in range(attempts):
+            os.killpg(worker.pid, signal.SIGSTOP)
+            time.sleep(0.05)  # the signal has landed
+            if self.is_postgresql or self._sqlite_writable():
+                return
+            os.killpg(worker.pid, signal.SIGCONT)
+            time.sleep(0.03)
+        raise AssertionError(f"{worker.nodename} held the SQLite write lock at every stop")
+
+    def _sqlite_writable(self) -> bool:
+        path = self.db_url.split("sqlite:///", 1)[1]
+        conn = sqlite3.connect(path, timeout=0.2, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+            return True
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            conn.close()
+
     def start_worker(
         self,
         *,

@@ -64,7 +64,7 @@ def test_stalled_worker_gets_lease_lost_and_its_result_is_refused(e2e: E2E) -> N
     stalled = e2e.start_worker(app="context_app")
     result = app.tasks["ctx.pages"].delay(6, 0.4)
     wait_for(lambda: len(effects(e2e, "page")) >= 1, 30, "the first page")
-    os.killpg(stalled.pid, signal.SIGSTOP)  # stall past the 2 s lease (no heartbeat)
+    e2e.stall(stalled)  # past the 2 s lease (no heartbeat)
     try:
         e2e.start_worker(app="context_app")
         outcome = result.get(timeout=60)
