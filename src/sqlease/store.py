@@ -166,6 +166,12 @@ def _message_from(mapping: Mapping[Any, Any], *, has_last_error: bool) -> Messag
     )
 
 
+def _due_ms(rows: list[dict[str, Any]]) -> int | None:
+    """The ``due`` column of an offer statement: milliseconds until the next delayed message."""
+    due = rows[0]["due"] if rows else None
+    return None if due is None else max(0, int(due))
+
+
 def _by_owner(fences: Iterable[Fence]) -> dict[str, list[Fence]]:
     groups: dict[str, list[Fence]] = defaultdict(list)
     for fence in fences:
@@ -592,10 +598,24 @@ class Store:
             return None
         if self.sql.offer_and_next_due is None:
             raise ConfigurationError("handoff offers need PostgreSQL")
+        params = self._offer_params(queues, owner, lease_ms, lock_key, ttl_ms, now)
+        assert self.fast is not None
+        rows = self.fast.rows(self.sql.offer_and_next_due, params)
+        return _due_ms(rows)
+
+    def _offer_params(
+        self,
+        queues: Sequence[str],
+        owner: str,
+        lease_ms: int,
+        lock_key: int,
+        ttl_ms: int,
+        now: int | None,
+    ) -> dict[str, Any]:
         for name, value in (("lease_ms", lease_ms), ("ttl_ms", ttl_ms)):
             if not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be a positive integer, not {value!r}")
-        params = {
+        return {
             "queues": list(queues),
             "owner": owner,
             "lease_ms": lease_ms,
@@ -603,10 +623,6 @@ class Store:
             "ttl_ms": ttl_ms,
             "now": self._now(now),
         }
-        assert self.fast is not None
-        rows = self.fast.rows(self.sql.offer_and_next_due, params)
-        due = rows[0]["due"] if rows else None
-        return None if due is None else max(0, int(due))
 
     def ack_and_offer(
         self,
@@ -635,22 +651,13 @@ class Store:
                 queues, owner, lease_ms=lease_ms, lock_key=lock_key, ttl_ms=ttl_ms, now=now
             )
             return acked, due
-        for name, value in (("lease_ms", lease_ms), ("ttl_ms", ttl_ms)):
-            if not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{name} must be a positive integer, not {value!r}")
         params = {
             **self._fence_params(fences),
-            "queues": list(queues),
-            "owner": owner,
-            "lease_ms": lease_ms,
-            "lock_key": int(lock_key),
-            "ttl_ms": ttl_ms,
-            "now": self._now(now),
+            **self._offer_params(queues, owner, lease_ms, lock_key, ttl_ms, now),
         }
         rows = self.fast.rows(self.sql.ack_offer, params)
         acked = {int(i) for i in (rows[0]["acked_ids"] or [])} if rows else set()
-        due = rows[0]["due"] if rows else None
-        return acked, (None if due is None else max(0, int(due)))
+        return acked, _due_ms(rows)
 
     def withdraw_offers(self, owner: str) -> None:
         """Remove ``owner``'s offers: no publish hands it a message from now on."""
