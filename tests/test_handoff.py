@@ -9,9 +9,12 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+from sqlalchemy import select
 
 from sqlease import Store
 from sqlease.handoff import Handoff, lock_key_for, split
+from sqlease.results_store import ResultStore
+from sqlease.store import Fence
 from sqlease.testing import FakeClock
 from sqlease.wakeup import PostgresListener
 
@@ -180,3 +183,69 @@ def test_each_queue_of_an_offer_is_used_once(store: Store, listener: PostgresLis
     owners = [getattr(store.get_message(i), "lease_owner", "?") for i in (first_a, first_b)]
     assert owners == [OWNER, OWNER]
     assert getattr(store.get_message(second_a), "lease_owner", "?") is None
+
+
+def offers_of(store: Store) -> dict[tuple[str, str], int]:
+    t = store.tables.offers
+    with store.engine.connect() as conn:
+        rows = conn.execute(select(t.c.owner, t.c.queue, t.c.expires_at_ms)).all()
+    return {(r.owner, r.queue): int(r.expires_at_ms) for r in rows}
+
+
+STAMP = {"queues": ["q"], "lease_ms": LEASE_MS, "lock_key": lock_key_for(OWNER), "ttl_ms": TTL_MS}
+
+
+def test_a_final_result_puts_back_its_workers_offer_only_under_its_lease(
+    store: Store, listener: PostgresListener, clock: FakeClock
+) -> None:
+    """A delivery an idle worker took carries its next offer (``OFFER_KEY``); the task's
+    result writes it in its own statement, so it stands before the client wakes. A result
+    refused for a lost lease writes none, and a malformed stamp only drops the offer."""
+    results = ResultStore(store)
+    offer(store)
+    held = store.get_message(store.enqueue("q", "{}", task_id="t1"))
+    assert held is not None and held.lease_owner == OWNER  # handed over: the offer is used up
+    assert offers_of(store) == {}
+    assert results.put("k1", b"{}", state="SUCCESS", fence=held.fence, offer=STAMP) == "stored"
+    assert offers_of(store) == {(OWNER, "q"): clock() + TTL_MS}
+    following = store.get_message(store.enqueue("q", "{}"))
+    assert following is not None and following.lease_owner == OWNER  # the next is handed over
+    assert offers_of(store) == {}
+    stale = Fence(held.id, OWNER, held.attempt + 1)
+    assert results.put("k2", b"{}", state="SUCCESS", fence=stale, offer=STAMP) == "lease_lost"
+    assert offers_of(store) == {}
+    bad = {"queues": "q", "lease_ms": "soon"}
+    assert results.put("k3", b"{}", state="SUCCESS", fence=held.fence, offer=bad) == "stored"
+    assert offers_of(store) == {}
+
+
+def test_the_ack_keeps_an_offer_that_stands(
+    store: Store, listener: PostgresListener, clock: FakeClock
+) -> None:
+    """The ack that leaves a worker idle offers only if no offer stands: updating one would
+    lock its row just when the client's next publish looks for it (and skips locked ones)."""
+    offer(store)
+    message_id = store.enqueue("q", "{}")
+    row = store.get_message(message_id)
+    assert row is not None
+    offer(store)  # as the task's result does
+    before = offers_of(store)
+    clock.advance(1_000)
+    acked, due = store.ack_and_offer(
+        [row.fence], ["q"], OWNER, lease_ms=LEASE_MS, lock_key=lock_key_for(OWNER), ttl_ms=TTL_MS
+    )
+    assert acked == {message_id} and due is None
+    assert offers_of(store) == before  # kept, not rewritten
+    store.withdraw_offers(OWNER)
+    other = store.enqueue("q", "{}")
+    [claimed] = store.claim(["q"], OWNER, lease_ms=LEASE_MS)
+    assert claimed.id == other
+    store.ack_and_offer(
+        [claimed.fence],
+        ["q"],
+        OWNER,
+        lease_ms=LEASE_MS,
+        lock_key=lock_key_for(OWNER),
+        ttl_ms=TTL_MS,
+    )
+    assert offers_of(store) == {(OWNER, "q"): clock() + TTL_MS}  # none stood: made

@@ -366,8 +366,17 @@ class Statements:
             # The ack that leaves a worker idle, with its handoff offer (and its next due
             # time): one statement instead of two, so the offer stands sooner.
             assert self.offer_ctes is not None
+            # An offer that already stands (the task's result wrote it) is kept, not updated:
+            # updating would lock its row just when the client's next publish looks for it,
+            # and the publish, which skips locked offers, would miss it.
+            offer_keep = self.offer_ctes.replace(
+                "ON CONFLICT (owner, queue) DO UPDATE SET lease_ms = excluded.lease_ms, "
+                "lock_key = excluded.lock_key, expires_at_ms = excluded.expires_at_ms)",
+                "ON CONFLICT (owner, queue) DO NOTHING)",
+            )
+            assert offer_keep != self.offer_ctes
             self.ack_offer: TextClause | None = text(
-                f"WITH {ack_ctes}, {self.offer_ctes} "
+                f"WITH {ack_ctes}, {offer_keep} "
                 "SELECT (SELECT array_agg(id) FROM del) AS acked_ids, "
                 f"({self.next_due_of_queues}) AS due"
             )
@@ -524,7 +533,7 @@ class Statements:
         # only if it held (and, with :keep_success, never over a stored SUCCESS), and the
         # waiters' notification: with the value when it was stored, by key alone when a
         # stored SUCCESS was kept. SQLite runs the check and the upsert in one transaction.
-        self.result_put = None
+        self.result_put: TextClause | None = None
         if d.is_postgresql:
             r = tables.results.name
             cols = "key, value, state, task_id, message_id, attempt, expires_at_ms, updated_at_ms"
@@ -552,6 +561,25 @@ class Statements:
                 "SELECT EXISTS (SELECT 1 FROM h) AS held, "
                 "(SELECT count(*) FROM up) + 0 * (SELECT count(*) FROM n) AS stored"
             )
+            # The final result of a delivery its worker took while idle carries that worker's
+            # next handoff offer, written only if the lease held (the worker is alive and the
+            # task over): it stands before the client even wakes, so the client's next publish
+            # is handed over (the worker's ack would put it back a round trip later).
+            result_sql = str(self.result_put.text)
+            offer_cte = (
+                f"ro AS (INSERT INTO {tables.offers.name} "
+                "(owner, queue, lease_ms, lock_key, expires_at_ms) "
+                f"SELECT :owner, q, :offer_lease_ms, :offer_lock_key, {now} + :offer_ttl_ms "
+                "FROM unnest(CAST(:offer_queues AS TEXT[])) q WHERE EXISTS (SELECT 1 FROM h) "
+                "ON CONFLICT (owner, queue) DO UPDATE SET lease_ms = excluded.lease_ms, "
+                "lock_key = excluded.lock_key, expires_at_ms = excluded.expires_at_ms), "
+            )
+            notify_cte = "n AS (SELECT pg_notify"
+            self.result_put_offer: TextClause | None = text(
+                result_sql.replace(notify_cte, offer_cte + notify_cte, 1)
+            )
+        else:
+            self.result_put_offer = None
 
         # ---- bindings and queues --------------------------------------------------------
         b = tables.bindings.name

@@ -28,7 +28,7 @@ from .errors import ConfigurationError, DatabaseUnavailable
 from .options import TransportOptions
 from .results_store import FenceRefused, ResultStore
 from .store import Fence
-from .transport import fence_of, store_for
+from .transport import OFFER_KEY, fence_of, store_for
 from .urls import display_url, strip_prefix, to_sqlalchemy_url
 from .wakeup import PostgresListener, SqliteWatcher, Waker
 
@@ -148,6 +148,8 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
         meta["task_id"] = bytes_to_str(task_id)
         # Celery reads the stored state first and keeps a SUCCESS (a late duplicate must not
         # overwrite it); here that rule is part of the write itself: one statement, no read.
+        # A final result of an idle worker's delivery also puts back that worker's offer.
+        offer = _offer_of(request) if fence is not None and state in states.READY_STATES else None
         try:
             self._put(
                 self.get_key_for_task(task_id),
@@ -156,6 +158,7 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
                 fence=fence,
                 task_id=bytes_to_str(task_id),
                 keep_success=True,
+                offer=offer,
             )
         except BackendStoreError as ex:
             raise BackendStoreError(str(ex), state=state, task_id=task_id) from ex
@@ -249,6 +252,7 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
         fence: Fence | None,
         task_id: str | None = None,
         keep_success: bool = False,
+        offer: Any = None,
     ) -> bool:
         text = self._key(key)
         expires_ms = int(self.expires * 1000) if self.expires else None
@@ -260,6 +264,7 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
             expires_ms=expires_ms,
             fence=fence,
             keep_success=keep_success,
+            offer=offer,
         )
         if outcome == "lease_lost":
             self._local.refused = True
@@ -432,3 +437,11 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
             iterations += 1
             if max_iterations and iterations >= max_iterations:
                 break
+
+
+def _offer_of(request: Any) -> Any:
+    """The handoff offer the transport asked this delivery's final result to write, if any
+    (``sqlease.transport.OFFER_KEY``: set on a delivery its worker took while idle)."""
+    properties = getattr(request, "properties", None) or {}
+    info = properties.get("delivery_info") if isinstance(properties, dict) else None
+    return info.get(OFFER_KEY) if isinstance(info, dict) else None

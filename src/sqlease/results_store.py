@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -96,11 +96,13 @@ class ResultStore:
         expires_ms: int | None = None,
         fence: Fence | None = None,
         keep_success: bool = False,
+        offer: Mapping[str, Any] | None = None,
     ) -> str:
         """Store ``value`` under ``key``; with a fence, only while its lease is held; with
         ``keep_success``, never over a stored SUCCESS (Celery's rule: a late duplicate must
         not overwrite the result that stands). Returns ``stored``, ``lease_lost`` or
-        ``kept_success``."""
+        ``kept_success``. ``offer`` (PostgreSQL, fenced writes): the holder's handoff offer,
+        written in the same statement if the lease held (``sqlease.transport.OFFER_KEY``)."""
         now = self._now()
         row = {
             "key": key,
@@ -113,7 +115,7 @@ class ResultStore:
             "updated_at_ms": now,
         }
         if self.store.is_postgresql:
-            return self._put_postgresql(row, fence, keep_success)
+            return self._put_postgresql(row, fence, keep_success, _offer_params(offer, fence))
         insert = self._insert(self.results).values(**row)
         upsert = insert.on_conflict_do_update(
             index_elements=[self.results.c.key],
@@ -127,7 +129,13 @@ class ResultStore:
                 return "kept_success"
         return "stored"
 
-    def _put_postgresql(self, row: dict[str, Any], fence: Fence | None, keep_success: bool) -> str:
+    def _put_postgresql(
+        self,
+        row: dict[str, Any],
+        fence: Fence | None,
+        keep_success: bool,
+        offer: dict[str, Any] | None = None,
+    ) -> str:
         # One statement in autocommit (one round trip, one commit): the lease check locks the
         # message row, the upsert writes only if it held, and the notification goes out with
         # the commit. The payload carries the value when it fits, so a waiting client need
@@ -150,8 +158,12 @@ class ResultStore:
             keep_success=keep_success,
             now=None if self.store.clock is None else row["updated_at_ms"],
         )
-        assert self.store.fast is not None and self.store.sql.result_put is not None
-        (outcome,) = self.store.fast.rows(self.store.sql.result_put, params)
+        statement = self.store.sql.result_put
+        if offer is not None and self.store.sql.result_put_offer is not None:
+            statement = self.store.sql.result_put_offer
+            params.update(offer)
+        assert self.store.fast is not None and statement is not None
+        (outcome,) = self.store.fast.rows(statement, params)
         held, stored = outcome["held"], outcome["stored"]
         if fence is not None and not held:
             return "lease_lost"
@@ -263,3 +275,25 @@ class ResultStore:
     def count(self) -> int:
         with self.store._reading() as conn:
             return int(conn.execute(select(func.count()).select_from(self.results)).scalar_one())
+
+
+def _offer_params(offer: Mapping[str, Any] | None, fence: Fence | None) -> dict[str, Any] | None:
+    """The offer a delivery asked its final result to write, as statement parameters; None
+    when there is none or it is not as the transport writes it (a result is never failed
+    for its offer: the worker's ack offers again anyway)."""
+    if offer is None or fence is None:
+        return None
+    try:
+        queues = [str(q) for q in offer["queues"]]
+        lease_ms, ttl_ms = int(offer["lease_ms"]), int(offer["ttl_ms"])
+        lock_key = int(offer["lock_key"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not queues or lease_ms < 1 or ttl_ms < 1:
+        return None
+    return {
+        "offer_queues": queues,
+        "offer_lease_ms": lease_ms,
+        "offer_lock_key": lock_key,
+        "offer_ttl_ms": ttl_ms,
+    }

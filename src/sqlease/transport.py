@@ -74,6 +74,9 @@ ID_KEY = "sqlease_id"
 ATTEMPT_KEY = "sqlease_attempt"
 OWNER_KEY = "sqlease_owner"
 LEASE_KEY = "sqlease_lease_ms"
+#: On a delivery its worker took while holding nothing else: the handoff offer the task's final
+#: result writes (sqlease.backend), so the worker's next offer stands before the client wakes.
+OFFER_KEY = "sqlease_offer"
 
 #: The key of ack writes on the transport's background thread (claims are keyed by channel).
 ACKS: Any = object()
@@ -274,7 +277,9 @@ class Channel(virtual.Channel):
             )
         return [m for m in messages if m.id not in acked]
 
-    def _decode(self, message: Message, *, leased: bool) -> dict[str, Any] | None:
+    def _decode(
+        self, message: Message, *, leased: bool, offer: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
         """The Kombu payload of a claimed row, stamped with its lease; None if the row is
         not a readable message (it is then failed ``undecodable`` and kept for inspection)."""
         try:
@@ -323,6 +328,8 @@ class Channel(virtual.Channel):
                     LEASE_KEY: self.connection.options.lease_ms,
                 }
             )
+            if offer is not None:
+                delivery_info[OFFER_KEY] = offer
         payload["redelivered"] = message.attempt > 1
         return payload
 
@@ -394,7 +401,8 @@ class Channel(virtual.Channel):
         elif not claimed:
             transport._found_nothing = True
             self._due_checked = True
-        return self._deliver_claimed(claimed, callback)
+        offer = transport.offer_with_result(claimed)
+        return self._deliver_claimed(claimed, callback, offer=offer)
 
     def _refill_later(self) -> bool:
         """While messages are still buffered, wait until half of the prefetch credit is free
@@ -407,11 +415,13 @@ class Channel(virtual.Channel):
             return False
         return self.unacked_count() > 0 and self.qos.can_consume_max_estimate() < pcount // 2
 
-    def _deliver_claimed(self, claimed: list[Message], callback: Any) -> int:
+    def _deliver_claimed(
+        self, claimed: list[Message], callback: Any, *, offer: dict[str, Any] | None = None
+    ) -> int:
         delivered = 0
         for index, message in enumerate(claimed):
             try:
-                payload = self._decode(message, leased=True)
+                payload = self._decode(message, leased=True, offer=offer)
                 if payload is not None:
                     callback(payload, message.queue)
                     delivered += 1
@@ -1207,9 +1217,27 @@ class Transport(virtual.Transport):
             # notifies them; after its ack, the idle look offers again.
             channel._drained = True
             channel._due_checked = False
-            delivered += channel._deliver_claimed(held, self._deliver)
+            offer = self.offer_with_result(held)
+            delivered += channel._deliver_claimed(held, self._deliver, offer=offer)
         if delivered:
             self._kick()  # let the pool pick the new job up in the next iteration
+
+    def offer_with_result(self, claimed: list[Message]) -> dict[str, Any] | None:
+        """For the one message an idle worker is about to deliver: the offer its final result
+        will write (handoff on, PostgreSQL, in the event loop, nothing else held), else None."""
+        if len(claimed) != 1 or not self._can_offer() or not self._holds_nothing():
+            return None
+        queues = self._active_ack_queues()
+        if not queues:
+            return None
+        self._offered = True
+        self._offer_queues.update(queues)
+        return {
+            "queues": queues,
+            "lease_ms": self.options.lease_ms,
+            "lock_key": self.lock_key,
+            "ttl_ms": self._offer_ttl_ms(),
+        }
 
     def _channel_for(self, queue: str) -> SqlChannel | None:
         for channel in self.channels:

@@ -16,6 +16,7 @@ from kombu.message import Message
 from sqlalchemy import select
 
 from sqlease import Store
+from sqlease.transport import OFFER_KEY
 
 from .test_background_claims import consuming_worker, hub, run_until, threads_of
 from .test_kombu import _consuming, attempt_of, msg_id, publish, rows
@@ -68,6 +69,13 @@ def test_an_idle_consumer_gets_a_published_message_without_claiming(
     assert message.payload == {"n": 1}
     assert attempt_of(message) == 1 and not message.delivery_info["redelivered"]
     assert claims == [] and combined == []  # handed over, not claimed
+    # Taken while idle: its final result is to put the worker's next offer back.
+    assert message.delivery_info[OFFER_KEY] == {
+        "queues": ["work"],
+        "lease_ms": transport.options.lease_ms,
+        "lock_key": transport.lock_key,
+        "ttl_ms": transport._offer_ttl_ms(),
+    }
     assert offered_queues(db_store, transport.owner) == set()  # the offer was used up
     kinds = [e.kind for e in db_store.events(message_id=msg_id(message))]
     assert kinds == ["claimed"]  # (no "enqueued": a Kombu message without a task id)
@@ -189,3 +197,17 @@ def test_a_remote_control_message_notified_with_a_handoff_is_delivered_first(
     transport._on_readable()
     assert [m.payload for m in got] == [{"revoke": "x"}, {"n": 1}]
     got[1].ack()
+
+
+def test_only_a_lone_delivery_of_an_idle_worker_asks_its_result_for_an_offer(
+    connect: Connect, db_store: Store, hub: Hub
+) -> None:
+    producer = connect()
+    for n in range(3):
+        publish(producer, "work", {"n": n})
+    got: list[Message] = []
+    consuming_worker(connect, hub, got)
+    run_until(hub, lambda: len(got) == 3)  # one claim of three: not a lone delivery
+    assert [OFFER_KEY in m.delivery_info for m in got] == [False, False, False]
+    for message in got:
+        message.ack()
