@@ -27,7 +27,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from queue import Empty
 from typing import Any
@@ -869,9 +870,7 @@ class Transport(virtual.Transport):
                 fences,
                 queues,
                 self.owner,
-                lease_ms=self.options.lease_ms,
-                lock_key=self.lock_key,
-                ttl_ms=self._offer_ttl_ms(),
+                **self._offer_terms(),
             )
             self._offer_queues = set(queues)
             self._offered = True
@@ -1131,9 +1130,7 @@ class Transport(virtual.Transport):
                 due_ms = self.store.offer(
                     open_queues,
                     self.owner,
-                    lease_ms=self.options.lease_ms,
-                    lock_key=self.lock_key,
-                    ttl_ms=self._offer_ttl_ms(),
+                    **self._offer_terms(),
                 )
                 self._offer_queues = set(open_queues)
                 self._offered = self._offered or bool(open_queues)
@@ -1168,28 +1165,35 @@ class Transport(virtual.Transport):
             and self._loop is not None
         )
 
+    def _offer_terms(self) -> dict[str, int]:
+        """This worker's offer, as the store's offer calls (and a result's stamp) take it."""
+        return {
+            "lease_ms": self.options.lease_ms,
+            "lock_key": self.lock_key,
+            "ttl_ms": self._offer_ttl_ms(),
+        }
+
     def _offer_ttl_ms(self) -> int:
         # Refreshed by every idle look (the safety poll runs each polling_interval); the
         # margin covers a slow loop. Liveness itself is the listener's advisory lock.
         return int(max(3.0 * self.polling_interval, 2.0) * 1000)
 
-    def _take_noack_now(self) -> None:
+    @contextmanager
+    def _errors_logged(self, doing: str) -> Iterator[None]:
+        """In the event loop: a connection error goes up (Celery reconnects); any other error
+        is logged and the loop goes on."""
         try:
+            yield
+        except self.connection_errors:
+            raise
+        except Exception:
+            logger.exception("sqlease: error while %s", doing)
+
+    def _take_noack_now(self) -> None:
+        with self._errors_logged("fetching messages"):
             for channel in self.channels:
                 if isinstance(channel, Channel) and channel._consumers:
                     channel.take_noack(self._deliver)
-        except self.connection_errors:
-            raise
-        except Exception:
-            logger.exception("sqlease: error while fetching messages")
-
-    def _take_handoffs(self, handoffs: list[Handoff]) -> None:
-        try:
-            self._accept_handoffs(handoffs)
-        except self.connection_errors:
-            raise
-        except Exception:
-            logger.exception("sqlease: error while taking handed-off messages")
 
     def _accept_handoffs(self, handoffs: list[Handoff]) -> None:
         """Deliver messages a publish leased to this worker (its idle offer), as a claim's
@@ -1232,12 +1236,7 @@ class Transport(virtual.Transport):
             return None
         self._offered = True
         self._offer_queues.update(queues)
-        return {
-            "queues": queues,
-            "lease_ms": self.options.lease_ms,
-            "lock_key": self.lock_key,
-            "ttl_ms": self._offer_ttl_ms(),
-        }
+        return {"queues": queues, **self._offer_terms()}
 
     def _channel_for(self, queue: str) -> SqlChannel | None:
         for channel in self.channels:
@@ -1424,7 +1423,8 @@ class Transport(virtual.Transport):
                         self._look_everywhere(queues)
                         self._take_noack_now()
                         self._more = True
-                    self._take_handoffs(handoffs)
+                    with self._errors_logged("taking handed-off messages"):
+                        self._accept_handoffs(handoffs)
                     return
                 if payloads and not queues:
                     return  # only handoffs to other workers: nothing to look at
@@ -1446,17 +1446,13 @@ class Transport(virtual.Transport):
             self._drain_in_loop()
 
     def _drain_in_loop(self) -> None:
-        try:
+        with self._errors_logged("fetching messages"):
             self._found_nothing = False
             got = self._drain_ready()
             if got:
                 self._kick()  # let the pool pick the new jobs up in the next iteration
             elif self._found_nothing:  # a claim ran and found nothing due
                 self._schedule_due()
-        except self.connection_errors:
-            raise
-        except Exception:
-            logger.exception("sqlease: error while fetching messages")
 
     def _schedule_due(self) -> None:
         if self._loop is None:
