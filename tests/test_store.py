@@ -64,6 +64,23 @@ def test_claim_respects_limit_and_queues(store: Store) -> None:
     assert store.size("c") == 1
 
 
+def test_claim_over_several_queues_takes_the_best_of_all_in_order(store: Store) -> None:
+    # Each queue is read on its own (its first `limit`), then the best `limit` of those:
+    # the result must be the same as one ordered scan of all of them.
+    a_low = [store.enqueue("a", f"a-low{i}", priority=0) for i in range(3)]
+    b_high = store.enqueue("b", "b-high", priority=9)
+    c_mid = store.enqueue("c", "c-mid", priority=5)
+    a_high = store.enqueue("a", "a-high", priority=9)
+    store.enqueue("d", "d-high", priority=9)  # not asked for
+    got = store.claim(["a", "b", "c", "a"], "w", lease_ms=LEASE, limit=4)
+    assert [m.id for m in got] == [b_high, a_high, c_mid, a_low[0]]
+    # A queue named twice is read once: nothing is delivered twice.
+    rest = store.claim(["a", "a", "b", "c"], "w", lease_ms=LEASE, limit=10)
+    assert [m.id for m in rest] == a_low[1:]
+    assert store.claim(["a", "b", "c"], "w", lease_ms=LEASE, limit=10) == []
+    assert store.size("d") == 1
+
+
 def test_delayed_message_is_not_claimed_before_it_is_due(store: Store, clock: FakeClock) -> None:
     store.enqueue("q", "later", delay_ms=5_000)
     assert store.claim(["q"], "w", lease_ms=LEASE) == []

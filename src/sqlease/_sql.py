@@ -241,11 +241,26 @@ class Statements:
             # never both lease messages of one run; the outer UPDATE re-checks the lease
             # predicate (READ COMMITTED).
             claimed_batch = batch_event("claimed", d.json_owner, "claimed", "m.state = 'ready'")
+            candidates = (
+                "SELECT m.id, m.run_id, m.attempt, (m.attempt >= m.max_attempts) AS exhausted, "
+                f"m.priority, m.available_at_ms FROM {m} m "
+                f"WHERE {ready} AND (m.run_id IS NULL OR {run_free}) "
+                f"{order} LIMIT :limit FOR UPDATE OF m SKIP LOCKED"
+            )
+            # Several queues: the first :limit of each queue, read in index order (a queue
+            # equality per queue), then the best :limit of those. A single scan with
+            # `queue = ANY(...)` sorted every ready row of the queues: 40 ms per claim at
+            # 20,000 queued, 170-250 ms at 100,000. Rows locked here and not kept are
+            # released at the statement's commit; meanwhile other claimers skip them.
+            per_queue = candidates.replace("{queue}", "m.queue = qn.name")
+            cand_single = f"SELECT * FROM ({candidates.replace('{queue}', queue_eq)}) c"
+            cand_multi = (
+                "SELECT x.* FROM (SELECT DISTINCT name FROM unnest(CAST(:queues AS TEXT[])) "
+                f"AS u(name)) qn CROSS JOIN LATERAL ({per_queue}) x "
+                "ORDER BY x.priority DESC, x.available_at_ms, x.id LIMIT :limit"
+            )
             claim_ctes = (
-                "cand AS ("
-                f"SELECT m.id, m.run_id, m.attempt, (m.attempt >= m.max_attempts) AS exhausted "
-                f"FROM {m} m WHERE {ready} AND (m.run_id IS NULL OR {run_free}) "
-                f"{order} LIMIT :limit FOR UPDATE OF m SKIP LOCKED), "
+                "cand AS ({cand}), "
                 "run_locks AS ("
                 f"INSERT INTO {runs} AS r (run_id, message_id, attempt, lease_owner, "
                 "lease_expires_at_ms) "
@@ -305,11 +320,16 @@ class Statements:
             )
             self.claim_events = self.event_insert
 
-        self.claim = text(claim_sql.replace("{queue}", queue_in))
-        self.claim_single = text(claim_sql.replace("{queue}", queue_eq))
-        fenced_join = f"m.id = f.id AND m.attempt = f.attempt AND {held}"
         if d.is_postgresql:
-            fenced_join += " AND m.id = ANY(CAST(:ids AS BIGINT[]))"
+            self.claim = text(claim_sql.replace("{cand}", cand_multi))
+            self.claim_single = text(claim_sql.replace("{cand}", cand_single))
+        else:
+            self.claim = text(claim_sql.replace("{queue}", queue_in))
+            self.claim_single = text(claim_sql.replace("{queue}", queue_eq))
+        # The fences drive the join: one primary-key probe per fence. (A further
+        # `m.id = ANY(:ids)` made PostgreSQL scan the index for all ids and then rescan the
+        # unnested fences for every row: 0.41 against 0.15 ms for an ack of 32.)
+        fenced_join = f"m.id = f.id AND m.attempt = f.attempt AND {held}"
         ack_ctes = (
             f"f AS ({d.fences}), "
             f"del AS (DELETE FROM {m} m USING f WHERE {fenced_join} "
@@ -329,8 +349,10 @@ class Statements:
                 "SELECT c.*, (SELECT array_agg(id) FROM del) AS acked_ids "
                 "FROM (SELECT 1) one LEFT JOIN claimed c ON true"
             )
-            self.ack_claim: TextClause | None = text(ack_claim.replace("{queue}", queue_in))
-            self.ack_claim_single: TextClause | None = text(ack_claim.replace("{queue}", queue_eq))
+            self.ack_claim: TextClause | None = text(ack_claim.replace("{cand}", cand_multi))
+            self.ack_claim_single: TextClause | None = text(
+                ack_claim.replace("{cand}", cand_single)
+            )
         else:
             self.ack_claim = self.ack_claim_single = None
 
