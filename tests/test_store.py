@@ -585,6 +585,17 @@ def test_take_deletes_on_fetch(store: Store) -> None:
     assert store.take(["pidbox"]) == []
 
 
+def test_take_over_several_queues_takes_the_best_of_all_in_order(store: Store) -> None:
+    events = [store.enqueue("ev", f"e{i}", record=False) for i in range(4)]
+    ping = store.enqueue("pidbox", "ping", priority=5, record=False)
+    store.enqueue("other", "not asked", record=False)
+    got = store.take(["ev", "pidbox", "ev"], limit=3)
+    assert [m.id for m in got] == [ping, events[0], events[1]]
+    assert [m.id for m in store.take(["pidbox", "ev"], limit=10)] == events[2:]
+    assert store.take(["pidbox", "ev"], limit=10) == []
+    assert store.size("other") == 1
+
+
 def test_bindings_are_persisted_per_exchange(make_store: Callable[..., Store]) -> None:
     a = make_store()
     b = make_store()  # another process's view of the same tables

@@ -486,10 +486,21 @@ class Statements:
             f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {now}) "
             "AND m.run_id IS NULL"
         )
-        lock = " FOR UPDATE OF m SKIP LOCKED" if d.is_postgresql else ""
+        if d.is_postgresql:
+            # As the claim: each queue read in index order, then the best :limit of them
+            # (a backlog of events in one queue must not make each fetch sort it).
+            per_queue = take_ready.replace(queue_in, "m.queue = qn.name")
+            taken_ids = (
+                "SELECT x.id FROM (SELECT DISTINCT name FROM unnest(CAST(:queues AS TEXT[])) "
+                f"AS u(name)) qn CROSS JOIN LATERAL (SELECT m.id, m.priority, "
+                f"m.available_at_ms FROM {m} m WHERE {per_queue} {order} LIMIT :limit "
+                "FOR UPDATE OF m SKIP LOCKED) x "
+                "ORDER BY x.priority DESC, x.available_at_ms, x.id LIMIT :limit"
+            )
+        else:
+            taken_ids = f"SELECT m.id FROM {m} m WHERE {take_ready} {order} LIMIT :limit"
         self.take = text(
-            f"DELETE FROM {m} WHERE id IN (SELECT m.id FROM {m} m WHERE {take_ready} "
-            f"{order} LIMIT :limit{lock}) "
+            f"DELETE FROM {m} WHERE id IN ({taken_ids}) "
             "RETURNING id, queue, payload, priority, available_at_ms, created_at_ms, run_id, "
             "task_id, state, reason, lease_owner, lease_expires_at_ms, attempt, max_attempts"
         )
