@@ -44,3 +44,87 @@ def test_a_release_to_claim_now_wakes_idle_workers(pg_database_url: str) -> None
         assert store.release([second.fence], delay_ms=5_000) == {second.id}
         assert store.park(third.fence, "paused") and store.fail(fourth.fence, "rejected")
         assert heard() == []
+
+
+_FORKING_LISTENER = """
+import os, signal, sys, time
+from sqlalchemy.engine import make_url
+from sqlease.wakeup import PostgresListener
+
+listener = PostgresListener(make_url(sys.argv[1]), "fork_test", lock_key=int(sys.argv[2]))
+assert listener.fileno() is not None  # connected, listening, advisory lock held
+child = os.fork()
+if child == 0:  # a pool process forked after the listener connected: it just lives on
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the worker dies without closing anything
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_does_not_keep_a_killed_workers_listen_session(
+    pg_database_url: str,
+) -> None:
+    """The listener's session holds the advisory lock that makes a worker's handoff offers
+    count. A prefork child forked after it connected must not keep that session (and lock)
+    alive once the worker is SIGKILLed, or publishes would go on handing tasks to the dead
+    worker's offers."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    key = 0x5E1EA5E0 + os.getpid()
+    # (Popen and one line: the child keeps the pipe open, so run() would wait for it.)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FORKING_LISTENER, pg_database_url, str(key)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(30) == -signal.SIGKILL
+    child = int(line.strip())
+    try:
+        with psycopg.connect(pg_database_url, autocommit=True) as conn:
+            deadline = time.monotonic() + 10
+            while True:
+                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+                if row is not None and row[0]:
+                    break
+                assert time.monotonic() < deadline, "the dead worker's lock is still held"
+                time.sleep(0.05)
+            os.kill(child, 0)  # the child is still alive: it was not what let go
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_sqlease_keeps_the_urls_own_session_options_and_connect_timeout() -> None:
+    from sqlalchemy.engine import make_url
+
+    from sqlease.engine import CONNECT_TIMEOUT_S, SESSION_OPTIONS, postgresql_connect_args
+
+    plain = postgresql_connect_args(make_url("postgresql+psycopg://u@h/db"))
+    assert plain["options"] == SESSION_OPTIONS
+    assert plain["connect_timeout"] == CONNECT_TIMEOUT_S
+    assert "plan_cache_mode=force_generic_plan" in SESSION_OPTIONS
+    own = postgresql_connect_args(
+        make_url("postgresql+psycopg://u@h/db?options=-csearch_path%3Dapp&connect_timeout=3")
+    )
+    # The URL's settings come last, so that they win over sqlease's.
+    assert own["options"] == f"{SESSION_OPTIONS} -csearch_path=app"
+    assert "connect_timeout" not in own  # the URL's own is used
+
+
+def test_a_urls_session_options_reach_the_server(pg_database_url: str) -> None:
+    from sqlalchemy import text
+
+    url = pg_database_url + "?options=-c%20statement_timeout%3D12345"
+    store = Store(url, table_prefix=unique_prefix())
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SHOW statement_timeout")).scalar() == "12345ms"
+        assert conn.execute(text("SHOW plan_cache_mode")).scalar() == "force_generic_plan"
+        assert conn.execute(text("SHOW jit")).scalar() == "off"

@@ -125,6 +125,45 @@ def _create_sqlite(url: URL, options: dict[str, Any]) -> Engine:
     return engine
 
 
+#: Startup settings of sqlease's PostgreSQL sessions (see _create_postgresql for why).
+SESSION_OPTIONS = (
+    "-c idle_in_transaction_session_timeout=60000 -c jit=off "
+    "-c plan_cache_mode=force_generic_plan"
+)
+
+#: Seconds a connection attempt may take (libpq's connect_timeout) unless the URL says.
+CONNECT_TIMEOUT_S = 10
+
+
+def postgresql_connect_args(url: URL) -> dict[str, Any]:
+    """What sqlease adds to a PostgreSQL URL's connection parameters. The URL's own
+    ``options`` (say ``-c search_path=app``) are kept, after sqlease's so that they win;
+    its ``connect_timeout`` is kept too."""
+    query = url.query
+    own = query.get("options")
+    if isinstance(own, tuple):  # given more than once
+        own = " ".join(own)
+    args: dict[str, Any] = {
+        # A worker stopped (SIGSTOP) mid-transaction must not hold locks for long.
+        # No JIT: the claim is a short OLTP statement whose estimated cost can cross
+        # jit_above_cost on a large backlog, and compiling it costs more than running it.
+        # Generic plans: psycopg prepares a statement run five times, but on `auto`
+        # PostgreSQL kept re-planning the claim and ack for each call (their generic plan's
+        # estimate looks dearer than the custom one), and planning cost as much server time
+        # as running them: one process claiming and acking batches of 32 went from 5,400 to
+        # 10,600 tasks/s, server CPU per task from 112 to 57 us. The store's statements are
+        # written so that their plan does not depend on the values (one queue is an index
+        # equality, ids come as arrays).
+        "options": SESSION_OPTIONS if not own else f"{SESSION_OPTIONS} {own}",
+        "application_name": "sqlease",
+    }
+    if "connect_timeout" not in query:
+        # Without it, a host that drops packets holds each attempt for the kernel's TCP
+        # timeout (minutes), and Kombu's connect_timeout and failover never get their turn.
+        args["connect_timeout"] = CONNECT_TIMEOUT_S
+    return args
+
+
 def _create_postgresql(url: URL, options: dict[str, Any]) -> Engine:
     return create_engine(
         url,
@@ -135,23 +174,7 @@ def _create_postgresql(url: URL, options: dict[str, Any]) -> Engine:
         # Kombu/Celery retry the operation as a connection error.
         pool_pre_ping=False,
         pool_recycle=3600,
-        connect_args={
-            # A worker stopped mid-transaction (SIGSTOP) must not hold locks for long.
-            # No JIT: the claim is a short OLTP statement whose estimated cost can cross
-            # jit_above_cost on a large backlog, and compiling it costs more than running it.
-            # Generic plans: psycopg prepares a statement run five times, but on `auto`
-            # PostgreSQL kept re-planning the claim and ack for each call (their generic
-            # plan's estimate looks dearer than the custom one), and planning cost as much
-            # server time as running them: one process claiming and acking batches of 32
-            # went from 5,400 to 10,600 tasks/s, server CPU per task from 112 to 57 us. The
-            # store's statements are written so that their plan does not depend on the
-            # values (one queue is an index equality, ids come as arrays).
-            "options": (
-                "-c idle_in_transaction_session_timeout=60000 -c jit=off "
-                "-c plan_cache_mode=force_generic_plan"
-            ),
-            "application_name": "sqlease",
-        },
+        connect_args=postgresql_connect_args(url),
     )
 
 

@@ -7,14 +7,22 @@ consumer also polls on a safety interval.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import time
+import weakref
 from typing import Any, Protocol
 
 import psycopg
 from sqlalchemy.engine import URL
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a LISTEN connection attempt may take, unless the URL sets connect_timeout.
+LISTEN_CONNECT_TIMEOUT_S = 10
+
+#: Every listener of this process, so that a forked child can let go of their sockets.
+_listeners: weakref.WeakSet[PostgresListener] = weakref.WeakSet()
 
 
 def _close_quietly(conn: Any) -> None:
@@ -47,6 +55,12 @@ class PostgresListener:
 
     def __init__(self, url: URL, channel: str, *, lock_key: int | None = None) -> None:
         self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._connect_args: dict[str, Any] = {}
+        if "connect_timeout" not in url.query:
+            self._connect_args["connect_timeout"] = LISTEN_CONNECT_TIMEOUT_S
+        # Connections a forked child inherited and let go of (see _detach_after_fork).
+        self._inherited: list[psycopg.Connection[tuple[object, ...]]] = []
+        _listeners.add(self)
         self._channel = channel
         # Held by this connection while it lives: the worker's handoff offers count only
         # while it is (see sqlease.handoff).
@@ -60,7 +74,12 @@ class PostgresListener:
             return self._conn
         conn = None
         try:
-            conn = psycopg.connect(self._dsn, autocommit=True, application_name="sqlease-listen")
+            conn = psycopg.connect(
+                self._dsn,
+                autocommit=True,
+                application_name="sqlease-listen",
+                **self._connect_args,
+            )
             conn.execute(f'LISTEN "{self._channel}"')
             if self._lock_key is not None:
                 conn.execute("SELECT pg_advisory_lock(%s)", (self._lock_key,))
@@ -132,6 +151,29 @@ class PostgresListener:
     def connected(self) -> bool:
         return self._conn is not None and not self._conn.closed
 
+    def _detach_after_fork(self) -> None:
+        """In a forked child: let go of the parent's LISTEN socket without touching it.
+
+        A child (a prefork pool process) that kept the socket open would keep the session,
+        and so the worker's advisory lock, alive after the worker itself was SIGKILLed: the
+        publishes would go on handing messages to a dead worker's offers. Closing the
+        connection here would instead send the parent's session a Terminate. So the socket's
+        descriptor is pointed at /dev/null (whatever psycopg writes to it later goes nowhere)
+        and the connection is kept, unused, so that nothing finalizes it on the socket."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        self._inherited.append(conn)
+        try:
+            fd = conn.pgconn.socket
+        except Exception:  # closed or broken: nothing is held
+            return
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+
     def close(self) -> None:
         self._drop()
 
@@ -139,6 +181,18 @@ class PostgresListener:
         # A listener dropped with its owner (a backend, a transport) closes its connection
         # instead of leaving psycopg to complain about an open one.
         self._drop()
+
+
+def _detach_listeners_in_child() -> None:
+    for listener in list(_listeners):
+        try:
+            listener._detach_after_fork()
+        except Exception:  # never fail a fork over a wake-up socket
+            logger.debug("sqlease: could not detach a LISTEN socket after fork", exc_info=True)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_detach_listeners_in_child)
 
 
 class SqliteWatcher:
