@@ -47,6 +47,9 @@ def test_a_dropped_connection_is_replaced_and_the_operation_retried(
 def test_other_errors_are_sqlalchemys(pg_database_url: str) -> None:
     store = Store(pg_database_url, table_prefix=unique_prefix())
     assert store.fast is not None
+    # The hot path's engine is process-wide: drop connections an earlier test killed (a raw
+    # fast.rows call does not retry, as store operations do).
+    store.fast._engine.dispose()
     with pytest.raises(sa_exc.ProgrammingError):
         store.fast.rows(text("SELECT * FROM no_such_table_here"), {})
     with pytest.raises(sa_exc.DataError):

@@ -105,26 +105,45 @@ def test_a_forked_child_does_not_keep_a_killed_workers_listen_session(
 def test_sqlease_keeps_the_urls_own_session_options_and_connect_timeout() -> None:
     from sqlalchemy.engine import make_url
 
-    from sqlease.engine import CONNECT_TIMEOUT_S, SESSION_OPTIONS, postgresql_connect_args
+    from sqlease.engine import (
+        CONNECT_TIMEOUT_S,
+        GENERIC_PLANS_OPTION,
+        SESSION_OPTIONS,
+        postgresql_connect_args,
+    )
 
     plain = postgresql_connect_args(make_url("postgresql+psycopg://u@h/db"))
     assert plain["options"] == SESSION_OPTIONS
     assert plain["connect_timeout"] == CONNECT_TIMEOUT_S
-    assert "plan_cache_mode=force_generic_plan" in SESSION_OPTIONS
+    hot = postgresql_connect_args(make_url("postgresql+psycopg://u@h/db"), generic_plans=True)
+    assert hot["options"] == f"{SESSION_OPTIONS} {GENERIC_PLANS_OPTION}"
     own = postgresql_connect_args(
-        make_url("postgresql+psycopg://u@h/db?options=-csearch_path%3Dapp&connect_timeout=3")
+        make_url("postgresql+psycopg://u@h/db?options=-csearch_path%3Dapp&connect_timeout=3"),
+        generic_plans=True,
     )
     # The URL's settings come last, so that they win over sqlease's.
-    assert own["options"] == f"{SESSION_OPTIONS} -csearch_path=app"
+    assert own["options"] == f"{SESSION_OPTIONS} {GENERIC_PLANS_OPTION} -csearch_path=app"
     assert "connect_timeout" not in own  # the URL's own is used
 
 
-def test_a_urls_session_options_reach_the_server(pg_database_url: str) -> None:
+def test_generic_plans_only_on_the_hot_paths_engine(pg_database_url: str) -> None:
+    """The hot path (claim, ack, enqueue, offers, results) plans each prepared statement
+    once; everything else keeps PostgreSQL's `auto`, where a statement is planned for its
+    values. A URL's own session options reach both."""
     from sqlalchemy import text
 
     url = pg_database_url + "?options=-c%20statement_timeout%3D12345"
     store = Store(url, table_prefix=unique_prefix())
+    assert store.fast is not None
     with store.engine.connect() as conn:
         assert conn.execute(text("SHOW statement_timeout")).scalar() == "12345ms"
-        assert conn.execute(text("SHOW plan_cache_mode")).scalar() == "force_generic_plan"
+        assert conn.execute(text("SHOW plan_cache_mode")).scalar() == "auto"
         assert conn.execute(text("SHOW jit")).scalar() == "off"
+    [row] = store.fast.rows(
+        text(
+            "SELECT current_setting('plan_cache_mode') AS mode, "
+            "current_setting('statement_timeout') AS timeout"
+        ),
+        {},
+    )
+    assert row == {"mode": "force_generic_plan", "timeout": "12345ms"}

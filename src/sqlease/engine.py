@@ -37,13 +37,18 @@ def get_engine(
     sqlite_synchronous: str = "NORMAL",
     busy_timeout_ms: int = 30_000,
     pool_size: int = 5,
+    generic_plans: bool = False,
 ) -> Engine:
-    """The process-wide engine for ``url`` (created on first use)."""
+    """The process-wide engine for ``url`` (created on first use).
+
+    ``generic_plans``: PostgreSQL, the hot path's own engine, whose sessions plan each
+    prepared statement once (see postgresql_connect_args); ignored for SQLite."""
     sa_url = to_sqlalchemy_url(url)
     options = (
         ("sqlite_synchronous", sqlite_synchronous.upper()),
         ("busy_timeout_ms", busy_timeout_ms),
         ("pool_size", pool_size),
+        ("generic_plans", bool(generic_plans) and sa_url.get_backend_name() != "sqlite"),
     )
     key = (sa_url.render_as_string(hide_password=False), options)
     with _lock:
@@ -125,17 +130,17 @@ def _create_sqlite(url: URL, options: dict[str, Any]) -> Engine:
     return engine
 
 
-#: Startup settings of sqlease's PostgreSQL sessions (see _create_postgresql for why).
-SESSION_OPTIONS = (
-    "-c idle_in_transaction_session_timeout=60000 -c jit=off "
-    "-c plan_cache_mode=force_generic_plan"
-)
+#: Startup settings of sqlease's PostgreSQL sessions (see postgresql_connect_args for why).
+SESSION_OPTIONS = "-c idle_in_transaction_session_timeout=60000 -c jit=off"
+
+#: Added for the hot path's engine (generic_plans=True).
+GENERIC_PLANS_OPTION = "-c plan_cache_mode=force_generic_plan"
 
 #: Seconds a connection attempt may take (libpq's connect_timeout) unless the URL says.
 CONNECT_TIMEOUT_S = 10
 
 
-def postgresql_connect_args(url: URL) -> dict[str, Any]:
+def postgresql_connect_args(url: URL, *, generic_plans: bool = False) -> dict[str, Any]:
     """What sqlease adds to a PostgreSQL URL's connection parameters. The URL's own
     ``options`` (say ``-c search_path=app``) are kept, after sqlease's so that they win;
     its ``connect_timeout`` is kept too."""
@@ -143,18 +148,24 @@ def postgresql_connect_args(url: URL) -> dict[str, Any]:
     own = query.get("options")
     if isinstance(own, tuple):  # given more than once
         own = " ".join(own)
+    # A worker stopped (SIGSTOP) mid-transaction must not hold locks for long.
+    # No JIT: the claim is a short OLTP statement whose estimated cost can cross
+    # jit_above_cost on a large backlog, and compiling it costs more than running it.
+    session = SESSION_OPTIONS
+    if generic_plans:
+        # The hot path's engine (fastpath: enqueue, claim, ack, offers, results). psycopg
+        # prepares a statement a connection runs five times, but on `auto` PostgreSQL kept
+        # re-planning the claim and ack for each call (their generic plan's estimate looks
+        # dearer than the custom one), and planning cost as much server time as running
+        # them: one process claiming and acking batches of 32 went from 5,400 to 10,600
+        # tasks/s, server CPU per task from 112 to 57 us. Those statements are written so
+        # that their plan does not depend on the values. The mode applies to every
+        # statement with parameters, so the rest of sqlease (admin, maintenance, reads)
+        # keeps `auto` on its own engine: a generic plan for, say, "the next due time
+        # after now" scanned the whole table.
+        session = f"{session} {GENERIC_PLANS_OPTION}"
     args: dict[str, Any] = {
-        # A worker stopped (SIGSTOP) mid-transaction must not hold locks for long.
-        # No JIT: the claim is a short OLTP statement whose estimated cost can cross
-        # jit_above_cost on a large backlog, and compiling it costs more than running it.
-        # Generic plans: psycopg prepares a statement run five times, but on `auto`
-        # PostgreSQL kept re-planning the claim and ack for each call (their generic plan's
-        # estimate looks dearer than the custom one), and planning cost as much server time
-        # as running them: one process claiming and acking batches of 32 went from 5,400 to
-        # 10,600 tasks/s, server CPU per task from 112 to 57 us. The store's statements are
-        # written so that their plan does not depend on the values (one queue is an index
-        # equality, ids come as arrays).
-        "options": SESSION_OPTIONS if not own else f"{SESSION_OPTIONS} {own}",
+        "options": session if not own else f"{session} {own}",
         "application_name": "sqlease",
     }
     if "connect_timeout" not in query:
@@ -174,7 +185,7 @@ def _create_postgresql(url: URL, options: dict[str, Any]) -> Engine:
         # Kombu/Celery retry the operation as a connection error.
         pool_pre_ping=False,
         pool_recycle=3600,
-        connect_args=postgresql_connect_args(url),
+        connect_args=postgresql_connect_args(url, generic_plans=options["generic_plans"]),
     )
 
 

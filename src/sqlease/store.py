@@ -257,8 +257,18 @@ class Store:
         )
         self.tables: Tables = build_tables(table_prefix)
         self.dialect = dialect_for(self.engine.dialect.name)
-        #: PostgreSQL: the per-task statements bypass SQLAlchemy's execution layer.
-        self.fast: FastPath | None = FastPath(self.engine) if self.dialect.is_postgresql else None
+        #: PostgreSQL: the per-task statements bypass SQLAlchemy's execution layer, on an
+        #: engine of their own whose sessions use generic plans (see engine.py). An engine
+        #: passed in is used as it is.
+        self.fast: FastPath | None = None
+        #: The same, on the main engine: for the idle worker's offers, whose best plan
+        #: depends on the values (when is the next delayed message due).
+        self.fast_planned: FastPath | None = None
+        if self.dialect.is_postgresql:
+            self.fast = FastPath(
+                url if isinstance(url, Engine) else get_engine(url, generic_plans=True)
+            )
+            self.fast_planned = FastPath(self.engine)
         self.sql = Statements(self.dialect, self.tables)
         self.max_attempts = max_attempts
         self.max_payload_bytes = max_payload_bytes
@@ -599,8 +609,8 @@ class Store:
         if self.sql.offer_and_next_due is None:
             raise ConfigurationError("handoff offers need PostgreSQL")
         params = self._offer_params(queues, owner, lease_ms, lock_key, ttl_ms, now)
-        assert self.fast is not None
-        rows = self.fast.rows(self.sql.offer_and_next_due, params)
+        assert self.fast_planned is not None
+        rows = self.fast_planned.rows(self.sql.offer_and_next_due, params)
         return _due_ms(rows)
 
     def _offer_params(
@@ -655,7 +665,8 @@ class Store:
             **self._fence_params(fences),
             **self._offer_params(queues, owner, lease_ms, lock_key, ttl_ms, now),
         }
-        rows = self.fast.rows(self.sql.ack_offer, params)
+        assert self.fast_planned is not None
+        rows = self.fast_planned.rows(self.sql.ack_offer, params)
         acked = {int(i) for i in (rows[0]["acked_ids"] or [])} if rows else set()
         return acked, _due_ms(rows)
 
