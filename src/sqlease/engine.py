@@ -153,16 +153,16 @@ def postgresql_connect_args(url: URL, *, generic_plans: bool = False) -> dict[st
     # jit_above_cost on a large backlog, and compiling it costs more than running it.
     session = SESSION_OPTIONS
     if generic_plans:
-        # The hot path's engine (fastpath: enqueue, claim, ack, offers, results). psycopg
+        # The hot path's engine (fastpath: enqueue, claim, ack, result writes). psycopg
         # prepares a statement a connection runs five times, but on `auto` PostgreSQL kept
         # re-planning the claim and ack for each call (their generic plan's estimate looks
         # dearer than the custom one), and planning cost as much server time as running
         # them: one process claiming and acking batches of 32 went from 5,400 to 10,600
         # tasks/s, server CPU per task from 112 to 57 us. Those statements are written so
         # that their plan does not depend on the values. The mode applies to every
-        # statement with parameters, so the rest of sqlease (admin, maintenance, reads)
-        # keeps `auto` on its own engine: a generic plan for, say, "the next due time
-        # after now" scanned the whole table.
+        # statement with parameters, so the rest of sqlease (admin, maintenance, reads, the
+        # idle worker's offer) keeps `auto` on its own engine: a generic plan for, say,
+        # "the next due time after now" scanned the whole table.
         session = f"{session} {GENERIC_PLANS_OPTION}"
     args: dict[str, Any] = {
         "options": session if not own else f"{session} {own}",
