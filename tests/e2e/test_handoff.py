@@ -10,7 +10,7 @@ import os
 import signal
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from .conftest import E2E, wait_for
 
@@ -29,6 +29,22 @@ def offer_owners(e2e: E2E) -> set[str]:
         return set(conn.execute(select(offers.c.owner)).scalars())
 
 
+def lock_released(e2e: E2E, owner: str) -> bool:
+    """Whether the server has seen the worker's listening connection close: its advisory
+    lock, which the publish checks, is free. (Between a SIGKILL and the server noticing the
+    closed socket, a few milliseconds, the offer still looks live; a message handed over in
+    that window waits for its lease, as any lost delivery does.)"""
+    offers = e2e.store.tables.offers
+    with e2e.store.engine.connect() as conn:
+        keys = set(conn.execute(select(offers.c.lock_key).where(offers.c.owner == owner)).scalars())
+        free = all(
+            conn.execute(text("SELECT pg_try_advisory_xact_lock_shared(:k)"), {"k": k}).scalar()
+            for k in keys
+        )
+        conn.rollback()
+        return free
+
+
 @pytest.mark.timeout(120)
 def test_idle_worker_is_handed_the_task_and_a_killed_ones_offer_is_never_used(e2e: E2E) -> None:
     first = e2e.start_worker(app="durable_app", E2E_LEASE_SECONDS=LEASE)
@@ -43,6 +59,7 @@ def test_idle_worker_is_handed_the_task_and_a_killed_ones_offer_is_never_used(e2
     wait_for(lambda: offer_owners(e2e) == {owner}, 15, "the worker to offer again")
     os.killpg(first.pid, signal.SIGKILL)
     first.proc.wait(10)
+    wait_for(lambda: lock_released(e2e, owner), 5, "the server to see the worker's death")
     # Published while the dead worker's offer is the only one (unexpired; its lock is gone).
     after = sender.send_task("durable.slow", args=(0.0,))
     assert offer_owners(e2e) == {owner}
