@@ -16,10 +16,9 @@ from typing import Any, Protocol
 import psycopg
 from sqlalchemy.engine import URL
 
-logger = logging.getLogger(__name__)
+from .engine import CONNECT_TIMEOUT_S
 
-#: Seconds a LISTEN connection attempt may take, unless the URL sets connect_timeout.
-LISTEN_CONNECT_TIMEOUT_S = 10
+logger = logging.getLogger(__name__)
 
 #: Every listener of this process, so that a forked child can let go of their sockets.
 _listeners: weakref.WeakSet[PostgresListener] = weakref.WeakSet()
@@ -57,7 +56,7 @@ class PostgresListener:
         self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._connect_args: dict[str, Any] = {}
         if "connect_timeout" not in url.query:
-            self._connect_args["connect_timeout"] = LISTEN_CONNECT_TIMEOUT_S
+            self._connect_args["connect_timeout"] = CONNECT_TIMEOUT_S  # as the engines
         # Connections a forked child inherited and let go of (see _detach_after_fork).
         self._inherited: list[psycopg.Connection[tuple[object, ...]]] = []
         _listeners.add(self)
