@@ -34,9 +34,19 @@ def listener(store: Store) -> Iterator[PostgresListener]:
     waker.close()
 
 
-def offer(store: Store, queues: list[str] | None = None, owner: str = OWNER) -> int | None:
+def offer(
+    store: Store,
+    queues: list[str] | None = None,
+    owner: str = OWNER,
+    seen: dict[str, int] | None = None,
+) -> int | None:
     return store.offer(
-        queues or ["q"], owner, lease_ms=LEASE_MS, lock_key=lock_key_for(owner), ttl_ms=TTL_MS
+        queues or ["q"],
+        owner,
+        lease_ms=LEASE_MS,
+        lock_key=lock_key_for(owner),
+        ttl_ms=TTL_MS,
+        seen=seen,
     )
 
 
@@ -57,7 +67,8 @@ def test_a_publish_leases_its_message_to_a_live_offer_and_sends_the_row(
     # The notification carries the leased row, addressed to the offering worker only.
     mine, queues = split(heard(listener), OWNER)
     assert queues == set()
-    assert mine == [Handoff(message_id, 1, row)]
+    assert mine == [Handoff(message_id, 1, row, "q", mine[0].offer_seq)]
+    assert mine[0].offer_seq > 0
     assert split([f"\x01{OWNER}\n{{}}"], "host:2:worker-b") == ([], set())
     # An ordinary lease: timeline, fenced ack.
     kinds = [(e.kind, e.attempt, e.data) for e in store.events(task_id="t1")]
@@ -137,7 +148,8 @@ def test_a_long_message_is_handed_by_id_and_read_back(
     payload = json.dumps({"pad": 'x"y' * 4_000})  # over NOTIFY's 8000 bytes once escaped
     message_id = store.enqueue("q", payload)
     [handoff], _ = split(heard(listener), OWNER)
-    assert handoff == Handoff(message_id, 1, None)
+    assert handoff == Handoff(message_id, 1, None, "q", handoff.offer_seq)
+    assert handoff.offer_seq > 0
     row = store.get_message(message_id)
     assert row is not None and row.payload == payload and row.lease_owner == OWNER
 
@@ -186,10 +198,76 @@ def test_each_queue_of_an_offer_is_used_once(store: Store, listener: PostgresLis
 
 
 def offers_of(store: Store) -> dict[tuple[str, str], int]:
+    """The offers a publish could use (live: not handed), with their expiry."""
     t = store.tables.offers
     with store.engine.connect() as conn:
-        rows = conn.execute(select(t.c.owner, t.c.queue, t.c.expires_at_ms)).all()
+        rows = conn.execute(
+            select(t.c.owner, t.c.queue, t.c.expires_at_ms).where(t.c.handed.is_(False))
+        ).all()
     return {(r.owner, r.queue): int(r.expires_at_ms) for r in rows}
+
+
+def handed_seq(listener: PostgresListener, message_id: int) -> int:
+    """The offer number the handoff of ``message_id`` carried (as the worker hears it)."""
+    mine, _ = split(heard(listener), OWNER)
+    [handoff] = [h for h in mine if h.message_id == message_id]
+    return handoff.offer_seq
+
+
+def owner_of(store: Store, message_id: int) -> str | None:
+    row = store.get_message(message_id)
+    assert row is not None
+    return row.lease_owner
+
+
+def test_a_used_offer_stands_again_only_once_its_worker_has_heard_of_the_handoff(
+    store: Store, listener: PostgresListener
+) -> None:
+    """The refresh an idle worker sends before it has read a handoff's notification must not
+    offer it again: it is no longer idle, and a second publish would be handed to it past its
+    prefetch limit (a CI run saw exactly this)."""
+    offer(store, ["a", "b"])
+    heard(listener)
+    first = store.enqueue("a", "{}")
+    assert owner_of(store, first) == OWNER
+    offer(store, ["a", "b"])  # the idle look's refresh, sent before the notification is read
+    second = store.enqueue("a", "{}")
+    assert owner_of(store, second) is None  # not handed: the worker has not heard of the first
+    seq = handed_seq(listener, first)
+    offer(store, ["a", "b"], seen={"a": seq - 1})  # an older handoff heard: still not this one
+    assert owner_of(store, store.enqueue("a", "{}")) is None
+    on_b = store.enqueue("b", "{}")  # the other queue's offer was refreshed all along
+    assert owner_of(store, on_b) == OWNER
+    heard(listener)
+    offer(store, ["a", "b"], seen={"a": seq})
+    third = store.enqueue("a", "{}")
+    assert owner_of(store, third) == OWNER
+    # That offer stood again under a new number: the first handoff's does not revive it.
+    fourth_seq = handed_seq(listener, third)
+    assert fourth_seq > seq
+    offer(store, ["a"], seen={"a": seq})
+    assert owner_of(store, store.enqueue("a", "{}")) is None
+
+
+def test_withdrawing_keeps_used_offers_until_the_worker_closes(
+    store: Store, listener: PostgresListener
+) -> None:
+    """A worker that turns busy withdraws its offers; a used one must still wait for its
+    handoff to be heard (deleting it would let the next idle look make a fresh one). At
+    close everything goes."""
+    offer(store)
+    heard(listener)
+    used = store.enqueue("q", "{}")
+    store.withdraw_offers(OWNER)
+    offer(store)  # idle again, the handoff still unread
+    assert owner_of(store, store.enqueue("q", "{}")) is None
+    store.withdraw_offers(OWNER, handed_too=True)
+    t = store.tables.offers
+    with store.engine.connect() as conn:
+        assert conn.execute(select(t.c.queue).where(t.c.owner == OWNER)).all() == []
+    offer(store)
+    assert owner_of(store, store.enqueue("q", "{}")) == OWNER
+    assert owner_of(store, used) == OWNER
 
 
 STAMP = {"queues": ["q"], "lease_ms": LEASE_MS, "lock_key": lock_key_for(OWNER), "ttl_ms": TTL_MS}
@@ -203,19 +281,26 @@ def test_a_final_result_puts_back_its_workers_offer_only_under_its_lease(
     refused for a lost lease writes none, and a malformed stamp only drops the offer."""
     results = ResultStore(store)
     offer(store)
+    heard(listener)
     held = store.get_message(store.enqueue("q", "{}", task_id="t1"))
     assert held is not None and held.lease_owner == OWNER  # handed over: the offer is used up
     assert offers_of(store) == {}
-    assert results.put("k1", b"{}", state="SUCCESS", fence=held.fence, offer=STAMP) == "stored"
+    # A stamp made before the worker heard of that handoff leaves the used offer alone.
+    assert results.put("k0", b"{}", state="SUCCESS", fence=held.fence, offer=STAMP) == "stored"
+    assert offers_of(store) == {}
+    stamp = {**STAMP, "seen": {"q": handed_seq(listener, held.id)}}
+    assert results.put("k1", b"{}", state="SUCCESS", fence=held.fence, offer=stamp) == "stored"
     assert offers_of(store) == {(OWNER, "q"): clock() + TTL_MS}
     following = store.get_message(store.enqueue("q", "{}"))
     assert following is not None and following.lease_owner == OWNER  # the next is handed over
     assert offers_of(store) == {}
     stale = Fence(held.id, OWNER, held.attempt + 1)
-    assert results.put("k2", b"{}", state="SUCCESS", fence=stale, offer=STAMP) == "lease_lost"
+    assert results.put("k2", b"{}", state="SUCCESS", fence=stale, offer=stamp) == "lease_lost"
     assert offers_of(store) == {}
     bad = {"queues": "q", "lease_ms": "soon"}
     assert results.put("k3", b"{}", state="SUCCESS", fence=held.fence, offer=bad) == "stored"
+    bad_seen = {**STAMP, "seen": ["q"]}
+    assert results.put("k4", b"{}", state="SUCCESS", fence=held.fence, offer=bad_seen) == "stored"
     assert offers_of(store) == {}
 
 
@@ -225,17 +310,35 @@ def test_the_ack_keeps_an_offer_that_stands(
     """The ack that leaves a worker idle offers only if no offer stands: updating one would
     lock its row just when the client's next publish looks for it (and skips locked ones)."""
     offer(store)
+    heard(listener)
     message_id = store.enqueue("q", "{}")
     row = store.get_message(message_id)
     assert row is not None
-    offer(store)  # as the task's result does
+    seen = {"q": handed_seq(listener, message_id)}
+    offer(store, seen=seen)  # as the task's result does
     before = offers_of(store)
+    assert before
     clock.advance(1_000)
     acked, due = store.ack_and_offer(
-        [row.fence], ["q"], OWNER, lease_ms=LEASE_MS, lock_key=lock_key_for(OWNER), ttl_ms=TTL_MS
+        [row.fence],
+        ["q"],
+        OWNER,
+        lease_ms=LEASE_MS,
+        lock_key=lock_key_for(OWNER),
+        ttl_ms=TTL_MS,
+        seen=seen,
     )
     assert acked == {message_id} and due is None
     assert offers_of(store) == before  # kept, not rewritten
+    # A publish uses it before the ack of the next task: unheard, the ack does not revive it.
+    handed = store.enqueue("q", "{}")
+    handed_row = store.get_message(handed)
+    assert handed_row is not None and handed_row.lease_owner == OWNER
+    terms = {"lease_ms": LEASE_MS, "lock_key": lock_key_for(OWNER), "ttl_ms": TTL_MS}
+    store.ack_and_offer([handed_row.fence], ["q"], OWNER, seen=seen, **terms)
+    assert offers_of(store) == {}
+    store.ack_and_offer([], ["q"], OWNER, seen={"q": handed_seq(listener, handed)}, **terms)
+    assert offers_of(store) == {(OWNER, "q"): clock() + TTL_MS}  # heard: it stands again
     store.withdraw_offers(OWNER)
     other = store.enqueue("q", "{}")
     [claimed] = store.claim(["q"], OWNER, lease_ms=LEASE_MS)

@@ -30,8 +30,8 @@ def test_concurrent_first_connects_migrate_once(db_url: str) -> None:
 def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) -> None:
     """Version 2 leaves room on PostgreSQL's messages pages for HOT claims; version 3 adds
     the batch-event columns (and their index on PostgreSQL); version 4 the handoff offers
-    table. A database made by version 1 is brought to the current version at the next
-    start, messages and all."""
+    table; version 5 the offers' number and handed mark. A database made by version 1 is
+    brought to the current version at the next start, messages and all."""
     from sqlalchemy import inspect, text, update
 
     prefix = unique_prefix()
@@ -50,7 +50,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) ->
         Store(db_url, table_prefix=prefix, auto_migrate=False)
     new = Store(db_url, table_prefix=prefix)
     with new._reading() as conn:
-        assert read_version(conn, new.tables) == CURRENT_VERSION == 4
+        assert read_version(conn, new.tables) == CURRENT_VERSION == 5
         columns = {c["name"] for c in inspect(conn).get_columns(events)}
         assert {"task_ids", "message_ids", "attempts"} <= columns
         offers = new.tables.offers.name
@@ -60,6 +60,8 @@ def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) ->
             "lease_ms",
             "lock_key",
             "expires_at_ms",
+            "offer_seq",
+            "handed",
         }
         assert f"{offers}_queue_ix" in {i["name"] for i in inspect(conn).get_indexes(offers)}
         if new.is_postgresql:
@@ -82,3 +84,38 @@ def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) ->
         ("claimed", claimed.id, 1),
         ("acked", claimed.id, 1),
     ]
+
+
+def test_a_version_4_database_gets_the_offers_number_and_handed_mark(db_url: str) -> None:
+    """Version 5 keeps used handoff offers (marked handed, with the number of the write that
+    made them live) instead of deleting them; a version 4 database, offers and all, gets the
+    columns and, on PostgreSQL, the sequence at the next start."""
+    from sqlalchemy import inspect, text, update
+
+    from sqlease.schema import offers_sequence
+
+    prefix = unique_prefix()
+    old = Store(db_url, table_prefix=prefix)
+    offers = old.tables.offers.name
+    with old.engine.begin() as conn:  # as version 4 left it, with one offer standing
+        for column in ("offer_seq", "handed"):
+            conn.execute(text(f"ALTER TABLE {offers} DROP COLUMN {column}"))
+        if old.is_postgresql:
+            conn.execute(text(f"DROP SEQUENCE {offers_sequence(old.tables)}"))
+        conn.execute(
+            text(
+                f"INSERT INTO {offers} (owner, queue, lease_ms, lock_key, expires_at_ms) "
+                "VALUES ('w', 'q', 1000, 7, 0)"
+            )
+        )
+        conn.execute(update(old.tables.schema_version).values(version=4))
+    new = Store(db_url, table_prefix=prefix)
+    with new._reading() as conn:
+        assert read_version(conn, new.tables) == CURRENT_VERSION
+        columns = {c["name"] for c in inspect(conn).get_columns(offers)}
+        assert {"offer_seq", "handed"} <= columns
+        row = conn.execute(text(f"SELECT owner, offer_seq, handed FROM {offers}")).one()
+        assert (row.owner, row.offer_seq, bool(row.handed)) == ("w", 0, False)
+        if new.is_postgresql:
+            seq = offers_sequence(new.tables)
+            assert conn.execute(text(f"SELECT nextval('{seq}')")).scalar() == 1

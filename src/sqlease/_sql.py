@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import TextClause, text
 
-from .schema import Tables
+from .schema import Tables, offers_sequence
 
 #: A handed-off message travels whole in its notification when the text fits in this many
 #: bytes (PostgreSQL refuses a NOTIFY payload of 8000 bytes or more); otherwise only its id.
@@ -72,6 +72,47 @@ SQLITE = Dialect(
 
 def dialect_for(name: str) -> Dialect:
     return POSTGRESQL if name == "postgresql" else SQLITE
+
+
+def offer_writes(
+    off: str,
+    sequence: str,
+    now: str,
+    *,
+    revive: str,
+    params: str = "",
+    only_if: str = "true",
+    names: tuple[str, str] = ("rv", "o"),
+) -> str:
+    """Two CTEs that make ``:owner``'s offers for ``:{params}queues`` stand (PostgreSQL).
+
+    The first updates the offers that exist. ``revive="refresh"``: a live one gets a new
+    expiry, and a handed one stands again only if the worker has heard of that handoff
+    (``:{params}seen``, per queue, the highest ``offer_seq`` its handoffs carried, aligned
+    with the queues). ``revive="handed only"``: live offers are left alone (not even locked)
+    and only heard-of handed ones stand again. The second inserts the offers that do not
+    exist. Every write that makes an offer stand takes a new number from ``sequence``, so a
+    handed offer's number names the one handoff that used it."""
+    p = params
+    if revive == "refresh":
+        which = "(NOT w.handed OR w.offer_seq <= s.seen)"
+    elif revive == "handed only":
+        which = "w.handed AND w.offer_seq <= s.seen"
+    else:
+        raise ValueError(f"unknown revive mode {revive!r}")
+    update, insert = names
+    return (
+        f"{update} AS (UPDATE {off} w SET lease_ms = :{p}lease_ms, lock_key = :{p}lock_key, "
+        f"expires_at_ms = {now} + :{p}ttl_ms, handed = false, "
+        f"offer_seq = nextval('{sequence}') "
+        f"FROM unnest(CAST(:{p}queues AS TEXT[]), CAST(:{p}seen AS BIGINT[])) AS s(q, seen) "
+        f"WHERE w.owner = :owner AND w.queue = s.q AND {which} AND {only_if}), "
+        f"{insert} AS (INSERT INTO {off} "
+        "(owner, queue, lease_ms, lock_key, expires_at_ms, offer_seq, handed) "
+        f"SELECT :owner, q, :{p}lease_ms, :{p}lock_key, {now} + :{p}ttl_ms, "
+        f"nextval('{sequence}'), false FROM unnest(CAST(:{p}queues AS TEXT[])) q "
+        f"WHERE {only_if} ON CONFLICT (owner, queue) DO NOTHING)"
+    )
 
 
 class Statements:
@@ -129,18 +170,20 @@ class Statements:
             off = tables.offers.name
             # Handoff: a message that needs no claim-time check (no run, due now) goes to the
             # freshest live offer of an idle worker for its queue, if any. The offer is
-            # deleted (one-shot, for that queue; SKIP LOCKED: two publishes never share one),
-            # the message is inserted leased to that worker with attempt 1, and the
-            # notification carries it whole. Live: unexpired, and the worker's listening
-            # connection still holds its advisory lock, so a killed worker (its connections
-            # closed) is never chosen.
+            # marked handed (one-shot, for that queue; SKIP LOCKED: two publishes never share
+            # one), the message is inserted leased to that worker with attempt 1, and the
+            # notification carries it whole, with the offer's number, which the worker must
+            # show before that offer can stand again. Live: not handed, unexpired, and the
+            # worker's listening connection still holds its advisory lock, so a killed worker
+            # (its connections closed) is never chosen.
             handoff = (
-                f"o AS (DELETE FROM {off} WHERE queue = :queue AND owner = (SELECT w.owner "
-                f"FROM {off} w WHERE CAST(:run_id AS TEXT) IS NULL AND :delay_ms <= 0 "
-                f"AND w.queue = :queue AND w.expires_at_ms > {now} "
+                f"o AS (UPDATE {off} SET handed = true WHERE queue = :queue AND owner = "
+                f"(SELECT w.owner FROM {off} w WHERE CAST(:run_id AS TEXT) IS NULL "
+                f"AND :delay_ms <= 0 AND w.queue = :queue AND NOT w.handed "
+                f"AND w.expires_at_ms > {now} "
                 "AND NOT pg_try_advisory_xact_lock_shared(w.lock_key) "
                 "ORDER BY w.expires_at_ms DESC LIMIT 1 FOR UPDATE SKIP LOCKED) "
-                "RETURNING owner, lease_ms), "
+                "RETURNING owner, lease_ms, offer_seq), "
             )
             handed_cols = f"{insert_cols}, lease_owner, lease_expires_at_ms"
             handed_vals = (
@@ -157,10 +200,14 @@ class Statements:
                 "'lease_owner', i.lease_owner, 'lease_expires_at_ms', i.lease_expires_at_ms, "
                 "'attempt', i.attempt, 'max_attempts', i.max_attempts)::text"
             )
+            row_json = row_json.replace(
+                "'attempt', i.attempt, ", "'attempt', i.attempt, 'offer_seq', o.offer_seq, ", 1
+            )
             handed_note = (
                 f"chr(1) || i.lease_owner || chr(10) || CASE WHEN octet_length({row_json}) "
                 f"+ octet_length(i.lease_owner) < {HANDOFF_NOTIFY_BYTES} THEN {row_json} "
-                "ELSE json_build_object('id', i.id, 'attempt', i.attempt)::text END"
+                "ELSE json_build_object('id', i.id, 'attempt', i.attempt, 'queue', i.queue, "
+                "'offer_seq', o.offer_seq)::text END"
             )
             # Inside a caller's transaction (the outbox), no handoff: the offer's row would
             # stay locked until that transaction ends, and the offering worker's next refresh
@@ -191,19 +238,15 @@ class Statements:
                 # a rolled-back enqueue never wakes anyone.
                 "SELECT ins.id FROM ins CROSS JOIN "
                 "(SELECT pg_notify(CAST(:channel AS TEXT), CASE WHEN i.lease_owner IS NULL "
-                f"THEN i.queue ELSE {handed_note} END) FROM ins i) n"
+                f"THEN i.queue ELSE {handed_note} END) FROM ins i LEFT JOIN o ON true) n"
             )
             # An idle worker's offer for each queue it consumes (refreshed by each idle look;
-            # offers for queues it no longer consumes are dropped), with, in the same
+            # live offers for queues it no longer consumes are dropped), with, in the same
             # statement, when the next delayed message of those queues is due.
             self.offer_ctes: str | None = (
-                f"gone AS (DELETE FROM {off} WHERE owner = :owner "
+                f"gone AS (DELETE FROM {off} WHERE owner = :owner AND NOT handed "
                 "AND queue <> ALL(CAST(:queues AS TEXT[]))), "
-                f"o AS (INSERT INTO {off} (owner, queue, lease_ms, lock_key, expires_at_ms) "
-                f"SELECT :owner, q, :lease_ms, :lock_key, {now} + :ttl_ms "
-                "FROM unnest(CAST(:queues AS TEXT[])) q "
-                "ON CONFLICT (owner, queue) DO UPDATE SET lease_ms = excluded.lease_ms, "
-                "lock_key = excluded.lock_key, expires_at_ms = excluded.expires_at_ms)"
+                + offer_writes(off, offers_sequence(tables), now, revive="refresh")
             )
             # Per queue: a generic plan of `queue = ANY(...) AND available_at_ms > now`
             # scanned the whole table (47 ms at 60,000 queued, against 5 ms this way).
@@ -217,7 +260,14 @@ class Statements:
             self.offer_and_next_due: TextClause | None = text(
                 f"WITH {self.offer_ctes} SELECT ({self.next_due_of_queues}) AS due"
             )
-            self.offer_withdraw: TextClause | None = text(f"DELETE FROM {off} WHERE owner = :owner")
+            # A handed offer stays until its worker has heard of the handoff (or closes):
+            # deleting it would let a refresh sent before then make a new one.
+            self.offer_withdraw: TextClause | None = text(
+                f"DELETE FROM {off} WHERE owner = :owner AND NOT handed"
+            )
+            self.offer_withdraw_all: TextClause | None = text(
+                f"DELETE FROM {off} WHERE owner = :owner"
+            )
             self.leased_to_owner: TextClause | None = text(
                 f"SELECT id, attempt FROM {m} WHERE lease_owner = :owner AND state = 'ready'"
             )
@@ -226,6 +276,7 @@ class Statements:
                 f"INSERT INTO {m} ({insert_cols}) VALUES ({insert_vals}) RETURNING id"
             )
             self.offer_and_next_due = self.offer_withdraw = self.leased_to_owner = None
+            self.offer_withdraw_all = None
             self.offer_ctes = self.next_due_of_queues = None
             self.enqueue_plain = self.enqueue
         self.event_insert = text(
@@ -405,12 +456,13 @@ class Statements:
             # An offer that already stands (the task's result wrote it) is kept, not updated:
             # updating would lock its row just when the client's next publish looks for it,
             # and the publish, which skips locked offers, would miss it.
-            offer_keep = self.offer_ctes.replace(
-                "ON CONFLICT (owner, queue) DO UPDATE SET lease_ms = excluded.lease_ms, "
-                "lock_key = excluded.lock_key, expires_at_ms = excluded.expires_at_ms)",
-                "ON CONFLICT (owner, queue) DO NOTHING)",
+            offer_keep = (
+                f"gone AS (DELETE FROM {tables.offers.name} WHERE owner = :owner "
+                "AND NOT handed AND queue <> ALL(CAST(:queues AS TEXT[]))), "
+                + offer_writes(
+                    tables.offers.name, offers_sequence(tables), now, revive="handed only"
+                )
             )
-            assert offer_keep != self.offer_ctes
             self.ack_offer: TextClause | None = text(
                 f"WITH {ack_ctes}, {offer_keep} "
                 "SELECT (SELECT array_agg(id) FROM del) AS acked_ids, "
@@ -617,12 +669,16 @@ class Statements:
             # is handed over (the worker's ack would put it back a round trip later).
             result_sql = str(self.result_put.text)
             offer_cte = (
-                f"ro AS (INSERT INTO {tables.offers.name} "
-                "(owner, queue, lease_ms, lock_key, expires_at_ms) "
-                f"SELECT :owner, q, :offer_lease_ms, :offer_lock_key, {now} + :offer_ttl_ms "
-                "FROM unnest(CAST(:offer_queues AS TEXT[])) q WHERE EXISTS (SELECT 1 FROM h) "
-                "ON CONFLICT (owner, queue) DO UPDATE SET lease_ms = excluded.lease_ms, "
-                "lock_key = excluded.lock_key, expires_at_ms = excluded.expires_at_ms), "
+                offer_writes(
+                    tables.offers.name,
+                    offers_sequence(tables),
+                    now,
+                    revive="refresh",
+                    params="offer_",
+                    only_if="EXISTS (SELECT 1 FROM h)",
+                    names=("rr", "ro"),
+                )
+                + ", "
             )
             notify_cte = "n AS (SELECT pg_notify"
             self.result_put_offer: TextClause | None = text(

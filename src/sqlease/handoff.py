@@ -44,6 +44,10 @@ class Handoff:
     message_id: int
     attempt: int
     message: Message | None
+    #: The queue whose offer the publish used, and that offer's number: the worker shows it
+    #: (``Store.offer(seen=…)``) before that offer may stand again.
+    queue: str
+    offer_seq: int
 
 
 def split(payloads: Iterable[str], owner: str) -> tuple[list[Handoff], set[str]]:
@@ -69,11 +73,12 @@ def split(payloads: Iterable[str], owner: str) -> tuple[list[Handoff], set[str]]
 def _decode(body: str, owner: str) -> Handoff:
     data = json.loads(body)
     message_id, attempt = int(data["id"]), int(data["attempt"])
+    queue, offer_seq = str(data["queue"]), int(data["offer_seq"])
     if "payload" not in data:
-        return Handoff(message_id, attempt, None)
+        return Handoff(message_id, attempt, None, queue, offer_seq)
     message = Message(
         id=message_id,
-        queue=str(data["queue"]),
+        queue=queue,
         payload=str(data["payload"]),
         priority=int(data["priority"]),
         available_at_ms=int(data["available_at_ms"]),
@@ -87,4 +92,4 @@ def _decode(body: str, owner: str) -> Handoff:
         attempt=attempt,
         max_attempts=int(data["max_attempts"]),
     )
-    return Handoff(message_id, attempt, message)
+    return Handoff(message_id, attempt, message, queue, offer_seq)

@@ -3,8 +3,8 @@ lease in ``<prefix>locks``), and ``sqlease maintain`` runs it once.
 
 It expires results and old events by retention, marks steps whose delivery died mid-step as
 ``outcome_unknown``, clears leases and run locks left on parked or finished messages, drops
-broadcast copies (remote control, events) that nobody consumed within their TTL, and logs a
-summary.
+broadcast copies (remote control, events) that nobody consumed within their TTL, drops the
+handoff offers of killed workers (PostgreSQL), and logs a summary.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import threading
 from typing import Any
 
-from sqlalchemy import and_, any_, delete, exists, false, not_, or_, select, update
+from sqlalchemy import and_, any_, delete, exists, false, func, not_, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -23,6 +23,10 @@ from .store import Store
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = "maintenance"
+#: A handoff offer this long past its expiry whose worker's listening connection is gone (its
+#: advisory lock free) belongs to a worker that was killed: nobody will withdraw it.
+DEAD_OFFER_AFTER_MS = 60_000
+
 #: Celery's control_queue_ttl / event_queue_ttl are 300 s / 5 s; copies older than this in
 #: remote-control and event queues have no reader left.
 BROADCAST_TTL_MS = 300_000
@@ -95,6 +99,19 @@ def run_pass(store: Store, *, event_retention_ms: int, now: int | None = None) -
             ).rowcount
             or 0
         )
+        if store.is_postgresql:
+            offers = t.offers
+            # The lock test runs last (SQL does not promise an order; a live worker's lock
+            # only makes the test fail, it never waits).
+            lock_free = func.pg_try_advisory_xact_lock_shared(offers.c.lock_key)
+            summary["dead_offers_dropped"] = (
+                conn.execute(
+                    delete(offers).where(
+                        offers.c.expires_at_ms < now - DEAD_OFFER_AFTER_MS, lock_free
+                    )
+                ).rowcount
+                or 0
+            )
         broadcast = or_(m.c.queue.like("%.pidbox"), m.c.queue.like("celeryev.%"))
         summary["broadcasts_dropped"] = (
             conn.execute(

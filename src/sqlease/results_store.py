@@ -284,15 +284,20 @@ def _offer_params(offer: Mapping[str, Any] | None, fence: Fence | None) -> dict[
     if offer is None or fence is None:
         return None
     try:
-        queues = [str(q) for q in offer["queues"]]
+        queues = list(dict.fromkeys(str(q) for q in offer["queues"]))
         lease_ms, ttl_ms = int(offer["lease_ms"]), int(offer["ttl_ms"])
         lock_key = int(offer["lock_key"])
-    except (KeyError, TypeError, ValueError):
+        # Per queue, the highest offer number of the handoffs the worker had heard of: only
+        # those used offers stand again (sqlease._sql.offer_writes).
+        heard = offer.get("seen") or {}
+        seen = [int(heard.get(q, 0)) for q in queues]
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
     if not queues or lease_ms < 1 or ttl_ms < 1:
         return None
     return {
         "offer_queues": queues,
+        "offer_seen": seen,
         "offer_lease_ms": lease_ms,
         "offer_lock_key": lock_key,
         "offer_ttl_ms": ttl_ms,

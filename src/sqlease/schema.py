@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     Connection,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     SmallInteger,
     Table,
     Text,
+    false,
     inspect,
     select,
     text,
@@ -279,7 +281,11 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
     # Idle workers' standing offers to take a queue's next message (PostgreSQL, migration 4):
     # a publish that finds a live offer for its queue leases the message to that worker in
     # the same statement and hands it over with the notification, so no claim round trip
-    # stands between the publish and the task's start. One-shot: the publish deletes it.
+    # stands between the publish and the task's start. One-shot: the publish marks it
+    # ``handed`` (migration 5), and only its worker, once it has read that handoff's
+    # notification (``offer_seq``, a fresh number from OFFERS_SEQUENCE at every write that
+    # makes the offer live), can make it live again. A refresh sent before the worker heard
+    # of the handoff would otherwise offer a worker that is no longer idle.
     offers = Table(
         f"{p}offers",
         md,
@@ -289,6 +295,8 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         # The advisory lock the offering worker's listening connection holds while it lives.
         Column("lock_key", BigInteger, nullable=False),
         Column("expires_at_ms", BigInteger, nullable=False),
+        Column("offer_seq", BigInteger, nullable=False, server_default="0"),
+        Column("handed", Boolean, nullable=False, server_default=false()),
         PrimaryKeyConstraint("owner", "queue"),
     )
     # On the queue alone: an offer's refresh (a new expiry) is then a HOT update that leaves
@@ -369,12 +377,38 @@ def _migration_4(conn: Connection, tables: Tables) -> None:
         index.create(conn, checkfirst=True)
 
 
+def offers_sequence(tables: Tables) -> str:
+    """The sequence whose numbers tell one live incarnation of an offer from another."""
+    return tables.name("offers_seq")
+
+
+def _migration_5(conn: Connection, tables: Tables) -> None:
+    # Offers are marked handed instead of deleted, with the number of the write that made
+    # them live (see the offers table). Only what is missing is added: a database made by
+    # migration 1 of this code already has the columns.
+    offers = tables.offers
+    present = {c["name"] for c in inspect(conn).get_columns(offers.name)}
+    for name in ("offer_seq", "handed"):
+        if name not in present:
+            column = offers.c[name]
+            kind = column.type.compile(dialect=conn.dialect)
+            default = "0" if name == "offer_seq" else "false"
+            conn.execute(
+                text(
+                    f"ALTER TABLE {offers.name} ADD COLUMN {name} {kind} NOT NULL DEFAULT {default}"
+                )
+            )
+    if conn.dialect.name == "postgresql":
+        conn.execute(text(f"CREATE SEQUENCE IF NOT EXISTS {offers_sequence(tables)}"))
+
+
 # Each entry moves the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_1,
     _migration_2,
     _migration_3,
     _migration_4,
+    _migration_5,
 ]
 CURRENT_VERSION = len(MIGRATIONS)
 

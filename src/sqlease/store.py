@@ -595,20 +595,25 @@ class Store:
         lease_ms: int,
         lock_key: int,
         ttl_ms: int,
+        seen: Mapping[str, int] | None = None,
         now: int | None = None,
     ) -> int | None:
         """An idle worker's standing offer to take the next message published to ``queues``
         (PostgreSQL): until ``ttl_ms`` from now, a publish to one of them that finds the offer
         leases the message to ``owner`` for ``lease_ms`` and hands it over in its notification
         (``sqlease.handoff``). The offer counts only while a connection holds the advisory
-        lock ``lock_key``. Offers for queues not listed are withdrawn. Returns, as
-        ``next_due_in_ms`` does, when the next delayed message of ``queues`` is due."""
+        lock ``lock_key``. Live offers for queues not listed are withdrawn.
+
+        An offer a publish used stands again only once the worker has heard of that handoff:
+        ``seen`` maps a queue to the highest ``offer_seq`` of the handoffs the worker has
+        read for it. Returns, as ``next_due_in_ms`` does, when the next delayed message of
+        ``queues`` is due."""
         if not queues:
             self.withdraw_offers(owner)
             return None
         if self.sql.offer_and_next_due is None:
             raise ConfigurationError("handoff offers need PostgreSQL")
-        params = self._offer_params(queues, owner, lease_ms, lock_key, ttl_ms, now)
+        params = self._offer_params(queues, owner, lease_ms, lock_key, ttl_ms, seen, now)
         assert self.fast_planned is not None
         rows = self.fast_planned.rows(self.sql.offer_and_next_due, params)
         return _due_ms(rows)
@@ -620,13 +625,16 @@ class Store:
         lease_ms: int,
         lock_key: int,
         ttl_ms: int,
+        seen: Mapping[str, int] | None,
         now: int | None,
     ) -> dict[str, Any]:
         for name, value in (("lease_ms", lease_ms), ("ttl_ms", ttl_ms)):
             if not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be a positive integer, not {value!r}")
+        names = list(dict.fromkeys(queues))  # one write per queue: a name given twice is one
         return {
-            "queues": list(queues),
+            "queues": names,
+            "seen": [int((seen or {}).get(q, 0)) for q in names],
             "owner": owner,
             "lease_ms": lease_ms,
             "lock_key": int(lock_key),
@@ -643,6 +651,7 @@ class Store:
         lease_ms: int,
         lock_key: int,
         ttl_ms: int,
+        seen: Mapping[str, int] | None = None,
         now: int | None = None,
     ) -> tuple[set[int], int | None]:
         """``ack(fences)`` and ``offer(queues, owner, …)`` in one statement (PostgreSQL): the
@@ -658,22 +667,31 @@ class Store:
         ):
             acked = self.ack(fences, now=now) if fences else set()
             due = self.offer(
-                queues, owner, lease_ms=lease_ms, lock_key=lock_key, ttl_ms=ttl_ms, now=now
+                queues,
+                owner,
+                lease_ms=lease_ms,
+                lock_key=lock_key,
+                ttl_ms=ttl_ms,
+                seen=seen,
+                now=now,
             )
             return acked, due
         params = {
             **self._fence_params(fences),
-            **self._offer_params(queues, owner, lease_ms, lock_key, ttl_ms, now),
+            **self._offer_params(queues, owner, lease_ms, lock_key, ttl_ms, seen, now),
         }
         assert self.fast_planned is not None
         rows = self.fast_planned.rows(self.sql.ack_offer, params)
         acked = {int(i) for i in (rows[0]["acked_ids"] or [])} if rows else set()
         return acked, _due_ms(rows)
 
-    def withdraw_offers(self, owner: str) -> None:
-        """Remove ``owner``'s offers: no publish hands it a message from now on."""
-        if self.fast is not None and self.sql.offer_withdraw is not None:
-            self.fast.rows(self.sql.offer_withdraw, {"owner": owner})
+    def withdraw_offers(self, owner: str, *, handed_too: bool = False) -> None:
+        """Remove ``owner``'s offers: no publish hands it a message from now on. Offers a
+        publish used stay (no publish takes them) until the worker has heard of their
+        handoffs, unless ``handed_too`` (the worker is closing)."""
+        statement = self.sql.offer_withdraw_all if handed_too else self.sql.offer_withdraw
+        if self.fast is not None and statement is not None:
+            self.fast.rows(statement, {"owner": owner})
 
     def leased_to(self, owner: str) -> list[Fence]:
         """The fences of every message ``owner`` holds now, expired leases included."""

@@ -674,6 +674,11 @@ class Transport(virtual.Transport):
         self._offered = False
         #: The queues an offer of ours may stand for now (made, not known used or withdrawn).
         self._offer_queues: set[str] = set()
+        #: Per queue, the highest offer number of the handoffs we have read: an offer a
+        #: publish used stands again only once we have heard of it (Store.offer's ``seen``).
+        self._handoffs_heard: dict[str, int] = {}
+        #: The listening connection (its generation) whose handoffs we hear.
+        self._listening_generation = 0
         self._closing_connection = False
         self._store: Store | None = None
         self._results: ResultStore | None = None
@@ -1165,12 +1170,13 @@ class Transport(virtual.Transport):
             and self._loop is not None
         )
 
-    def _offer_terms(self) -> dict[str, int]:
+    def _offer_terms(self) -> dict[str, Any]:
         """This worker's offer, as the store's offer calls (and a result's stamp) take it."""
         return {
             "lease_ms": self.options.lease_ms,
             "lock_key": self.lock_key,
             "ttl_ms": self._offer_ttl_ms(),
+            "seen": dict(self._handoffs_heard),
         }
 
     def _offer_ttl_ms(self) -> int:
@@ -1195,11 +1201,16 @@ class Transport(virtual.Transport):
                 if isinstance(channel, Channel) and channel._consumers:
                     channel.take_noack(self._deliver)
 
-    def _accept_handoffs(self, handoffs: list[Handoff]) -> None:
+    def _accept_handoffs(self, handoffs: list[Handoff], notified: set[str] | None = None) -> None:
         """Deliver messages a publish leased to this worker (its idle offer), as a claim's
-        would be. One for a queue no channel consumes any more is given back at once."""
+        would be. One for a queue no channel consumes any more is given back at once.
+        ``notified``: queues named by plain notifications read with these handoffs (their
+        messages wait for a claim)."""
         delivered = 0
         for handoff in handoffs:
+            # Heard, whatever becomes of the message: the offer it used may stand again.
+            heard = self._handoffs_heard.get(handoff.queue, 0)
+            self._handoffs_heard[handoff.queue] = max(heard, handoff.offer_seq)
             message = handoff.message
             if message is None:  # too long for the notification: read it back, fenced
                 row = self.store.get_message(handoff.message_id)
@@ -1218,8 +1229,10 @@ class Transport(virtual.Transport):
                 continue
             held = channel._hold([message])
             # It came because the queues were idle: nothing more to claim until something
-            # notifies them; after its ack, the idle look offers again.
-            channel._drained = True
+            # notifies them (unless something just did); after its ack, the idle look offers
+            # again.
+            if not notified or notified.isdisjoint(channel._active_queues):
+                channel._drained = True
             channel._due_checked = False
             offer = self.offer_with_result(held)
             delivered += channel._deliver_claimed(held, self._deliver, offer=offer)
@@ -1359,10 +1372,29 @@ class Transport(virtual.Transport):
     def _add_reader(self) -> None:
         if self._loop is None or self._reader_fd is not None:
             return
-        fd = self.waker.fileno()
+        waker = self.waker
+        fd = waker.fileno()
         if fd is not None:
             self._reader_fd = fd
             self._loop.add_reader(fd, self._on_readable)
+            if isinstance(waker, PostgresListener):
+                self._after_listening(waker.generation)
+
+    def _after_listening(self, generation: int) -> None:
+        """On a new listening connection (a reconnect): the handoffs of used offers whose
+        notifications went to the old one will never be heard, so those offers are removed
+        (none could be used while no connection held the lock) and offered afresh. The
+        messages they brought come back when their leases expire."""
+        previous, self._listening_generation = self._listening_generation, generation
+        if previous == 0 or previous == generation or not self._offered:
+            return
+        try:
+            self.store.withdraw_offers(self.owner, handed_too=True)
+            self._offer_queues = set()
+        except Exception:
+            logger.warning(
+                "sqlease: could not clear handoff offers after relistening", exc_info=True
+            )
 
     def _remove_reader(self) -> None:
         if self._loop is not None and self._reader_fd is not None:
@@ -1424,7 +1456,7 @@ class Transport(virtual.Transport):
                         self._take_noack_now()
                         self._more = True
                     with self._errors_logged("taking handed-off messages"):
-                        self._accept_handoffs(handoffs)
+                        self._accept_handoffs(handoffs, queues)
                     return
                 if payloads and not queues:
                     return  # only handoffs to other workers: nothing to look at
@@ -1568,7 +1600,7 @@ class Transport(virtual.Transport):
         if not self._offered:
             return
         try:
-            self.store.withdraw_offers(self.owner)
+            self.store.withdraw_offers(self.owner, handed_too=True)
             self._offer_queues = set()
             leftover = self.store.leased_to(self.owner)
             if leftover:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sqlease import Store
 from sqlease.maintenance import BROADCAST_TTL_MS, acquire, run_pass
 from sqlease.results_store import ResultStore
@@ -55,3 +57,32 @@ def test_pass_prunes_dead_run_locks(store: Store, clock: FakeClock) -> None:
     clock.advance(1_000)
     assert store.claim(["q"], "w", lease_ms=1_000) == []  # exhausted: dead
     assert run_pass(store, event_retention_ms=0)["run_locks_pruned"] == 1
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_pass_drops_the_handoff_offers_of_killed_workers_only(
+    store: Store, clock: FakeClock
+) -> None:
+    """A killed worker never withdraws its offers (used ones included). Once long expired and
+    with the worker's listening connection gone (its advisory lock free), they are dropped;
+    a live worker's are kept however old."""
+    from sqlease.handoff import lock_key_for
+    from sqlease.maintenance import DEAD_OFFER_AFTER_MS
+    from sqlease.wakeup import PostgresListener
+
+    live = PostgresListener(store.engine.url, store.notify_channel, lock_key=lock_key_for("live"))
+    assert live.fileno() is not None
+    try:
+        for owner in ("live", "dead"):
+            store.offer(["q"], owner, lease_ms=1_000, lock_key=lock_key_for(owner), ttl_ms=1_000)
+        clock.advance(1_000 + DEAD_OFFER_AFTER_MS)
+        assert run_pass(store, event_retention_ms=0)["dead_offers_dropped"] == 0  # not yet
+        clock.advance(1)
+        assert run_pass(store, event_retention_ms=0)["dead_offers_dropped"] == 1
+        offers = store.tables.offers
+        with store.engine.connect() as conn:
+            owners = conn.execute(offers.select().with_only_columns(offers.c.owner)).scalars()
+            assert list(owners) == ["live"]
+    finally:
+        live.close()

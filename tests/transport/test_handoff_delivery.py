@@ -33,10 +33,11 @@ pytestmark = [
 
 
 def offered_queues(store: Store, owner: str) -> set[str]:
+    """The queues ``owner`` has a live offer for (one a publish could use)."""
     offers = store.tables.offers
     with store.engine.connect() as c:
-        found = c.execute(select(offers.c.queue).where(offers.c.owner == owner)).scalars()
-        return set(found)
+        live = (offers.c.owner == owner) & offers.c.handed.is_(False)
+        return set(c.execute(select(offers.c.queue).where(live)).scalars())
 
 
 def idle_worker(connect: Connect, hub: Hub, got: list[Message], **options: Any) -> Any:
@@ -75,6 +76,7 @@ def test_an_idle_consumer_gets_a_published_message_without_claiming(
         "lease_ms": transport.options.lease_ms,
         "lock_key": transport.lock_key,
         "ttl_ms": transport._offer_ttl_ms(),
+        "seen": {"work": transport._handoffs_heard["work"]},  # this handoff, heard
     }
     assert offered_queues(db_store, transport.owner) == set()  # the offer was used up
     kinds = [e.kind for e in db_store.events(message_id=msg_id(message))]
@@ -211,3 +213,55 @@ def test_only_a_lone_delivery_of_an_idle_worker_asks_its_result_for_an_offer(
     assert [OFFER_KEY in m.delivery_info for m in got] == [False, False, False]
     for message in got:
         message.ack()
+
+
+def test_an_idle_look_before_the_handoff_is_read_does_not_offer_again(
+    connect: Connect, db_store: Store, hub: Hub
+) -> None:
+    """The race a CI run hit: a publish used the idle worker's offer, and the worker's next
+    idle look ran before it read that notification. Still idle as far as it knew, it offered
+    again, and the next publish was handed to it too, past its prefetch of one."""
+    got: list[Message] = []
+    worker = idle_worker(connect, hub, got, polling_interval=30)
+    transport = worker.transport
+    worker.default_channel.basic_qos(0, 1, False)
+    run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
+    producer = connect()
+    publish(producer, "work", {"n": 1})  # handed over; the loop has not read it yet
+    assert transport._holds_nothing()
+    transport._next_due_delay(offer=True)  # the idle look, as the safety poll runs it
+    publish(producer, "work", {"n": 2})
+    second = [m for m in _work_rows(db_store) if m.lease_owner is None]
+    assert len(second) == 1  # ready for any worker, not handed to this busy one
+    run_until(hub, lambda: len(got) == 1)
+    assert got[0].payload == {"n": 1}
+    time.sleep(0.2)
+    hub.run_once()
+    assert len(got) == 1  # its prefetch of one holds
+    got[0].ack()
+    run_until(hub, lambda: len(got) == 2)  # the ack freed the credit: the second comes
+    assert got[1].payload == {"n": 2}
+    got[1].ack()
+    # Having heard the handoff, the worker's offers stand again.
+    run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
+
+
+def test_after_relistening_the_offers_used_meanwhile_are_made_afresh(
+    connect: Connect, db_store: Store, hub: Hub
+) -> None:
+    """A handoff whose notification went to a listening connection that broke is never
+    heard; the offer it used would never stand again. A new listening connection clears
+    such offers (none can be used while no connection holds the lock), and the idle look
+    offers afresh; the message itself comes back when its lease expires."""
+    got: list[Message] = []
+    worker = idle_worker(connect, hub, got, polling_interval=0.2)
+    transport = worker.transport
+    run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
+    publish(connect(), "work", {"n": 1})  # handed over, never read
+    assert offered_queues(db_store, transport.owner) == set()
+    transport._remove_reader()  # the listening connection breaks, its notification lost
+    transport.waker._drop()
+    run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
+    assert got == []
+    [row] = [m for m in _work_rows(db_store) if m.lease_owner is not None]
+    assert row.lease_owner == transport.owner  # until its lease expires
