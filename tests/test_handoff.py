@@ -319,36 +319,25 @@ def test_the_ack_keeps_an_offer_that_stands(
     before = offers_of(store)
     assert before
     clock.advance(1_000)
-    acked, due = store.ack_and_offer(
-        [row.fence],
-        ["q"],
-        OWNER,
-        lease_ms=LEASE_MS,
-        lock_key=lock_key_for(OWNER),
-        ttl_ms=TTL_MS,
-        seen=seen,
-    )
+    terms = {"lease_ms": LEASE_MS, "lock_key": lock_key_for(OWNER), "ttl_ms": TTL_MS}
+    acked, due = store.ack_and_offer([row.fence], ["q"], OWNER, seen=seen, **terms)
     assert acked == {message_id} and due is None
     assert offers_of(store) == before  # kept, not rewritten
     # A publish uses it before the ack of the next task: unheard, the ack does not revive it.
     handed = store.enqueue("q", "{}")
     handed_row = store.get_message(handed)
     assert handed_row is not None and handed_row.lease_owner == OWNER
-    terms = {"lease_ms": LEASE_MS, "lock_key": lock_key_for(OWNER), "ttl_ms": TTL_MS}
+    heard_seq = handed_seq(listener, handed)
+    store.enqueue("other", "{}")
+    [held] = store.claim(["other"], OWNER, lease_ms=LEASE_MS)
     store.ack_and_offer([handed_row.fence], ["q"], OWNER, seen=seen, **terms)
     assert offers_of(store) == {}
-    store.ack_and_offer([], ["q"], OWNER, seen={"q": handed_seq(listener, handed)}, **terms)
-    assert offers_of(store) == {(OWNER, "q"): clock() + TTL_MS}  # heard: it stands again
+    # Heard, the same combined statement makes it stand again.
+    store.ack_and_offer([held.fence], ["q"], OWNER, seen={"q": heard_seq}, **terms)
+    assert offers_of(store) == {(OWNER, "q"): clock() + TTL_MS}
     store.withdraw_offers(OWNER)
     other = store.enqueue("q", "{}")
     [claimed] = store.claim(["q"], OWNER, lease_ms=LEASE_MS)
     assert claimed.id == other
-    store.ack_and_offer(
-        [claimed.fence],
-        ["q"],
-        OWNER,
-        lease_ms=LEASE_MS,
-        lock_key=lock_key_for(OWNER),
-        ttl_ms=TTL_MS,
-    )
+    store.ack_and_offer([claimed.fence], ["q"], OWNER, **terms)
     assert offers_of(store) == {(OWNER, "q"): clock() + TTL_MS}  # none stood: made
