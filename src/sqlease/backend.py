@@ -42,6 +42,8 @@ _writing_under: ContextVar[tuple[Fence, str] | None] = ContextVar(
     "sqlease_writing_under", default=None
 )
 _REFUSED = "sqlease_refused"
+#: The chord part (task id) whose count is being written: counted once (ResultStore.incr).
+_counting_part: ContextVar[str | None] = ContextVar("sqlease_counting_part", default=None)
 
 
 class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
@@ -185,12 +187,14 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
         if size is not None and isinstance(chord, dict):
             request.chord = dict(chord, chord_size=size)  # Celery's base reads it from here
         token = _writing_under.set((fence, str(request.id)) if fence else None)
+        part = _counting_part.set(str(request.id))
         try:
             return super().on_chord_part_return(request, state, result, **kwargs)
         except FenceRefused:
             logger.warning("sqlease: chord part of task %s refused: its lease is gone", request.id)
             return None
         finally:
+            _counting_part.reset(part)
             _writing_under.reset(token)
             if size is not None:
                 request.chord = chord
@@ -275,9 +279,15 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
 
     def incr(self, key: Any) -> int:
         writing = _writing_under.get()
-        if writing is None:
-            return self.results.incr(self._key(key))
-        return self.results.incr(self._key(key), fence=writing[0], task_id=writing[1])
+        part = _counting_part.get()
+        expires = getattr(self, "expires", None)
+        terms: dict[str, Any] = {
+            "part": part,
+            "part_expires_ms": int(expires * 1000) if part and expires else None,
+        }
+        if writing is not None:
+            terms.update(fence=writing[0], task_id=writing[1])
+        return self.results.incr(self._key(key), **terms)
 
     def expire(self, key: Any, value: Any) -> Any:
         self.results.expire(self._key(key), value)

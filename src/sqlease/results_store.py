@@ -204,8 +204,21 @@ class ResultStore:
             for table in (self.results, self.counters):
                 conn.execute(update(table).where(table.c.key == key).values(expires_at_ms=expires))
 
-    def incr(self, key: str, *, fence: Fence | None = None, task_id: str | None = None) -> int:
-        """Atomically add one to a counter; raises FenceRefused if the fence's lease is gone."""
+    def incr(
+        self,
+        key: str,
+        *,
+        fence: Fence | None = None,
+        task_id: str | None = None,
+        part: str | None = None,
+        part_expires_ms: int | None = None,
+    ) -> int:
+        """Atomically add one to a counter; raises FenceRefused if the fence's lease is gone.
+
+        ``part`` (a chord part's task id): counted once whatever happens. The first count
+        leaves a marker row in the same transaction; a later one (the part ran again after
+        its worker died between storing its result and counting it) changes nothing and
+        returns 0, so it can neither count twice nor fire the chord's callback again."""
         insert = self._insert(self.counters).values(key=key, value=1)
         stmt = insert.on_conflict_do_update(
             index_elements=[self.counters.c.key],
@@ -214,7 +227,28 @@ class ResultStore:
         with self.store.engine.begin() as conn:
             if fence is not None and not self._held(conn, fence, task_id):
                 raise FenceRefused(fence)
+            if part is not None:
+                expires = None if part_expires_ms is None else self._now() + part_expires_ms
+                marker = (
+                    self._insert(self.counters)
+                    .values(key=part_marker(key, part), value=1, expires_at_ms=expires)
+                    .on_conflict_do_nothing(index_elements=[self.counters.c.key])
+                    .returning(self.counters.c.key)
+                )
+                if conn.execute(marker).first() is None:
+                    return 0
             return int(conn.execute(stmt).scalar_one())
+
+    def parts_counted(self, keys_and_parts: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which (counter key, part) pairs ``incr(key, part=…)`` has counted."""
+        wanted = {part_marker(k, p): (k, p) for k, p in keys_and_parts}
+        if not wanted:
+            return set()
+        with self.store._reading() as conn:
+            found = conn.execute(
+                select(self.counters.c.key).where(self.counters.c.key.in_(list(wanted)))
+            ).scalars()
+            return {wanted[k] for k in found}
 
     def record_final(
         self,
@@ -275,6 +309,11 @@ class ResultStore:
     def count(self) -> int:
         with self.store._reading() as conn:
             return int(conn.execute(select(func.count()).select_from(self.results)).scalar_one())
+
+
+def part_marker(key: str, part: str) -> str:
+    """The counters row that records ``part`` as counted in counter ``key``."""
+    return f"{key}:counted:{part}"
 
 
 def _offer_params(offer: Mapping[str, Any] | None, fence: Fence | None) -> dict[str, Any] | None:

@@ -40,6 +40,7 @@ from kombu.transport import virtual
 from sqlalchemy.engine import URL
 
 from .background import BackgroundCalls, Job, Outcome
+from .chord_parts import chord_count_of
 from .errors import ConfigurationError, DatabaseUnavailable
 from .handoff import Handoff, lock_key_for
 from .handoff import split as split_notifications
@@ -257,7 +258,23 @@ class Channel(virtual.Channel):
         redelivered = [m for m in messages if m.attempt > 1 and m.task_id is not None]
         if not redelivered:
             return messages
-        done = self.connection.results.completed_messages(m.id for m in redelivered)
+        results = self.connection.results
+        done = results.completed_messages(m.id for m in redelivered)
+        if not done:
+            return messages
+        # A chord part whose result was stored but not yet counted runs again (its count is
+        # idempotent), or its chord would never complete (sqlease.chord_parts).
+        parts = {m.id: chord_count_of(m.payload) for m in messages if m.id in done}
+        counted = results.parts_counted(p for p in parts.values() if p is not None)
+        done = {i for i, p in parts.items() if p is None or p in counted}
+        for message_id, part in parts.items():
+            if message_id not in done and part is not None:
+                logger.warning(
+                    "sqlease: chord part %s (message %s) stored its result but was not "
+                    "counted before its worker died; running it again (counted once)",
+                    part[1],
+                    message_id,
+                )
         if not done:
             return messages
         finished = [m for m in messages if m.id in done]

@@ -278,6 +278,36 @@ def test_chord_counter_is_atomic(app: Celery) -> None:
     assert backend.incr(b"chord-unlock-x") == 1
 
 
+def test_a_chord_part_is_counted_once_however_often_it_reports(app: Celery) -> None:
+    """A part that runs again (its worker died between storing its result and counting it)
+    reports a second time: it must neither count twice nor fire the callback again."""
+    backend = backend_of(app)
+    results = backend.results
+    assert results.incr("chord-unlock-p", part="a") == 1
+    assert results.incr("chord-unlock-p", part="a") == 0  # already counted: nothing changes
+    assert results.incr("chord-unlock-p", part="b") == 2
+    assert results.parts_counted([("chord-unlock-p", "a"), ("chord-unlock-p", "c")]) == {
+        ("chord-unlock-p", "a")
+    }
+
+
+def test_a_chord_callback_fires_once_when_a_part_reports_twice(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = backend_of(app)
+    header = GroupResult("twice-g", [AsyncResult("tw-a", app=app), AsyncResult("tw-b", app=app)])
+    header.save()
+    published: list[Any] = []
+    monkeypatch.setattr(app.amqp, "_retry_publish", lambda send, ret: published.append(ret))
+    body = dict(app.signature("t.add", args=(1,)))
+    for task_id in ("tw-a", "tw-b"):
+        backend.store_result(task_id, 1, states.SUCCESS)
+    for task_id in ("tw-a", "tw-a", "tw-b", "tw-b"):  # each part reports twice
+        request = SimpleNamespace(id=task_id, group="twice-g", chord=body, task="t.add")
+        backend.on_chord_part_return(request, states.SUCCESS, 1)
+    assert published == [[1, 1]]
+
+
 def test_chord_with_a_nested_group_waits_for_every_part(
     app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:

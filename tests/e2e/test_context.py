@@ -138,6 +138,26 @@ def test_groups_and_chords_of_100(e2e: E2E) -> None:
     )
 
 
+def test_a_chord_part_killed_between_its_result_and_its_count_still_completes_the_chord(
+    e2e: E2E,
+) -> None:
+    """Celery stores a part's result, then counts it towards the chord. A worker killed in
+    between leaves the result stored and the part uncounted: completing that delivery from
+    the stored result (invariant 9) would leave the chord waiting forever. The part runs
+    again instead, and is counted once."""
+    app = app_for(e2e)
+    e2e.start_worker(app="context_app", E2E_DIE_BEFORE_COUNT=1)
+    add, tsum = app.tasks["ctx.add"], app.tasks["ctx.tsum"]
+    result = chord((add.s(i, 1) for i in range(3)), tsum.s())()
+    wait_for(lambda: not e2e.workers[0].alive(), 30, "the worker to die before the count")
+    [died] = effects(e2e, "died_before_count")
+    assert app.AsyncResult(died["task_id"]).get(timeout=10) is not None  # stored, uncounted
+    e2e.start_worker(app="context_app")
+    assert result.get(timeout=60) == 1 + 2 + 3
+    kinds = [e["kind"] for e in e2e.admin.task(died["task_id"]).events]
+    assert kinds.count("claimed") == 2 and "completed_from_stored_outcome" not in kinds
+
+
 def test_pause_a_running_task_and_resume_it_on_another_worker(e2e: E2E) -> None:
     app = app_for(e2e)
     first = e2e.start_worker(app="context_app")

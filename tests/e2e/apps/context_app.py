@@ -111,6 +111,24 @@ def _lose_the_ack(
             kill_my_worker()
 
 
+if os.environ.get("E2E_DIE_BEFORE_COUNT"):
+    # Die in the moment between a chord part's stored result and its count (Celery stores
+    # the result first): the part's redelivery finds the result stored but not counted.
+    from sqlease.backend import SqleaseBackend
+
+    _count = SqleaseBackend.on_chord_part_return
+
+    def _die_before_the_first_count(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        marker = os.path.join(os.path.dirname(os.environ["E2E_RECORDS"]), "count-lost")
+        if not os.path.exists(marker):
+            effect(request.id, "died_before_count", 0, 0)
+            open(marker, "w").close()
+            kill_my_worker()
+        return _count(self, request, *args, **kwargs)
+
+    SqleaseBackend.on_chord_part_return = _die_before_the_first_count  # type: ignore[method-assign]
+
+
 def _from_env() -> Celery:
     env = os.environ
     if "E2E_BROKER" not in env:
