@@ -80,3 +80,24 @@ def test_long_statements_are_converted_once_and_bind_their_parameters(
     assert [m.payload for m in second + third] == ["p1", "p2", "p3"]
     assert all(m.lease_owner == "w" and m.attempt == 1 for m in second + third)
     assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
+
+
+def test_psycopg_internals_that_changed_fall_back_to_its_public_path(
+    pg_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cached conversion uses psycopg internals. This psycopg's must pass the import-time
+    check; and if a later one's stop behaving at call time, each statement falls back to
+    psycopg's own conversion instead of failing."""
+    from sqlease import fastpath
+
+    assert fastpath._private_conversion_works()
+
+    def moved(query: bytes, encoding: str) -> tuple[bytes, list[object]]:
+        raise TypeError("internals moved")
+
+    monkeypatch.setattr(fastpath, "_convert", moved)
+    store = Store(pg_database_url, table_prefix=unique_prefix())
+    store.enqueue("q", "p0", task_id="t0")
+    [claimed] = store.claim(["q"], "w", lease_ms=60_000)
+    assert claimed.payload == "p0"
+    assert store.ack([claimed.fence]) == {claimed.id}

@@ -30,6 +30,29 @@ try:  # psycopg's own query conversion, cached by statement (see _StatementCurso
 except ImportError:  # a psycopg whose internals moved: its own (uncached past 4 KB) path
     PostgresQuery = None  # type: ignore[assignment,misc]
 
+
+def _private_conversion_works() -> bool:
+    """These are psycopg internals (tested with 3.1-3.3): use them only if they still
+    behave as this module expects, else psycopg's public path."""
+    if PostgresQuery is None:
+        return False
+    try:
+        converted = _query2pg_nocache(b"SELECT %(a)s, %(b)s, %(a)s", "utf-8")
+        query, formats, order, parts = converted
+    except Exception:
+        return False
+    return (
+        query == b"SELECT $1, $2, $1"
+        and order == ["a", "b"]
+        and len(formats) == 2
+        and len(parts) == 4
+        and all(hasattr(PostgresQuery, name) for name in ("convert", "dump"))
+    )
+
+
+if not _private_conversion_works():
+    PostgresQuery = None  # type: ignore[assignment,misc]
+
 if PostgresQuery is not None:
     # psycopg turns named placeholders into $n on every execute and caches the result only
     # for statements up to 4 KB; the busy worker's combined ack + claim is longer, and was
@@ -42,9 +65,13 @@ if PostgresQuery is not None:
             if not isinstance(query, bytes) or vars is None:
                 super().convert(query, vars)
                 return
-            self.query, self._want_formats, self._order, self._parts = _convert(
-                query, self._tx.encoding
-            )
+            try:
+                self.query, self._want_formats, self._order, self._parts = _convert(
+                    query, self._tx.encoding
+                )
+            except (AttributeError, TypeError, ValueError):
+                super().convert(query, vars)  # psycopg's internals changed: its own path
+                return
             self.dump(vars)
 
     class _StatementCursor(psycopg.Cursor[Any]):
