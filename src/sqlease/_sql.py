@@ -198,10 +198,8 @@ class Statements:
                 "'priority', i.priority, 'available_at_ms', i.available_at_ms, "
                 "'created_at_ms', i.created_at_ms, 'run_id', i.run_id, 'task_id', i.task_id, "
                 "'lease_owner', i.lease_owner, 'lease_expires_at_ms', i.lease_expires_at_ms, "
-                "'attempt', i.attempt, 'max_attempts', i.max_attempts)::text"
-            )
-            row_json = row_json.replace(
-                "'attempt', i.attempt, ", "'attempt', i.attempt, 'offer_seq', o.offer_seq, ", 1
+                "'attempt', i.attempt, 'offer_seq', o.offer_seq, "
+                "'max_attempts', i.max_attempts)::text"
             )
             handed_note = (
                 f"chr(1) || i.lease_owner || chr(10) || CASE WHEN octet_length({row_json}) "
@@ -243,10 +241,12 @@ class Statements:
             # An idle worker's offer for each queue it consumes (refreshed by each idle look;
             # live offers for queues it no longer consumes are dropped), with, in the same
             # statement, when the next delayed message of those queues is due.
-            self.offer_ctes: str | None = (
+            offers_gone = (
                 f"gone AS (DELETE FROM {off} WHERE owner = :owner AND NOT handed "
                 "AND queue <> ALL(CAST(:queues AS TEXT[]))), "
-                + offer_writes(off, offers_sequence(tables), now, revive="refresh")
+            )
+            self.offer_ctes: str | None = offers_gone + offer_writes(
+                off, offers_sequence(tables), now, revive="refresh"
             )
             # Per queue: a generic plan of `queue = ANY(...) AND available_at_ms > now`
             # scanned the whole table (47 ms at 60,000 queued, against 5 ms this way).
@@ -456,12 +456,8 @@ class Statements:
             # An offer that already stands (the task's result wrote it) is kept, not updated:
             # updating would lock its row just when the client's next publish looks for it,
             # and the publish, which skips locked offers, would miss it.
-            offer_keep = (
-                f"gone AS (DELETE FROM {tables.offers.name} WHERE owner = :owner "
-                "AND NOT handed AND queue <> ALL(CAST(:queues AS TEXT[]))), "
-                + offer_writes(
-                    tables.offers.name, offers_sequence(tables), now, revive="handed only"
-                )
+            offer_keep = offers_gone + offer_writes(
+                tables.offers.name, offers_sequence(tables), now, revive="handed only"
             )
             self.ack_offer: TextClause | None = text(
                 f"WITH {ack_ctes}, {offer_keep} "
