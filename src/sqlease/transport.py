@@ -54,6 +54,21 @@ from .wakeup import PostgresListener, SqliteWatcher, Waker
 
 logger = logging.getLogger(__name__)
 
+
+def _ttl_ms(expiration: Any) -> int | None:
+    """The ``expiration`` property as milliseconds (Kombu sends a string of them); None
+    when there is none or it is not a number (a message is never dropped on a guess)."""
+    if expiration is None or isinstance(expiration, bool):
+        return None
+    try:
+        ttl = float(expiration)
+    except (TypeError, ValueError):
+        return None
+    if ttl != ttl or ttl < 0:  # NaN or negative: not a TTL
+        return None
+    return int(ttl)
+
+
 #: Most messages one claim statement takes (the prefetch credit usually bounds it first).
 CLAIM_BATCH = 128
 #: Most messages one delete-on-fetch statement takes for consumers that never ack.
@@ -335,6 +350,8 @@ class Channel(virtual.Channel):
                     message_id=message.id,
                 )
             return None
+        if self._expired(message, payload, properties, leased=leased):
+            return None
         properties["delivery_tag"] = f"{message.id}.{message.attempt}"
         delivery_info["redelivered"] = message.attempt > 1
         if leased:
@@ -350,6 +367,51 @@ class Channel(virtual.Channel):
                 delivery_info[OFFER_KEY] = offer
         payload["redelivered"] = message.attempt > 1
         return payload
+
+    def _expired(
+        self, message: Message, payload: dict[str, Any], properties: dict[str, Any], *, leased: bool
+    ) -> bool:
+        """Kombu's per-message TTL (``publish(expiration=…)``, the AMQP ``expiration``
+        property): a message still queued that long after its publish is not delivered. It
+        is kept as failed ``expired`` (listable, requeueable), as RabbitMQ would have
+        dropped it. Celery task messages with an ``expires`` header are left to the worker,
+        which revokes them itself (REVOKED result, ``task_revoked`` signal, ``task-revoked``
+        event), as on Redis."""
+        ttl_ms = _ttl_ms(properties.get("expiration"))
+        if ttl_ms is None:
+            return False
+        headers = payload.get("headers")
+        if isinstance(headers, dict) and headers.get("task") and headers.get("expires"):
+            return False
+        if message.lease_expires_at_ms is not None and leased:
+            # When it was leased: at the claim, or at the publish for a handoff (so a TTL
+            # of 0 delivers to a consumer that is waiting, and to no one else, as AMQP does).
+            delivered_at = message.lease_expires_at_ms - self.connection.options.lease_ms
+        else:
+            delivered_at = self.store.now_ms()
+        # Counted from when it became deliverable: its publish (or eta), or its last
+        # requeue by an operator, which gives an expired message a fresh TTL.
+        waited = delivered_at - message.available_at_ms
+        if waited <= ttl_ms:
+            return False
+        detail = f"message TTL of {ttl_ms} ms passed before delivery ({waited} ms queued)"
+        logger.info(
+            "sqlease: message %s in queue %r expired: %s; kept as failed 'expired'",
+            message.id,
+            message.queue,
+            detail,
+        )
+        if leased:
+            heartbeat().drop([message.fence])
+            self.store.fail(message.fence, "expired", error=detail)
+        else:  # deleted on fetch (no-ack): the timeline keeps what it was
+            self.store.record_event(
+                "expired",
+                {"error": detail, "payload": message.payload[:1000]},
+                task_id=message.task_id,
+                message_id=message.id,
+            )
+        return True
 
     def take_noack(self, callback: Any) -> int:
         """Deliver one delete-on-fetch batch of the no-ack queues (remote control, events)
@@ -769,6 +831,12 @@ class Transport(virtual.Transport):
         ):
             raise ConfigurationError(
                 f"header 'max_attempts' must be an integer >= 1, not {max_attempts!r}"
+            )
+        expiration = properties.get("expiration")
+        if expiration is not None and _ttl_ms(expiration) is None:
+            raise ConfigurationError(
+                f"property 'expiration' must be a TTL in milliseconds (a number >= 0, as Kombu's "
+                f"publish(expiration=seconds) sends it), not {expiration!r}"
             )
         try:
             payload = json.dumps(message)

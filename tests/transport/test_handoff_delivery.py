@@ -268,3 +268,21 @@ def test_after_relistening_the_offers_used_meanwhile_are_made_afresh(
     assert got == []
     [row] = [m for m in _work_rows(db_store) if m.lease_owner is not None]
     assert row.lease_owner == transport.owner  # until its lease expires
+
+
+def test_a_ttl_of_zero_reaches_an_idle_consumer_by_handoff(
+    connect: Connect, db_store: Store, hub: Hub
+) -> None:
+    # AMQP: a TTL of 0 expires a message "unless it can be delivered to a consumer at once".
+    # A handoff leases it in the publish itself: delivered, not expired.
+    got: list[Message] = []
+    worker = idle_worker(connect, hub, got, polling_interval=30)
+    run_until(hub, lambda: offered_queues(db_store, worker.transport.owner) == {"work"})
+    publish(connect(), "work", {"n": "now or never"}, expiration=0)
+    run_until(hub, lambda: len(got) == 1)
+    [message] = got
+    assert message.payload == {"n": "now or never"}
+    [event] = [e for e in db_store.events(message_id=msg_id(message)) if e.kind == "claimed"]
+    assert event.data == {"owner": worker.transport.owner, "handoff": True}
+    message.ack()
+    run_until(hub, lambda: rows(db_store, "work") == 0)

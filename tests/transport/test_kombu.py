@@ -815,6 +815,134 @@ def test_eta_in_the_past_is_delivered_at_once(conn: Connection) -> None:
     message.ack()
 
 
+# ---- per-message TTL (expiration) ---------------------------------------------------------
+
+
+def backdate(store: Store, message_id: int, ms: int) -> None:
+    """Make a queued message look ``ms`` older (instead of sleeping past its TTL)."""
+    table = store.tables.messages
+    with store.engine.begin() as c:
+        c.execute(
+            table.update()
+            .where(table.c.id == message_id)
+            .values(
+                available_at_ms=table.c.available_at_ms - ms,
+                created_at_ms=table.c.created_at_ms - ms,
+            )
+        )
+
+
+def queued_ids(store: Store, queue: str) -> list[int]:
+    table = store.tables.messages
+    with store.engine.connect() as c:
+        found = c.execute(select(table.c.id).where(table.c.queue == queue).order_by(table.c.id))
+        return [int(i) for i in found.scalars()]
+
+
+def test_a_message_past_its_ttl_is_not_delivered_and_kept_as_expired(
+    conn: Connection, db_store: Store
+) -> None:
+    # Kombu's BaseTimeToLive: publish(expiration=2), wait 3 s, nothing comes.
+    publish(conn, "q", {"n": "stale"}, expiration=2)
+    publish(conn, "q", {"n": "fresh"}, expiration=2)
+    publish(conn, "q", {"n": "no ttl"})
+    stale, _fresh, plain = queued_ids(db_store, "q")
+    backdate(db_store, stale, 3000)
+    backdate(db_store, plain, 3000)
+
+    got = consume(conn, ["q"], 3, prefetch=10, timeout=1.0)
+    # (Backdating made "no ttl" the older one: it comes first.)
+    assert bodies(got) == [{"n": "no ttl"}, {"n": "fresh"}]
+    for message in got:
+        message.ack()
+    expired = db_store.get_message(stale)
+    assert expired is not None
+    assert (expired.state, expired.reason) == ("dead", "expired")
+    assert expired.last_error is not None and "TTL of 2000 ms" in expired.last_error
+    # Kept, so an operator can give it a fresh TTL and let it run.
+    assert db_store.requeue(stale)
+    [again] = consume(conn, ["q"], 1, timeout=2.0)
+    assert again.payload == {"n": "stale"}
+    again.ack()
+    assert rows(db_store, "q") == 0
+
+
+def test_ttl_applies_to_basic_get_and_no_ack_fetches(conn: Connection, db_store: Store) -> None:
+    publish(conn, "q", {"n": 1}, expiration=1)
+    publish(conn, "q", {"n": 2})
+    publish(conn, "r", {"n": 3}, expiration=1)
+    publish(conn, "r", {"n": 4})
+    for queue in ("q", "r"):
+        backdate(db_store, queued_ids(db_store, queue)[0], 1500)
+    dropped = queued_ids(db_store, "r")[0]
+
+    message = get(conn, "q")  # skips the expired one
+    assert message is not None and message.payload == {"n": 2}
+    message.ack()
+    taken = get(conn, "r", no_ack=True)
+    assert taken is not None and taken.payload == {"n": 4}
+    assert rows(db_store, "r") == 0  # no-ack: deleted on fetch, the expiry is in the timeline
+    assert [e.kind for e in db_store.events(message_id=dropped)] == ["expired"]
+
+
+def test_simple_queue_with_ttl_raises_empty_once_expired(conn: Connection, db_store: Store) -> None:
+    queue = conn.SimpleQueue("ttl_simple")
+    try:
+        queue.put({"Hello": "World"}, headers={"k1": "v1"}, expiration=2)
+        backdate(db_store, queued_ids(db_store, "ttl_simple")[0], 3000)
+        with pytest.raises(queue.Empty):
+            queue.get(timeout=0.5)
+        queue.put({"Hello": "again"}, expiration=2)
+        assert queue.get(timeout=2).payload == {"Hello": "again"}
+    finally:
+        queue.close()
+
+
+def test_a_ttl_of_zero_expires_when_no_consumer_is_waiting(
+    connect: Connect, db_store: Store
+) -> None:
+    # AMQP: "expired upon reaching a queue unless it can be delivered to a consumer at once".
+    conn = connect()
+    publish(conn, "q", {"n": "nobody waiting"}, expiration=0)
+    backdate(db_store, queued_ids(db_store, "q")[0], 5)
+    assert consume(conn, ["q"], 1, timeout=0.5) == []
+    [expired] = [db_store.get_message(i) for i in queued_ids(db_store, "q")]
+    assert expired is not None and expired.reason == "expired"
+
+
+def test_celery_task_messages_with_expires_are_left_to_the_worker(
+    conn: Connection, db_store: Store
+) -> None:
+    # Celery sets both the ``expires`` header and ``expiration``; its worker revokes expired
+    # tasks itself (REVOKED result, signal, event), so the transport delivers them.
+    publish(
+        conn,
+        "q",
+        {"n": 1},
+        expiration=1,
+        headers={"task": "t.add", "id": "abc", "expires": "2000-01-01T00:00:00"},
+    )
+    backdate(db_store, queued_ids(db_store, "q")[0], 5000)
+    [message] = consume(conn, ["q"], 1, timeout=2.0)
+    message.ack()
+
+
+@pytest.mark.parametrize("bad", ["soon", "-5", "nan", True])
+def test_an_expiration_that_is_not_a_ttl_is_refused_at_publish(
+    conn: Connection, db_store: Store, bad: Any
+) -> None:
+    # Kombu's publish(expiration=seconds) always sends a number; a raw property can carry
+    # anything.
+    channel = conn.default_channel
+    channel.queue_declare("q")
+    message = channel.prepare_message(
+        '{"n": 1}', 0, "application/json", "utf-8", {}, {"expiration": bad}
+    )
+    with pytest.raises(ConfigurationError, match="expiration"):
+        channel.basic_publish(message, "", "q")
+    assert rows(db_store) == 0
+
+
 # ---- per-run serialization ----------------------------------------------------------------
 
 
