@@ -14,6 +14,9 @@ import time
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import SoftTimeLimitExceeded
+from kombu import Queue
+from kombu.common import Broadcast
 
 import sqlease  # noqa: F401  (registers the sqlease transport, as the docs tell users)
 
@@ -31,6 +34,7 @@ def make_app(
     polling_interval: float = 0.2,
     prefetch_multiplier: int = 4,
     backend: str | None = None,
+    broadcast: str | None = None,
 ) -> Celery:
     """The e2e app. Nothing about acknowledgement is configured: sqlease's defaults apply.
     The lease is 10 s unless a test is about leases: long enough that a loaded machine never
@@ -50,6 +54,8 @@ def make_app(
         result_extended=backend is not None,
         enable_utc=True,
     )
+    if broadcast:  # the default queue plus a broadcast one: every worker gets a copy
+        app.conf.task_queues = (Queue("celery"), Broadcast(broadcast))
 
     @app.task(name="e2e.add", bind=True, shared=False)
     def add(self: Any, x: int, y: int, label: str | None = None) -> int:
@@ -84,6 +90,29 @@ def make_app(
         records.start(self, None)
         os.kill(os.getpid(), signal.SIGKILL)
 
+    @app.task(name="e2e.soft_limited", bind=True, shared=False, soft_time_limit=0.5)
+    def soft_limited(self: Any, seconds: float) -> str:
+        row = records.start(self, None)
+        try:
+            time.sleep(seconds)
+            outcome = "finished"
+        except SoftTimeLimitExceeded:
+            outcome = "cleaned up"
+        records.end(row)
+        return outcome
+
+    @app.task(
+        name="e2e.flaky",
+        bind=True,
+        shared=False,
+        autoretry_for=(ValueError,),
+        max_retries=2,
+        default_retry_delay=0,
+    )
+    def flaky(self: Any) -> None:
+        records.end(records.start(self, str(self.request.retries)))
+        raise ValueError(f"failure number {self.request.retries + 1}")
+
     @app.task(name="e2e.route_a", bind=True, shared=False)
     def route_a(self: Any) -> None:
         records.end(records.start(self, "a"))
@@ -106,6 +135,7 @@ def _from_env() -> Celery:
         polling_interval=float(env.get("E2E_POLLING_INTERVAL", "0.2")),
         prefetch_multiplier=int(env.get("E2E_PREFETCH_MULTIPLIER", "4")),
         backend=env.get("E2E_BACKEND") or None,
+        broadcast=env.get("E2E_BROADCAST") or None,
     )
 
 

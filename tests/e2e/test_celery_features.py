@@ -1,0 +1,100 @@
+"""Celery features a worker uses beside plain delivery, through real workers on sqlease: time
+limits, automatic retries, compression, consumers added and cancelled at run time, broadcast
+queues, and the queues a worker reports."""
+
+from __future__ import annotations
+
+import pytest
+from celery.exceptions import TimeLimitExceeded
+
+from .conftest import E2E, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(120)
+def test_time_limits_end_the_task_and_the_worker_goes_on(e2e: E2E) -> None:
+    backend = e2e.broker
+    e2e.start_worker(concurrency=1, E2E_BACKEND=backend)
+    app = e2e.app(backend=backend)
+    # Hard limit: the pool process is killed and replaced; the task fails, is acked (Celery's
+    # acks_on_failure_or_timeout) and is not delivered again.
+    killed = app.tasks["e2e.sleep"].apply_async((30,), time_limit=1)
+    with pytest.raises(TimeLimitExceeded):
+        killed.get(timeout=30)
+    e2e.wait_acked(killed.id)
+    assert e2e.kinds(killed.id).count("claimed") == 1
+    # Soft limit: the task is told and finishes its own way.
+    assert app.tasks["e2e.soft_limited"].delay(30).get(timeout=30) == "cleaned up"
+    # The worker goes on serving.
+    assert app.tasks["e2e.add"].delay(2, 3).get(timeout=30) == 5
+
+
+@pytest.mark.timeout(120)
+def test_autoretry_retries_then_fails_with_the_last_error(e2e: E2E) -> None:
+    backend = e2e.broker
+    e2e.start_worker(concurrency=1, E2E_BACKEND=backend)
+    app = e2e.app(backend=backend)
+    result = app.tasks["e2e.flaky"].delay()
+    with pytest.raises(ValueError, match="failure number 3"):
+        result.get(timeout=30)
+    runs = e2e.finished(task_id=result.id)
+    assert [r["label"] for r in runs] == ["0", "1", "2"]  # the first run and two retries
+    # Each retry is a new message with the same task id; none is left behind.
+    wait_for(lambda: e2e.store.size("celery") == 0, 10, "the queue to empty")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("compression", ["gzip", "bzip2", "zlib"])
+def test_compressed_messages(e2e: E2E, compression: str) -> None:
+    backend = e2e.broker
+    e2e.start_worker(concurrency=1, E2E_BACKEND=backend)
+    app = e2e.app(backend=backend)
+    result = app.tasks["e2e.add"].apply_async(
+        (20, 22), {"label": "x" * 5000}, compression=compression
+    )
+    assert result.get(timeout=30) == 42
+    [row] = e2e.finished(task_id=result.id)
+    assert row["label"] == "x" * 5000
+
+
+@pytest.mark.timeout(120)
+def test_consumers_added_and_cancelled_at_run_time(e2e: E2E) -> None:
+    worker = e2e.start_worker(concurrency=1)
+    app = e2e.app()
+    add = app.tasks["e2e.add"]
+    early = add.apply_async((1, 1), queue="extra")
+    reply = app.control.add_consumer("extra", reply=True, destination=[worker.nodename])
+    assert reply and "add consumer" in str(reply[0][worker.nodename]).lower()
+    wait_for(lambda: e2e.finished(task_id=early.id), 30, "the task queued before the consumer")
+
+    queues = app.control.inspect(destination=[worker.nodename]).active_queues()
+    assert queues is not None
+    assert {q["name"] for q in queues[worker.nodename]} == {"celery", "extra"}
+
+    app.control.cancel_consumer("extra", reply=True, destination=[worker.nodename])
+    late = add.apply_async((2, 2), queue="extra")
+    marker = add.delay(3, 3)  # the default queue is still consumed
+    wait_for(lambda: e2e.finished(task_id=marker.id), 30, "a task of the default queue")
+    assert e2e.finished(task_id=late.id) == []
+    assert e2e.store.size("extra") == 1  # kept for the next consumer of "extra"
+
+
+@pytest.mark.timeout(120)
+def test_a_broadcast_task_runs_once_on_every_worker(e2e: E2E) -> None:
+    workers = [
+        e2e.start_worker(concurrency=1, E2E_BROADCAST="everyone"),
+        e2e.start_worker(concurrency=1, E2E_BROADCAST="everyone"),
+    ]
+    app = e2e.app(broadcast="everyone")
+    sent = app.tasks["e2e.add"].apply_async((1, 1), queue="everyone")
+    rows = wait_for(
+        lambda: (r := e2e.finished(task_id=sent.id)) and len(r) == 2 and r,
+        30,
+        "a copy on each worker",
+    )
+    assert {r["hostname"] for r in rows} == {w.nodename for w in workers}
+    # A task sent to the default queue still runs once, on one of them.
+    once = app.tasks["e2e.add"].delay(2, 2)
+    wait_for(lambda: e2e.finished(task_id=once.id), 30, "the plain task")
+    assert len(e2e.finished(task_id=once.id)) == 1
