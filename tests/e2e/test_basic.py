@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
 def test_delay_runs_each_task_once(e2e: E2E, pool: str) -> None:
     backend = e2e.broker  # sqlease's result backend, in the broker's database
     worker = e2e.start_worker(pool=pool, concurrency=2, E2E_BACKEND=backend)
@@ -33,7 +33,7 @@ def test_delay_runs_each_task_once(e2e: E2E, pool: str) -> None:
     assert all(isinstance(r["message_id"], int) for r in rows)
     assert {r["hostname"] for r in rows} == {worker.nodename}
     pids = {r["pid"] for r in rows}
-    if pool == "threads":
+    if pool in ("threads", "solo"):
         assert pids == {worker.pid}
     else:
         assert worker.pid not in pids

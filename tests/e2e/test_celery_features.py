@@ -4,6 +4,8 @@ queues, and the queues a worker reports."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from celery.exceptions import TimeLimitExceeded
 
@@ -98,3 +100,38 @@ def test_a_broadcast_task_runs_once_on_every_worker(e2e: E2E) -> None:
     once = app.tasks["e2e.add"].delay(2, 2)
     wait_for(lambda: e2e.finished(task_id=once.id), 30, "the plain task")
     assert len(e2e.finished(task_id=once.id)) == 1
+
+
+@pytest.mark.timeout(120)
+def test_worker_direct_queues_reach_the_one_worker_named(e2e: E2E) -> None:
+    from celery.utils.nodenames import worker_direct
+
+    workers = [e2e.start_worker(concurrency=1, E2E_WORKER_DIRECT="1") for _ in range(2)]
+    app = e2e.app(worker_direct=True)
+    add = app.tasks["e2e.add"]
+    target = workers[1]
+    sent = [add.apply_async((i, 0), queue=worker_direct(target.nodename)) for i in range(4)]
+    for result in sent:
+        wait_for(lambda r=result: e2e.finished(task_id=r.id), 30, "a direct task")
+    assert {r["hostname"] for r in e2e.finished()} == {target.nodename}
+
+
+@pytest.mark.timeout(120)
+def test_inspect_shows_active_and_reserved_tasks(e2e: E2E, tmp_path: Path) -> None:
+    worker = e2e.start_worker(concurrency=1, E2E_PREFETCH_MULTIPLIER=2)
+    app = e2e.app()
+    gate = tmp_path / "open"
+    running = app.tasks["e2e.block"].delay(str(gate))
+    waiting = app.tasks["e2e.add"].delay(1, 1)
+    wait_for(lambda: e2e.executions(task_id=running.id), 30, "the blocking task to start")
+    inspect = app.control.inspect(destination=[worker.nodename], timeout=5)
+    active = wait_for(lambda: (a := inspect.active()) and a[worker.nodename] and a, 10, "active")
+    assert [t["id"] for t in active[worker.nodename]] == [running.id]
+    reserved = wait_for(
+        lambda: (r := inspect.reserved()) and r[worker.nodename] and r, 10, "reserved"
+    )
+    assert [t["id"] for t in reserved[worker.nodename]] == [waiting.id]
+    stats = inspect.stats()
+    assert stats is not None and stats[worker.nodename]["broker"]["transport"] == "sqlease"
+    gate.touch()
+    wait_for(lambda: e2e.finished(task_id=waiting.id), 30, "the reserved task to run")

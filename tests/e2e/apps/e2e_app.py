@@ -35,6 +35,7 @@ def make_app(
     prefetch_multiplier: int = 4,
     backend: str | None = None,
     broadcast: str | None = None,
+    worker_direct: bool = False,
 ) -> Celery:
     """The e2e app. Nothing about acknowledgement is configured: sqlease's defaults apply.
     The lease is 10 s unless a test is about leases: long enough that a loaded machine never
@@ -53,6 +54,7 @@ def make_app(
         task_routes={"e2e.route_a": {"queue": "a"}, "e2e.route_b": {"queue": "b"}},
         result_extended=backend is not None,
         enable_utc=True,
+        worker_direct=worker_direct,
     )
     if broadcast:  # the default queue plus a broadcast one: every worker gets a copy
         app.conf.task_queues = (Queue("celery"), Broadcast(broadcast))
@@ -136,6 +138,7 @@ def _from_env() -> Celery:
         prefetch_multiplier=int(env.get("E2E_PREFETCH_MULTIPLIER", "4")),
         backend=env.get("E2E_BACKEND") or None,
         broadcast=env.get("E2E_BROADCAST") or None,
+        worker_direct=env.get("E2E_WORKER_DIRECT") == "1",
     )
 
 
