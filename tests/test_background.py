@@ -94,3 +94,20 @@ def test_wait_idle_times_out_while_a_call_runs() -> None:
     gate.set()
     assert calls.wait_idle(5)
     calls.stop()
+
+
+@pytest.mark.timeout(10)
+def test_start_and_exit_hooks_run_on_the_thread_itself() -> None:
+    # The transport pins the hot path's connection to this thread (and gives it back).
+    seen: list[tuple[str, int]] = []
+    calls = BackgroundCalls(
+        lambda: None,
+        on_start=lambda: seen.append(("start", threading.get_ident())),
+        on_exit=lambda: seen.append(("exit", threading.get_ident())),
+    )
+    calls.submit("a", threading.get_ident)
+    assert calls.wait_idle(5)
+    [outcome] = calls.collect()
+    calls.stop()
+    assert seen == [("start", outcome.value), ("exit", outcome.value)]
+    assert outcome.value != threading.get_ident()

@@ -5,6 +5,9 @@ sqlease error: tests/reliability/test_bad_input.py, whose claim takes this path.
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import psycopg
 import pytest
 from sqlalchemy import exc as sa_exc
@@ -101,3 +104,84 @@ def test_psycopg_internals_that_changed_fall_back_to_its_public_path(
     [claimed] = store.claim(["q"], "w", lease_ms=60_000)
     assert claimed.payload == "p0"
     assert store.ack([claimed.fence]) == {claimed.id}
+
+
+def _in_thread(call: Any) -> Any:
+    """Run ``call`` on a thread of its own (pinning is per thread); its result or error."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def test_a_pinned_thread_keeps_one_connection_in_autocommit_until_released(
+    pg_database_url: str,
+) -> None:
+    store = Store(pg_database_url, table_prefix=unique_prefix())
+    fast = store.fast
+    assert fast is not None
+    fast._engine.dispose()
+    pid = text("SELECT pg_backend_pid() AS pid, current_setting('transaction_isolation') AS i")
+    pool = fast._engine.pool
+
+    def pinned() -> tuple[set[int], int, int]:
+        fast.pin_thread()
+        pids = {fast.rows(pid, {})[0]["pid"] for _ in range(5)}
+        held = pool.checkedout()  # type: ignore[attr-defined]
+        fast.release_thread()
+        return pids, held, pool.checkedout()  # type: ignore[attr-defined]
+
+    pids, held, after = _in_thread(pinned)
+    assert len(pids) == 1 and held == 1 and after == 0
+    # Given back as the pool lends connections: not in autocommit.
+    with fast._engine.connect() as conn:
+        driver = conn.connection.dbapi_connection
+        assert isinstance(driver, psycopg.Connection)
+        assert driver.autocommit is False
+    # Unpinned calls borrow and return a connection each time (nothing stays checked out).
+    assert fast.rows(pid, {})[0]["pid"] > 0 and pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+def test_a_pinned_connection_that_breaks_is_replaced_on_the_next_call(
+    pg_database_url: str,
+) -> None:
+    store = Store(pg_database_url, table_prefix=unique_prefix())
+    fast = store.fast
+    assert fast is not None
+    fast._engine.dispose()
+    pid = text("SELECT pg_backend_pid() AS pid")
+
+    def scenario() -> tuple[int, int, int]:
+        fast.pin_thread()
+        try:
+            first = fast.rows(pid, {})[0]["pid"]
+            with pytest.raises(sa_exc.DataError):  # an error that leaves the connection fine
+                fast.rows(text("SELECT 1 / (SELECT count(*) FROM (SELECT 1 WHERE false) s)"), {})
+            second = fast.rows(pid, {})[0]["pid"]
+            assert _terminate_pooled_backends(store) >= 1
+            with pytest.raises(sa_exc.OperationalError) as dropped:
+                fast.rows(pid, {})
+            assert dropped.value.connection_invalidated
+            # And the store's own retry rides it out, as on the unpinned path.
+            store.enqueue("q", "after the drop")
+            assert _terminate_pooled_backends(store) >= 1
+            [claimed] = store.claim(["q"], "w", lease_ms=60_000)
+            third = fast.rows(pid, {})[0]["pid"]
+            assert claimed.payload == "after the drop"
+            return first, second, third
+        finally:
+            fast.release_thread()
+
+    first, second, third = _in_thread(scenario)
+    assert first > 0 and second > 0 and third not in (first, second)
+    assert fast._engine.pool.checkedout() == 0  # type: ignore[attr-defined]

@@ -59,9 +59,13 @@ class BackgroundCalls:
         notify: Callable[[], None],
         combine: Callable[[list[Job]], list[Outcome]] = run_each,
         name: str = "sqlease-claims",
+        on_start: Callable[[], None] | None = None,
+        on_exit: Callable[[], None] | None = None,
     ) -> None:
         self._notify = notify
         self._combine = combine
+        self._on_start = on_start  # both run on the thread itself: as it starts, as it ends
+        self._on_exit = on_exit
         self._name = name
         self._jobs: SimpleQueue[Job | None] = SimpleQueue()
         self._done: deque[Outcome] = deque()
@@ -107,6 +111,15 @@ class BackgroundCalls:
         self._thread = None
 
     def _work(self) -> None:
+        if self._on_start is not None:
+            self._on_start()
+        try:
+            self._serve()
+        finally:
+            if self._on_exit is not None:
+                self._on_exit()
+
+    def _serve(self) -> None:
         stopping = False
         while not stopping:
             first = self._jobs.get()

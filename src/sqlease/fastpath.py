@@ -10,6 +10,8 @@ connection is invalidated so the pool replaces it.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -93,6 +95,7 @@ class FastPath:
         self._engine = engine
         self._compiled: dict[int, tuple[TextClause, bytes]] = {}
         self._where = engine.url.render_as_string(hide_password=True)
+        self._threads = threading.local()  # per thread: pinned?, its connection, its pid
 
     def _sql(self, statement: TextClause) -> bytes:
         # Keyed by identity: the store's statements are built once and live as long as it.
@@ -103,8 +106,26 @@ class FastPath:
             self._compiled[id(statement)] = cached
         return cached[1]
 
+    def pin_thread(self) -> None:
+        """From now on the calling thread keeps one pooled connection, in autocommit, between
+        calls, until ``release_thread()``. For a thread that does nothing else (the worker's
+        background claims): checking a connection out of SQLAlchemy's pool and back in, and
+        switching autocommit on and off, cost about a quarter of the client's CPU per
+        statement (155 -> 120 us for an ack of 4 with a claim of 4)."""
+        self._threads.pinned = True
+
+    def release_thread(self) -> None:
+        """Give the calling thread's kept connection back to the pool (at the thread's end)."""
+        self._threads.pinned = False
+        fairy = getattr(self._threads, "fairy", None)
+        self._threads.fairy = None
+        if fairy is not None and getattr(self._threads, "pid", None) == os.getpid():
+            _give_back(fairy)
+
     def rows(self, statement: TextClause, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Execute in autocommit; the rows it returns (as dicts), or [] if none."""
+        if getattr(self._threads, "pinned", False):
+            return self._rows_pinned(statement, params)
         sql = self._sql(statement)
         with self._engine.connect() as conn:
             driver = conn.connection.dbapi_connection
@@ -123,6 +144,59 @@ class FastPath:
                         driver.autocommit = False
             except psycopg.Error as error:
                 raise self._as_sqlalchemy_error(conn, sql.decode(), params, error) from error
+
+    def _rows_pinned(
+        self, statement: TextClause, params: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        threads = self._threads
+        fairy = getattr(threads, "fairy", None)
+        if fairy is None or threads.pid != os.getpid():  # none yet, or a forked child's copy
+            fairy = self._engine.raw_connection()
+            try:
+                fairy.driver_connection.autocommit = True  # type: ignore[union-attr]
+            except BaseException:
+                fairy.close()
+                raise
+            threads.fairy, threads.pid = fairy, os.getpid()
+        sql = self._sql(statement)
+        driver = fairy.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        try:
+            with _cursor(driver) as cursor:
+                cursor.execute(sql, params)
+                result = cursor.pgresult
+                returned = result is not None and result.status == TUPLES_OK
+                return cursor.fetchall() if returned else []
+        except psycopg.Error as error:
+            # The next call starts from a fresh checkout, whatever went wrong here.
+            threads.fairy = None
+            translated = refusal(error, self._where)
+            disconnected = translated is None and self._is_disconnect(fairy, error)
+            if disconnected:
+                # Every connection made before now is suspect, and this one is dropped
+                # (invalidated and checked in) as on the unpinned path.
+                self._engine.pool._invalidate(fairy, error)  # type: ignore[arg-type]
+            else:
+                _give_back(fairy)
+            if translated is not None:
+                raise translated from error
+            raise self._dbapi_error(sql.decode(), params, error, disconnected) from error
+
+    def _is_disconnect(self, fairy: Any, error: psycopg.Error) -> bool:
+        dialect = self._engine.dialect
+        return bool(dialect.is_disconnect(error, fairy.dbapi_connection, None))  # type: ignore[arg-type]
+
+    def _dbapi_error(
+        self, sql: str, params: Mapping[str, Any], error: psycopg.Error, disconnected: bool
+    ) -> BaseException:
+        return sa_exc.DBAPIError.instance(
+            sql,
+            dict(params),
+            error,
+            psycopg.Error,
+            connection_invalidated=disconnected,
+            dialect=self._engine.dialect,
+        )
 
     def _as_sqlalchemy_error(
         self, conn: Any, sql: str, params: Mapping[str, Any], error: psycopg.Error
@@ -146,3 +220,16 @@ class FastPath:
             connection_invalidated=disconnected,
             dialect=dialect,
         )
+
+
+def _give_back(fairy: Any) -> None:
+    """Return a kept connection to the pool as the pool lends them: not in autocommit (the
+    store's transactions on the same engine expect that)."""
+    try:
+        driver = fairy.driver_connection
+        if driver is not None and not driver.closed:
+            driver.autocommit = False
+    except psycopg.Error:
+        fairy.invalidate()
+        return
+    fairy.close()

@@ -1019,7 +1019,14 @@ class Transport(virtual.Transport):
 
     def _background_calls(self) -> BackgroundCalls:
         if self._background is None:
-            self._background = BackgroundCalls(self._wake_from_background, self._combine_background)
+            fast = self.store.fast
+            self._background = BackgroundCalls(
+                self._wake_from_background,
+                self._combine_background,
+                # The thread runs one statement after another: it keeps its connection.
+                on_start=None if fast is None else fast.pin_thread,
+                on_exit=None if fast is None else fast.release_thread,
+            )
         return self._background
 
     def claim_in_background(self, channel: SqlChannel, queues: list[str], limit: int) -> None:
