@@ -31,6 +31,22 @@ def _terminate_pooled_backends(store: Store) -> int:
     return len(rows)
 
 
+#: Fails at execution (division by zero) and leaves the connection usable.
+DIVISION_BY_ZERO = text("SELECT 1 / (SELECT count(*) FROM (SELECT 1 WHERE false) s)")
+BACKEND_PID = text("SELECT pg_backend_pid() AS pid")
+
+
+@pytest.fixture
+def fresh_store(pg_database_url: str) -> Store:
+    """A store whose hot-path engine starts with an empty pool. The engine is process-wide:
+    this drops connections an earlier test killed (a raw ``fast.rows`` call does not retry,
+    as store operations do)."""
+    store = Store(pg_database_url, table_prefix=unique_prefix())
+    assert store.fast is not None
+    store.fast._engine.dispose()
+    return store
+
+
 def test_a_dropped_connection_is_replaced_and_the_operation_retried(
     pg_database_url: str,
 ) -> None:
@@ -47,16 +63,13 @@ def test_a_dropped_connection_is_replaced_and_the_operation_retried(
     assert store.size(["q"]) == 0
 
 
-def test_other_errors_are_sqlalchemys(pg_database_url: str) -> None:
-    store = Store(pg_database_url, table_prefix=unique_prefix())
+def test_other_errors_are_sqlalchemys(fresh_store: Store) -> None:
+    store = fresh_store
     assert store.fast is not None
-    # The hot path's engine is process-wide: drop connections an earlier test killed (a raw
-    # fast.rows call does not retry, as store operations do).
-    store.fast._engine.dispose()
     with pytest.raises(sa_exc.ProgrammingError):
         store.fast.rows(text("SELECT * FROM no_such_table_here"), {})
     with pytest.raises(sa_exc.DataError):
-        store.fast.rows(text("SELECT 1 / (SELECT count(*) FROM (SELECT 1 WHERE false) s)"), {})
+        store.fast.rows(DIVISION_BY_ZERO, {})
     assert store.fast.rows(text("SELECT 1 AS one"), {}) == [{"one": 1}]  # connection still fine
 
 
@@ -125,13 +138,11 @@ def _in_thread(call: Any) -> Any:
 
 
 def test_a_pinned_thread_keeps_one_connection_in_autocommit_until_released(
-    pg_database_url: str,
+    fresh_store: Store,
 ) -> None:
-    store = Store(pg_database_url, table_prefix=unique_prefix())
-    fast = store.fast
+    fast = fresh_store.fast
     assert fast is not None
-    fast._engine.dispose()
-    pid = text("SELECT pg_backend_pid() AS pid, current_setting('transaction_isolation') AS i")
+    pid = BACKEND_PID
     pool = fast._engine.pool
 
     def pinned() -> tuple[set[int], int, int]:
@@ -153,20 +164,19 @@ def test_a_pinned_thread_keeps_one_connection_in_autocommit_until_released(
 
 
 def test_a_pinned_connection_that_breaks_is_replaced_on_the_next_call(
-    pg_database_url: str,
+    fresh_store: Store,
 ) -> None:
-    store = Store(pg_database_url, table_prefix=unique_prefix())
+    store = fresh_store
     fast = store.fast
     assert fast is not None
-    fast._engine.dispose()
-    pid = text("SELECT pg_backend_pid() AS pid")
+    pid = BACKEND_PID
 
     def scenario() -> tuple[int, int, int]:
         fast.pin_thread()
         try:
             first = fast.rows(pid, {})[0]["pid"]
             with pytest.raises(sa_exc.DataError):  # an error that leaves the connection fine
-                fast.rows(text("SELECT 1 / (SELECT count(*) FROM (SELECT 1 WHERE false) s)"), {})
+                fast.rows(DIVISION_BY_ZERO, {})
             second = fast.rows(pid, {})[0]["pid"]
             assert _terminate_pooled_backends(store) >= 1
             with pytest.raises(sa_exc.OperationalError) as dropped:

@@ -133,12 +133,7 @@ class FastPath:
             try:
                 driver.autocommit = True
                 try:
-                    with _cursor(driver) as cursor:
-                        cursor.execute(sql, params)
-                        # (Not `cursor.description`: it builds a Column per column per call.)
-                        result = cursor.pgresult
-                        returned = result is not None and result.status == TUPLES_OK
-                        return cursor.fetchall() if returned else []
+                    return _execute(driver, sql, params)
                 finally:
                     if not driver.closed:
                         driver.autocommit = False
@@ -162,11 +157,7 @@ class FastPath:
         driver = fairy.driver_connection
         assert isinstance(driver, psycopg.Connection)
         try:
-            with _cursor(driver) as cursor:
-                cursor.execute(sql, params)
-                result = cursor.pgresult
-                returned = result is not None and result.status == TUPLES_OK
-                return cursor.fetchall() if returned else []
+            return _execute(driver, sql, params)
         except psycopg.Error as error:
             # The next call starts from a fresh checkout, whatever went wrong here.
             threads.fairy = None
@@ -204,22 +195,25 @@ class FastPath:
         translated = refusal(error, self._where)
         if translated is not None:
             return translated
-        dialect = self._engine.dialect
         wrapper = conn.connection
-        disconnected = bool(dialect.is_disconnect(error, wrapper.dbapi_connection, None))  # type: ignore[arg-type]
+        disconnected = self._is_disconnect(wrapper, error)
         if disconnected:
             # As SQLAlchemy does on a disconnect: every pooled connection made before now is
             # suspect (a restarted server dropped them all), and this one is gone.
             self._engine.pool._invalidate(wrapper, error)
             conn.invalidate(error)
-        return sa_exc.DBAPIError.instance(
-            sql,
-            dict(params),
-            error,
-            psycopg.Error,
-            connection_invalidated=disconnected,
-            dialect=dialect,
-        )
+        return self._dbapi_error(sql, params, error, disconnected)
+
+
+def _execute(
+    driver: psycopg.Connection[Any], sql: bytes, params: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    with _cursor(driver) as cursor:
+        cursor.execute(sql, params)
+        # (Not `cursor.description`: it builds a Column per column per call.)
+        result = cursor.pgresult
+        returned = result is not None and result.status == TUPLES_OK
+        return cursor.fetchall() if returned else []
 
 
 def _give_back(fairy: Any) -> None:

@@ -332,22 +332,13 @@ class Channel(virtual.Channel):
                 message.queue,
                 error,
             )
-            if leased:
-                heartbeat().drop([message.fence])
-                self.store.fail(message.fence, "undecodable", error=error)
-                if message.task_id is not None:
-                    self.connection.record_failure(
-                        message.task_id,
-                        "ContentDisallowed",
-                        [f"undecodable message: {error}"],
-                        "kombu.exceptions",
-                    )
-            else:
-                self.store.record_event(
-                    "undecodable",
-                    {"error": error, "payload": message.payload[:1000]},
-                    task_id=message.task_id,
-                    message_id=message.id,
+            self._not_delivered(message, "undecodable", error, leased=leased)
+            if leased and message.task_id is not None:
+                self.connection.record_failure(
+                    message.task_id,
+                    "ContentDisallowed",
+                    [f"undecodable message: {error}"],
+                    "kombu.exceptions",
                 )
             return None
         if self._expired(message, payload, properties, leased=leased):
@@ -401,17 +392,22 @@ class Channel(virtual.Channel):
             message.queue,
             detail,
         )
+        self._not_delivered(message, "expired", detail, leased=leased)
+        return True
+
+    def _not_delivered(self, message: Message, reason: str, error: str, *, leased: bool) -> None:
+        """A fetched message that will not reach the consumer: a leased one is kept as failed
+        ``reason``; one deleted on fetch (no-ack) leaves its payload in the timeline."""
         if leased:
             heartbeat().drop([message.fence])
-            self.store.fail(message.fence, "expired", error=detail)
-        else:  # deleted on fetch (no-ack): the timeline keeps what it was
+            self.store.fail(message.fence, reason, error=error)
+        else:
             self.store.record_event(
-                "expired",
-                {"error": detail, "payload": message.payload[:1000]},
+                reason,
+                {"error": error, "payload": message.payload[:1000]},
                 task_id=message.task_id,
                 message_id=message.id,
             )
-        return True
 
     def take_noack(self, callback: Any) -> int:
         """Deliver one delete-on-fetch batch of the no-ack queues (remote control, events)
