@@ -61,6 +61,12 @@ def test_a_dropped_connection_is_replaced_and_the_operation_retried(
     assert _terminate_pooled_backends(store) >= 1
     assert store.ack([m.fence for m in claimed]) == {m.id for m in claimed}
     assert store.size(["q"]) == 0
+    # The worker's own bookkeeping rides it out too: after a reconnect it clears its offers
+    # (a chaos run logged "could not clear handoff offers after relistening" without this).
+    assert _terminate_pooled_backends(store) >= 1
+    store.withdraw_offers("w", handed_too=True)
+    assert _terminate_pooled_backends(store) >= 1
+    assert store.leased_to("w") == []
 
 
 def test_other_errors_are_sqlalchemys(fresh_store: Store) -> None:

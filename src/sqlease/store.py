@@ -210,6 +210,8 @@ def _dump(data: Any) -> str | None:
     "renew",
     "ack",
     "ack_and_claim",
+    "withdraw_offers",
+    "leased_to",
     "_transition",
     "requeue",
     "compare_and_set",
