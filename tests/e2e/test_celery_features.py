@@ -135,3 +135,18 @@ def test_inspect_shows_active_and_reserved_tasks(e2e: E2E, tmp_path: Path) -> No
     assert stats is not None and stats[worker.nodename]["broker"]["transport"] == "sqlease"
     gate.touch()
     wait_for(lambda: e2e.finished(task_id=waiting.id), 30, "the reserved task to run")
+
+
+@pytest.mark.timeout(120)
+def test_message_properties_and_delivery_info_reach_the_task(e2e: E2E) -> None:
+    # Celery's integration suite: a property given to apply_async (app_id) reaches
+    # self.request.properties, and delivery_info names the exchange, routing key and priority.
+    backend = e2e.broker
+    e2e.start_worker(concurrency=1, E2E_BACKEND=backend)
+    app = e2e.app(backend=backend)
+    seen = app.tasks["e2e.properties"].apply_async(app_id="1234", priority=7).get(timeout=30)
+    assert seen["properties"]["app_id"] == "1234"
+    assert seen["properties"]["priority"] == 7
+    assert seen["delivery_info"]["routing_key"] == "celery"
+    assert seen["delivery_info"]["priority"] == 7
+    assert seen["delivery_info"]["redelivered"] is False

@@ -115,6 +115,21 @@ def make_app(
         records.end(records.start(self, str(self.request.retries)))
         raise ValueError(f"failure number {self.request.retries + 1}")
 
+    @app.task(name="e2e.properties", bind=True, shared=False)
+    def properties(self: Any) -> dict[str, Any]:
+        records.end(records.start(self, None))
+        info = self.request.delivery_info or {}
+        return {
+            "properties": {
+                k: v
+                for k, v in (self.request.properties or {}).items()
+                if isinstance(v, str | int | float | bool)
+            },
+            "delivery_info": {
+                k: info.get(k) for k in ("exchange", "routing_key", "priority", "redelivered")
+            },
+        }
+
     @app.task(name="e2e.route_a", bind=True, shared=False)
     def route_a(self: Any) -> None:
         records.end(records.start(self, "a"))
