@@ -1,15 +1,18 @@
 """Celery's own in-process test worker (``celery.contrib.testing.worker.start_worker``, what
 ``celery.contrib.pytest``'s ``celery_worker`` fixtures use) runs on sqlease as on any broker:
-solo and threads pools, the ping check, results through sqlease's backend, a retry, and a
-clean stop that leaves nothing leased."""
+solo and threads pools, the ping check, results through sqlease's backend, a retry, a clean
+stop that leaves nothing leased, and the canvas (chain, group, chord, link, link_error) with
+the result API (forget, GroupResult save and restore)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, chain, chord, group
 from celery.contrib.testing.worker import start_worker
+from celery.result import GroupResult
 
 from conftest import unique_prefix
 from sqlease import Store
@@ -55,4 +58,46 @@ def test_celerys_test_worker_runs_tasks_on_sqlease(db_url: str, pool: str) -> No
     with store.engine.connect() as conn:
         left = conn.execute(table.select().where(table.c.queue == "celery")).fetchall()
     assert left == []  # acked: nothing leased or parked behind the stopped worker
+    app.close()
+
+
+def test_canvas_callbacks_and_result_api_through_the_test_worker(db_url: str) -> None:
+    prefix = unique_prefix()
+    app = _app(db_url, prefix)
+    errors: list[str] = []
+
+    @app.task(name="inprocess.total", shared=False)
+    def total(values: list[int]) -> int:
+        return sum(values)
+
+    @app.task(name="inprocess.boom", shared=False)
+    def boom() -> None:
+        raise ValueError("boom")
+
+    @app.task(name="inprocess.on_error", shared=False)
+    def on_error(request: Any, exc: BaseException, traceback: str) -> None:
+        errors.append(f"{request.id} {exc!r}")
+
+    add = app.tasks["inprocess.add"]
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=True):
+        assert chain(add.s(1, 1), add.s(2), add.s(3)).delay().get(timeout=10) == 7
+        assert group(add.s(i, i) for i in range(5)).delay().get(timeout=10) == [0, 2, 4, 6, 8]
+        assert chord((add.s(i, i) for i in range(5)), total.s()).delay().get(timeout=10) == 20
+        linked = add.apply_async((1, 2), link=add.s(10))
+        assert linked.get(timeout=10) == 3
+        assert linked.children and linked.children[0].get(timeout=10) == 13
+        failed = boom.apply_async(link_error=on_error.s())
+        with pytest.raises(ValueError, match="boom"):
+            failed.get(timeout=10)
+        deadline = time.monotonic() + 10
+        while not errors and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert errors == [f"{failed.id} ValueError('boom')"]
+        saved = group(add.s(1, 1), add.s(2, 2)).delay()
+        saved.save()
+        assert GroupResult.restore(saved.id, app=app).get(timeout=10) == [2, 4]
+        done = add.delay(3, 3)
+        assert done.get(timeout=10) == 6
+        done.forget()
+        assert done.state == "PENDING"
     app.close()
