@@ -216,9 +216,14 @@ class ResultStore:
         """Atomically add one to a counter; raises FenceRefused if the fence's lease is gone.
 
         ``part`` (a chord part's task id): counted once whatever happens. The first count
-        leaves a marker row in the same transaction; a later one (the part ran again after
-        its worker died between storing its result and counting it) changes nothing and
-        returns 0, so it can neither count twice nor fire the chord's callback again."""
+        leaves a marker row, holding the value the count reached, in the same transaction.
+        A later one (the part ran again after its worker died) adds nothing. It returns 0,
+        so it can neither count twice nor fire the chord's callback again, with one
+        exception: if this part's count was the last one made and the counter is still
+        there, it returns that value again. Celery deletes the counter once it has sent the
+        callback, so a counter still standing at the part's own count means that the worker
+        died after the count and before the callback; returning the chord's size lets the
+        part's redelivery send it."""
         insert = self._insert(self.counters).values(key=key, value=1)
         stmt = insert.on_conflict_do_update(
             index_elements=[self.counters.c.key],
@@ -227,17 +232,62 @@ class ResultStore:
         with self.store.engine.begin() as conn:
             if fence is not None and not self._held(conn, fence, task_id):
                 raise FenceRefused(fence)
-            if part is not None:
-                expires = None if part_expires_ms is None else self._now() + part_expires_ms
-                marker = (
-                    self._insert(self.counters)
-                    .values(key=part_marker(key, part), value=1, expires_at_ms=expires)
-                    .on_conflict_do_nothing(index_elements=[self.counters.c.key])
-                    .returning(self.counters.c.key)
-                )
-                if conn.execute(marker).first() is None:
-                    return 0
-            return int(conn.execute(stmt).scalar_one())
+            if part is None:
+                return int(conn.execute(stmt).scalar_one())
+            marker_key = part_marker(key, part)
+            expires = None if part_expires_ms is None else self._now() + part_expires_ms
+            marker = (
+                self._insert(self.counters)
+                .values(key=marker_key, value=0, expires_at_ms=expires)
+                .on_conflict_do_nothing(index_elements=[self.counters.c.key])
+                .returning(self.counters.c.key)
+            )
+            if conn.execute(marker).first() is None:
+                counted, current = self._marker_and_counter(conn, key, part)
+                return counted if counted and counted == current else 0
+            value = int(conn.execute(stmt).scalar_one())
+            conn.execute(
+                update(self.counters).where(self.counters.c.key == marker_key).values(value=value)
+            )
+            return value
+
+    def _marker_and_counter(
+        self, conn: Connection, key: str, part: str
+    ) -> tuple[int | None, int | None]:
+        """The value ``part``'s count reached in counter ``key``, and the counter's value now
+        (None for a row that is not there)."""
+        marker_key = part_marker(key, part)
+        found = conn.execute(
+            select(self.counters.c.key, self.counters.c.value).where(
+                self.counters.c.key.in_([key, marker_key])
+            )
+        ).all()
+        rows = {row_key: value for row_key, value in found}
+        counted, current = rows.get(marker_key), rows.get(key)
+        return (
+            None if counted is None else int(counted),
+            None if current is None else int(current),
+        )
+
+    def parts_settled(self, keys_and_parts: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which (counter key, part) pairs need nothing more: counted, and not the last count
+        of a chord whose callback was never sent (the counter still stands at this part's
+        count and has reached the chord's size, or the size is unknown). A redelivered part
+        that is not settled must run again (``incr`` then lets it send the callback)."""
+        settled: set[tuple[str, str]] = set()
+        with self.store._reading() as conn:
+            for key, part in keys_and_parts:
+                counted, current = self._marker_and_counter(conn, key, part)
+                if counted is None:
+                    continue  # not counted
+                if counted and counted == current:
+                    size = conn.execute(
+                        select(self.results.c.value).where(self.results.c.key == key)
+                    ).scalar()
+                    if size is None or counted >= _int_or_zero(size):
+                        continue  # maybe the last count, and the callback never sent
+                settled.add((key, part))
+        return settled
 
     def parts_counted(self, keys_and_parts: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
         """Which (counter key, part) pairs ``incr(key, part=…)`` has counted."""
@@ -341,3 +391,11 @@ def _offer_params(offer: Mapping[str, Any] | None, fence: Fence | None) -> dict[
         "offer_lock_key": lock_key,
         "offer_ttl_ms": ttl_ms,
     }
+
+
+def _int_or_zero(value: Any) -> int:
+    """A chord size stored by ``set_chord_size`` (the text of an integer), else 0."""
+    try:
+        return int(bytes(value).decode() if isinstance(value, bytes | memoryview) else value)
+    except (TypeError, ValueError):
+        return 0

@@ -278,15 +278,17 @@ class Channel(virtual.Channel):
         if not done:
             return messages
         # A chord part whose result was stored but not yet counted runs again (its count is
-        # idempotent), or its chord would never complete (sqlease.chord_parts).
+        # idempotent), or its chord would never complete; so does the part whose count was
+        # the chord's last if the callback was never sent (sqlease.chord_parts).
         parts = {m.id: chord_count_of(m.payload) for m in messages if m.id in done}
-        counted = results.parts_counted(p for p in parts.values() if p is not None)
-        done = {i for i, p in parts.items() if p is None or p in counted}
+        settled = results.parts_settled(p for p in parts.values() if p is not None)
+        done = {i for i, p in parts.items() if p is None or p in settled}
         for message_id, part in parts.items():
             if message_id not in done and part is not None:
                 logger.warning(
-                    "sqlease: chord part %s (message %s) stored its result but was not "
-                    "counted before its worker died; running it again (counted once)",
+                    "sqlease: chord part %s (message %s) stored its result, but its worker "
+                    "died before counting it or before sending the chord's callback; running "
+                    "it again (counted once)",
                     part[1],
                     message_id,
                 )

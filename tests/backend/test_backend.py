@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from celery import Celery, states
 from celery.result import AsyncResult, GroupResult
+from sqlalchemy import select
 
 from conftest import unique_prefix
 from sqlease import Store
@@ -284,11 +285,54 @@ def test_a_chord_part_is_counted_once_however_often_it_reports(app: Celery) -> N
     backend = backend_of(app)
     results = backend.results
     assert results.incr("chord-unlock-p", part="a") == 1
-    assert results.incr("chord-unlock-p", part="a") == 0  # already counted: nothing changes
     assert results.incr("chord-unlock-p", part="b") == 2
-    assert results.parts_counted([("chord-unlock-p", "a"), ("chord-unlock-p", "c")]) == {
+    assert results.incr("chord-unlock-p", part="a") == 0  # already counted: nothing changes
+    assert results.incr("chord-unlock-p", part="c") == 3
+    assert results.parts_counted([("chord-unlock-p", "a"), ("chord-unlock-p", "d")]) == {
         ("chord-unlock-p", "a")
     }
+
+
+def test_the_last_counted_part_reporting_again_may_send_the_callback_only_if_it_never_was(
+    app: Celery,
+) -> None:
+    """A worker killed after the chord's last count and before Celery sent the callback (and
+    deleted the counter): the part's redelivery gets the chord's size again from its repeat
+    count, so Celery sends the callback. Once the counter is deleted, a repeat gets 0."""
+    backend = backend_of(app)
+    results = backend.results
+    backend.set_chord_size("g1", 2)
+    key = "chord-unlock-g1"
+    assert results.incr(key, part="a") == 1
+    assert results.incr(key, part="b") == 2  # the last count; then the worker dies
+    assert results.incr(key, part="a") == 0  # not the last count: nothing
+    assert results.incr(key, part="b") == 2  # the counter still stands at b's count: again
+    counters = results.counters
+    with results.store.engine.connect() as conn:
+        stored = conn.execute(select(counters.c.value).where(counters.c.key == key)).scalar()
+    assert stored == 2  # counted once each
+    backend.delete(key.encode())  # Celery, after sending the callback
+    assert results.incr(key, part="b") == 0
+
+
+def test_which_redelivered_chord_parts_need_nothing_more(app: Celery) -> None:
+    backend = backend_of(app)
+    results = backend.results
+    backend.set_chord_size("g2", 3)
+    key = "chord-unlock-g2"
+    results.incr(key, part="a")
+    results.incr(key, part="b")
+    # a and b are counted; the chord is not complete, so even the latest count (b) needs
+    # nothing more; c was never counted.
+    parts = [(key, "a"), (key, "b"), (key, "c")]
+    assert results.parts_settled(parts) == {(key, "a"), (key, "b")}
+    results.incr(key, part="c")  # the last count: c's callback may not have been sent
+    assert results.parts_settled(parts) == {(key, "a"), (key, "b")}
+    backend.delete(key.encode())  # the callback was sent: all settled
+    assert results.parts_settled(parts) == {(key, "a"), (key, "b"), (key, "c")}
+    # Without a stored size, the latest count is not known to be short of it: run again.
+    results.incr("chord-unlock-g3", part="x")
+    assert results.parts_settled([("chord-unlock-g3", "x")]) == set()
 
 
 def test_a_chord_callback_fires_once_when_a_part_reports_twice(

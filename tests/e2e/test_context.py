@@ -158,6 +158,23 @@ def test_a_chord_part_killed_between_its_result_and_its_count_still_completes_th
     assert kinds.count("claimed") == 2 and "completed_from_stored_outcome" not in kinds
 
 
+def test_a_chord_part_killed_after_the_last_count_still_sends_the_callback(e2e: E2E) -> None:
+    """The last part's count reached the chord's size, and the worker died before Celery sent
+    the callback. The part's redelivery runs again (its count stays one), and the callback
+    is sent by it."""
+    app = app_for(e2e)
+    e2e.start_worker(app="context_app", E2E_DIE_AFTER_LAST_COUNT=3)
+    add, tsum = app.tasks["ctx.add"], app.tasks["ctx.tsum"]
+    result = chord((add.s(i, 1) for i in range(3)), tsum.s())()
+    wait_for(lambda: not e2e.workers[0].alive(), 30, "the worker to die after the last count")
+    [died] = effects(e2e, "died_after_last_count")
+    e2e.start_worker(app="context_app")
+    assert result.get(timeout=60) == 1 + 2 + 3
+    kinds = [e["kind"] for e in e2e.admin.task(died["task_id"]).events]
+    assert kinds.count("claimed") == 2 and "completed_from_stored_outcome" not in kinds
+    assert len(effects(e2e, "died_after_last_count")) == 1
+
+
 def test_pause_a_running_task_and_resume_it_on_another_worker(e2e: E2E) -> None:
     app = app_for(e2e)
     first = e2e.start_worker(app="context_app")

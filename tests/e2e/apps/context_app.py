@@ -129,6 +129,25 @@ if os.environ.get("E2E_DIE_BEFORE_COUNT"):
     SqleaseBackend.on_chord_part_return = _die_before_the_first_count  # type: ignore[method-assign]
 
 
+if os.environ.get("E2E_DIE_AFTER_LAST_COUNT"):
+    # Die in the moment after a chord's last part was counted and before Celery sends the
+    # chord's callback: the part's redelivery finds its result stored and its count made.
+    from sqlease.backend import SqleaseBackend, _counting_part
+
+    _incr = SqleaseBackend.incr
+
+    def _die_after_the_last_count(self: Any, key: Any) -> int:
+        value: int = _incr(self, key)
+        marker = os.path.join(os.path.dirname(os.environ["E2E_RECORDS"]), "callback-lost")
+        if value == int(os.environ["E2E_DIE_AFTER_LAST_COUNT"]) and not os.path.exists(marker):
+            effect(str(_counting_part.get()), "died_after_last_count", value, 0)
+            open(marker, "w").close()
+            kill_my_worker()
+        return value
+
+    SqleaseBackend.incr = _die_after_the_last_count  # type: ignore[method-assign]
+
+
 def _from_env() -> Celery:
     env = os.environ
     if "E2E_BROKER" not in env:
