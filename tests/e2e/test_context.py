@@ -138,6 +138,27 @@ def test_groups_and_chords_of_100(e2e: E2E) -> None:
     )
 
 
+def _chord_of_three_with_a_kill(
+    e2e: E2E, kind: str, **hook: Any
+) -> tuple[Any, Any, dict[str, Any]]:
+    """A chord of three parts and a sum, on a worker that kills itself where ``hook`` says
+    (recording ``kind``); the app, the chord's result and the record of the part that died."""
+    app = app_for(e2e)
+    e2e.start_worker(app="context_app", **hook)
+    add, tsum = app.tasks["ctx.add"], app.tasks["ctx.tsum"]
+    result = chord((add.s(i, 1) for i in range(3)), tsum.s())()
+    wait_for(lambda: not e2e.workers[0].alive(), 30, f"the worker to die ({kind})")
+    [died] = effects(e2e, kind)
+    return app, result, died
+
+
+def _completes_with_the_part_run_twice(e2e: E2E, result: Any, died: dict[str, Any]) -> None:
+    e2e.start_worker(app="context_app")
+    assert result.get(timeout=60) == 1 + 2 + 3
+    kinds = [e["kind"] for e in e2e.admin.task(died["task_id"]).events]
+    assert kinds.count("claimed") == 2 and "completed_from_stored_outcome" not in kinds
+
+
 def test_a_chord_part_killed_between_its_result_and_its_count_still_completes_the_chord(
     e2e: E2E,
 ) -> None:
@@ -145,33 +166,21 @@ def test_a_chord_part_killed_between_its_result_and_its_count_still_completes_th
     between leaves the result stored and the part uncounted: completing that delivery from
     the stored result (invariant 9) would leave the chord waiting forever. The part runs
     again instead, and is counted once."""
-    app = app_for(e2e)
-    e2e.start_worker(app="context_app", E2E_DIE_BEFORE_COUNT=1)
-    add, tsum = app.tasks["ctx.add"], app.tasks["ctx.tsum"]
-    result = chord((add.s(i, 1) for i in range(3)), tsum.s())()
-    wait_for(lambda: not e2e.workers[0].alive(), 30, "the worker to die before the count")
-    [died] = effects(e2e, "died_before_count")
+    app, result, died = _chord_of_three_with_a_kill(
+        e2e, "died_before_count", E2E_DIE_BEFORE_COUNT=1
+    )
     assert app.AsyncResult(died["task_id"]).get(timeout=10) is not None  # stored, uncounted
-    e2e.start_worker(app="context_app")
-    assert result.get(timeout=60) == 1 + 2 + 3
-    kinds = [e["kind"] for e in e2e.admin.task(died["task_id"]).events]
-    assert kinds.count("claimed") == 2 and "completed_from_stored_outcome" not in kinds
+    _completes_with_the_part_run_twice(e2e, result, died)
 
 
 def test_a_chord_part_killed_after_the_last_count_still_sends_the_callback(e2e: E2E) -> None:
     """The last part's count reached the chord's size, and the worker died before Celery sent
     the callback. The part's redelivery runs again (its count stays one), and the callback
     is sent by it."""
-    app = app_for(e2e)
-    e2e.start_worker(app="context_app", E2E_DIE_AFTER_LAST_COUNT=3)
-    add, tsum = app.tasks["ctx.add"], app.tasks["ctx.tsum"]
-    result = chord((add.s(i, 1) for i in range(3)), tsum.s())()
-    wait_for(lambda: not e2e.workers[0].alive(), 30, "the worker to die after the last count")
-    [died] = effects(e2e, "died_after_last_count")
-    e2e.start_worker(app="context_app")
-    assert result.get(timeout=60) == 1 + 2 + 3
-    kinds = [e["kind"] for e in e2e.admin.task(died["task_id"]).events]
-    assert kinds.count("claimed") == 2 and "completed_from_stored_outcome" not in kinds
+    _, result, died = _chord_of_three_with_a_kill(
+        e2e, "died_after_last_count", E2E_DIE_AFTER_LAST_COUNT=3
+    )
+    _completes_with_the_part_run_twice(e2e, result, died)
     assert len(effects(e2e, "died_after_last_count")) == 1
 
 
