@@ -289,17 +289,6 @@ class ResultStore:
                 settled.add((key, part))
         return settled
 
-    def parts_counted(self, keys_and_parts: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-        """Which (counter key, part) pairs ``incr(key, part=…)`` has counted."""
-        wanted = {part_marker(k, p): (k, p) for k, p in keys_and_parts}
-        if not wanted:
-            return set()
-        with self.store._reading() as conn:
-            found = conn.execute(
-                select(self.counters.c.key).where(self.counters.c.key.in_(list(wanted)))
-            ).scalars()
-            return {wanted[k] for k in found}
-
     def record_final(
         self,
         task_id: str,

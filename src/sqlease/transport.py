@@ -365,7 +365,8 @@ class Channel(virtual.Channel):
         self, message: Message, payload: dict[str, Any], properties: dict[str, Any], *, leased: bool
     ) -> bool:
         """Kombu's per-message TTL (``publish(expiration=…)``, the AMQP ``expiration``
-        property): a message still queued that long after its publish is not delivered. It
+        property): a message still queued that long after it became deliverable is not
+        delivered (counted from its publish or eta, or an operator's requeue). It
         is kept as failed ``expired`` (listable, requeueable), as RabbitMQ would have
         dropped it. Celery task messages with an ``expires`` header are left to the worker,
         which revokes them itself (REVOKED result, ``task_revoked`` signal, ``task-revoked``

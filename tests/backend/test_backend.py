@@ -288,7 +288,7 @@ def test_a_chord_part_is_counted_once_however_often_it_reports(app: Celery) -> N
     assert results.incr("chord-unlock-p", part="b") == 2
     assert results.incr("chord-unlock-p", part="a") == 0  # already counted: nothing changes
     assert results.incr("chord-unlock-p", part="c") == 3
-    assert results.parts_counted([("chord-unlock-p", "a"), ("chord-unlock-p", "d")]) == {
+    assert results.parts_settled([("chord-unlock-p", "a"), ("chord-unlock-p", "d")]) == {
         ("chord-unlock-p", "a")
     }
 
