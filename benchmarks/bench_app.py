@@ -12,7 +12,13 @@ import time
 
 from celery import Celery
 
-import sqlease  # noqa: F401  (registers the sqlease transport)
+import sqlease  # registers the sqlease transport
+import sqlease.transport
+
+if os.environ.get("BENCH_SQLEASE_CLAIMS_THREAD"):
+    # For comparison: the busy worker's statements on a background thread (the fallback for a
+    # psycopg without the statement generator its event loop drives).
+    sqlease.transport.NONBLOCKING = False
 
 BROKER = os.environ.get("BENCH_BROKER", "memory://")
 BACKEND = os.environ.get("BENCH_BACKEND") or None

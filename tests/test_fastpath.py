@@ -42,8 +42,9 @@ def fresh_store(pg_database_url: str) -> Store:
     this drops connections an earlier test killed (a raw ``fast.rows`` call does not retry,
     as store operations do)."""
     store = Store(pg_database_url, table_prefix=unique_prefix())
-    assert store.fast is not None
+    assert store.fast is not None and store.fast_leases is not None
     store.fast._engine.dispose()
+    store.fast_leases._engine.dispose()
     return store
 
 
@@ -173,7 +174,7 @@ def test_a_pinned_connection_that_breaks_is_replaced_on_the_next_call(
     fresh_store: Store,
 ) -> None:
     store = fresh_store
-    fast = store.fast
+    fast = store.fast_leases  # the claim below runs on it, pinned, as the busy worker's do
     assert fast is not None
     pid = BACKEND_PID
 

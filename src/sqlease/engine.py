@@ -38,17 +38,21 @@ def get_engine(
     busy_timeout_ms: int = 30_000,
     pool_size: int = 5,
     generic_plans: bool = False,
+    wait_for_flush: bool = True,
 ) -> Engine:
     """The process-wide engine for ``url`` (created on first use).
 
     ``generic_plans``: PostgreSQL, the hot path's own engine, whose sessions plan each
-    prepared statement once (see postgresql_connect_args); ignored for SQLite."""
+    prepared statement once (see postgresql_connect_args); ignored for SQLite.
+    ``wait_for_flush=False``: PostgreSQL, commits return before their WAL reaches the disk
+    (for the lease traffic only, see postgresql_connect_args); ignored for SQLite."""
     sa_url = to_sqlalchemy_url(url)
     options = (
         ("sqlite_synchronous", sqlite_synchronous.upper()),
         ("busy_timeout_ms", busy_timeout_ms),
         ("pool_size", pool_size),
         ("generic_plans", bool(generic_plans) and sa_url.get_backend_name() != "sqlite"),
+        ("wait_for_flush", bool(wait_for_flush) or sa_url.get_backend_name() == "sqlite"),
     )
     key = (sa_url.render_as_string(hide_password=False), options)
     with _lock:
@@ -135,12 +139,16 @@ SESSION_OPTIONS = "-c idle_in_transaction_session_timeout=60000 -c jit=off"
 
 #: Added for the hot path's engine (generic_plans=True).
 GENERIC_PLANS_OPTION = "-c plan_cache_mode=force_generic_plan"
+#: Added for the lease traffic's engine (wait_for_flush=False).
+NO_FLUSH_WAIT_OPTION = "-c synchronous_commit=off"
 
 #: Seconds a connection attempt may take (libpq's connect_timeout) unless the URL says.
 CONNECT_TIMEOUT_S = 10
 
 
-def postgresql_connect_args(url: URL, *, generic_plans: bool = False) -> dict[str, Any]:
+def postgresql_connect_args(
+    url: URL, *, generic_plans: bool = False, wait_for_flush: bool = True
+) -> dict[str, Any]:
     """What sqlease adds to a PostgreSQL URL's connection parameters. The URL's own
     ``options`` (say ``-c search_path=app``) are kept, after sqlease's so that they win;
     its ``connect_timeout`` is kept too."""
@@ -164,6 +172,16 @@ def postgresql_connect_args(url: URL, *, generic_plans: bool = False) -> dict[st
         # idle worker's offer) keeps `auto` on its own engine: a generic plan for, say,
         # "the next due time after now" scanned the whole table.
         session = f"{session} {GENERIC_PLANS_OPTION}"
+    if not wait_for_flush:
+        # The lease traffic's engine (claims and acks, see Store): a commit that returns
+        # before its WAL is flushed can only be lost with the server itself (a crash of
+        # PostgreSQL or of its machine), never with a worker. A lost claim leaves its message
+        # ready again, a lost ack leaves it leased until its lease expires: redelivered
+        # either way, never lost (the task, under its new attempt, finds any result it
+        # stored: invariant 9). Any later commit that waits for the flush (every publish,
+        # result, checkpoint and step) makes the earlier ones durable with it, since the WAL
+        # is flushed in order. Publishes, results and the task context keep waiting.
+        session = f"{session} {NO_FLUSH_WAIT_OPTION}"
     args: dict[str, Any] = {
         "options": session if not own else f"{session} {own}",
         "application_name": "sqlease",
@@ -185,7 +203,9 @@ def _create_postgresql(url: URL, options: dict[str, Any]) -> Engine:
         # Kombu/Celery retry the operation as a connection error.
         pool_pre_ping=False,
         pool_recycle=3600,
-        connect_args=postgresql_connect_args(url, generic_plans=options["generic_plans"]),
+        connect_args=postgresql_connect_args(
+            url, generic_plans=options["generic_plans"], wait_for_flush=options["wait_for_flush"]
+        ),
     )
 
 

@@ -10,6 +10,7 @@ connection is invalidated so the pool replaces it.
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import ExecStatus
 from psycopg.rows import dict_row
+from psycopg.waiting import Ready, Wait
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import TextClause
@@ -161,17 +163,52 @@ class FastPath:
         except psycopg.Error as error:
             # The next call starts from a fresh checkout, whatever went wrong here.
             threads.fairy = None
-            translated = refusal(error, self._where)
-            disconnected = translated is None and self._is_disconnect(fairy, error)
-            if disconnected:
-                # Every connection made before now is suspect, and this one is dropped
-                # (invalidated and checked in) as on the unpinned path.
-                self._engine.pool._invalidate(fairy, error)  # type: ignore[arg-type]
-            else:
-                _give_back(fairy)
-            if translated is not None:
-                raise translated from error
-            raise self._dbapi_error(sql.decode(), params, error, disconnected) from error
+            raise self._failed(fairy, sql, params, error) from error
+
+    def _failed(
+        self, fairy: Any, sql: bytes, params: Mapping[str, Any], error: psycopg.Error
+    ) -> BaseException:
+        """A kept connection's statement failed: the connection goes back (dropped if the
+        failure was a disconnect), and the error to raise, as SQLAlchemy would have."""
+        translated = refusal(error, self._where)
+        disconnected = translated is None and self._is_disconnect(fairy, error)
+        if disconnected:
+            # Every connection made before now is suspect, and this one is dropped
+            # (invalidated and checked in) as on the unpinned path.
+            self._engine.pool._invalidate(fairy, error)
+        else:
+            _give_back(fairy)
+        if translated is not None:
+            return translated
+        return self._dbapi_error(sql.decode(), params, error, disconnected)
+
+    # ---- statements sent without waiting (the worker's event loop) ------------------------
+
+    def kept_connection(self) -> Any:
+        """A pooled connection in autocommit for the caller to keep (``send`` runs on it);
+        given back with ``give_back``, or by a failed statement."""
+        fairy = self._engine.raw_connection()
+        try:
+            fairy.driver_connection.autocommit = True  # type: ignore[union-attr]
+        except BaseException:
+            fairy.close()
+            raise
+        return fairy
+
+    def give_back(self, fairy: Any, *, busy: bool = False) -> None:
+        """Return a kept connection; ``busy``: a statement is still under way on it, so it
+        cannot be reused and is dropped."""
+        if busy:
+            fairy.invalidate()
+            fairy.close()
+        else:
+            _give_back(fairy)
+
+    def send(self, statement: TextClause, params: Mapping[str, Any], fairy: Any) -> Sending:
+        """Send ``statement`` on a kept connection and return at once; the caller waits for
+        the socket as ``Sending.waits_for`` says and calls ``resume`` (see Sending)."""
+        return Sending(self, fairy, self._sql(statement), params)
+
 
     def _is_disconnect(self, fairy: Any, error: psycopg.Error) -> bool:
         dialect = self._engine.dialect
@@ -205,15 +242,74 @@ class FastPath:
         return self._dbapi_error(sql, params, error, disconnected)
 
 
+#: psycopg runs a statement as a generator that yields what it waits for on the socket
+#: (psycopg.waiting drives it with select/poll): an event loop can drive it instead. Private,
+#: so used only where it is there (psycopg 3.1-3.3 have it).
+NONBLOCKING = inspect.isgeneratorfunction(getattr(psycopg.Cursor, "_execute_gen", None))
+WAIT_READ = int(Wait.R)
+WAIT_WRITE = int(Wait.W)
+
+
+class Sending:
+    """One statement under way on a kept connection, driven by its caller's event loop:
+    wait until the socket ``fileno`` is ready as ``waits_for`` says (``WAIT_READ``, with
+    ``WAIT_WRITE`` set while the request is not all sent), then ``resume(ready)``; once
+    ``waits_for`` is 0 it is done: ``rows`` are its rows, or ``error`` is what to raise
+    (as FastPath.rows would have, and the connection has then been given back)."""
+
+    def __init__(
+        self, fast: FastPath, fairy: Any, sql: bytes, params: Mapping[str, Any]
+    ) -> None:
+        self._fast, self._fairy, self._sql, self._params = fast, fairy, sql, params
+        driver = fairy.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        self.fileno: int = driver.pgconn.socket
+        self._cursor = _cursor(driver)
+        self.rows: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self._gen = self._cursor._execute_gen(sql, params)
+        self.waits_for = self._advance(None)
+
+    def resume(self, ready: int) -> int:
+        """The socket is ready (``WAIT_READ`` / ``WAIT_WRITE`` bits): go on; what it waits
+        for next (0: done)."""
+        self.waits_for = self._advance(ready)
+        return self.waits_for
+
+    def _advance(self, ready: int | None) -> int:
+        try:
+            wait = next(self._gen) if ready is None else self._gen.send(Ready(ready))
+        except StopIteration:
+            try:
+                self.rows = _fetch(self._cursor)
+            except psycopg.Error as error:
+                self.error = self._fast._failed(self._fairy, self._sql, self._params, error)
+            self._cursor.close()
+            return 0
+        except psycopg.Error as error:
+            self._cursor.close()
+            self.error = self._fast._failed(self._fairy, self._sql, self._params, error)
+            return 0
+        except Exception as error:  # psycopg's internals misbehaved: the connection is dropped
+            self._fast.give_back(self._fairy, busy=True)
+            self.error = error
+            return 0
+        return int(wait)
+
+
 def _execute(
     driver: psycopg.Connection[Any], sql: bytes, params: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
     with _cursor(driver) as cursor:
         cursor.execute(sql, params)
-        # (Not `cursor.description`: it builds a Column per column per call.)
-        result = cursor.pgresult
-        returned = result is not None and result.status == TUPLES_OK
-        return cursor.fetchall() if returned else []
+        return _fetch(cursor)
+
+
+def _fetch(cursor: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
+    # (Not `cursor.description`: it builds a Column per column per call.)
+    result = cursor.pgresult
+    returned = result is not None and result.status == TUPLES_OK
+    return cursor.fetchall() if returned else []
 
 
 def _give_back(fairy: Any) -> None:

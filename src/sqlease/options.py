@@ -108,6 +108,10 @@ class TransportOptions:
     #: PostgreSQL: an idle worker offers to take its queues' next message, and a publish that
     #: finds the offer leases the message to it in the same statement (no claim round trip).
     handoff: bool = True
+    #: PostgreSQL: claims and acks wait for their commit to reach the disk, as publishes,
+    #: results and checkpoints always do. Off by default: a claim or ack lost with the
+    #: database server (never with a worker) only redelivers its message.
+    lease_sync_commit: bool = False
 
     @property
     def lease_ms(self) -> int:
@@ -167,6 +171,10 @@ class TransportOptions:
             )
         if "handoff" in raw:
             values["handoff"] = _boolean("handoff", raw.pop("handoff"))
+        if "lease_sync_commit" in raw:
+            values["lease_sync_commit"] = _boolean(
+                "lease_sync_commit", raw.pop("lease_sync_commit")
+            )
         options = cls(**values)
         if options.heartbeat_seconds >= options.lease_seconds:
             raise ConfigurationError(

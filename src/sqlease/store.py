@@ -18,10 +18,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection, Row
 from sqlalchemy.engine import URL, Engine
+from sqlalchemy.sql.elements import TextClause
 
 from ._sql import Statements, dialect_for
 from .engine import get_engine
@@ -31,6 +32,18 @@ from .resilience import RETRY_SECONDS, retry_transient, retrying
 from .schema import Tables, build_tables, ensure_schema
 
 Clock = Callable[[], int]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Prepared(Generic[T]):
+    """One hot-path statement (PostgreSQL, autocommit) split from what its rows mean, so that
+    the caller decides how to wait for it: ``finish(rows)`` once it has run. (The worker's
+    event loop sends it without blocking; see sqlease.loop_calls.)"""
+
+    statement: TextClause
+    params: dict[str, Any]
+    finish: Callable[[list[dict[str, Any]]], T]
 
 
 @dataclass(frozen=True, order=True)
@@ -243,6 +256,7 @@ class Store:
         max_attempts: int = 3,
         max_payload_bytes: int = 16 * 1024 * 1024,
         sqlite_synchronous: str = "NORMAL",
+        lease_sync_commit: bool = False,
         clock: Clock | None = None,
         connect_retry_seconds: float = RETRY_SECONDS,
     ) -> None:
@@ -266,11 +280,19 @@ class Store:
         #: The same, on the main engine: for the idle worker's offers, whose best plan
         #: depends on the values (when is the next delayed message due).
         self.fast_planned: FastPath | None = None
+        #: The same for the lease traffic (claims and acks), whose commits need not wait for
+        #: the WAL flush unless ``lease_sync_commit`` (see engine.postgresql_connect_args).
+        self.fast_leases: FastPath | None = None
         if self.dialect.is_postgresql:
             self.fast = FastPath(
                 url if isinstance(url, Engine) else get_engine(url, generic_plans=True)
             )
             self.fast_planned = FastPath(self.engine)
+            self.fast_leases = (
+                self.fast
+                if isinstance(url, Engine) or lease_sync_commit
+                else FastPath(get_engine(url, generic_plans=True, wait_for_flush=False))
+            )
         self.sql = Statements(self.dialect, self.tables)
         self.max_attempts = max_attempts
         self.max_payload_bytes = max_payload_bytes
@@ -473,8 +495,8 @@ class Store:
         else:
             statement = self.sql.claim
             params["queues"] = self._queues_param(queues)
-        if self.fast is not None:  # one statement (claim, run locks and events): autocommit
-            found = self.fast.rows(statement, params)
+        if self.fast_leases is not None:  # one statement (claim, run locks, events): autocommit
+            found = self.fast_leases.rows(statement, params)
             return [_message_from(r, has_last_error="last_error" in r) for r in found]
         with self._writing(statements=1) as conn:
             rows = conn.execute(statement, params).fetchall()
@@ -500,20 +522,51 @@ class Store:
         a run whose message was just acked is not among those claimed. Elsewhere, the two
         operations one after the other."""
         fences = list(fences)
-        statement = None
-        if self.fast is not None and fences and all(f.owner == owner for f in fences):
-            statement = self.sql.ack_claim_single if len(queues) == 1 else self.sql.ack_claim
-        if statement is None or not queues or limit < 1:
+        prepared = self.prepare_ack_and_claim(
+            fences,
+            queues,
+            owner,
+            lease_ms=lease_ms,
+            limit=limit,
+            now=now,
+            on_exhausted=on_exhausted,
+        )
+        if prepared is None:
             acked = self.ack(fences, now=now) if fences else set()
             claimed = self.claim(
                 queues, owner, lease_ms=lease_ms, limit=limit, now=now, on_exhausted=on_exhausted
             )
             return acked, claimed
+        assert self.fast_leases is not None
+        return prepared.finish(self.fast_leases.rows(prepared.statement, prepared.params))
+
+    def prepare_ack_and_claim(
+        self,
+        fences: Sequence[Fence],
+        queues: Sequence[str],
+        owner: str,
+        *,
+        lease_ms: int,
+        limit: int,
+        now: int | None = None,
+        on_exhausted: Callable[[list[Message]], None] | None = None,
+    ) -> Prepared[tuple[set[int], list[Message]]] | None:
+        """``ack_and_claim`` as one statement to run (without fences, the plain claim), or
+        None where it is not one (SQLite, a fence of another owner, nothing to claim)."""
+        single = len(queues) == 1
+        if self.fast_leases is None or not all(f.owner == owner for f in fences):
+            return None
+        if not queues or limit < 1:
+            return None
+        if fences:
+            statement = self.sql.ack_claim_single if single else self.sql.ack_claim
+        else:
+            statement = self.sql.claim_single if single else self.sql.claim
+        assert statement is not None  # PostgreSQL has every one of them
         if lease_ms < 1:
             raise ConfigurationError(f"lease_ms must be positive, not {lease_ms!r}")
-        assert self.fast is not None
         params: dict[str, Any] = {
-            **self._fence_params(fences),
+            **(self._fence_params(fences) if fences else {}),
             "owner": owner,
             "lease_ms": int(lease_ms),
             "limit": int(limit),
@@ -523,25 +576,32 @@ class Store:
             params["queue"] = queues[0]
         else:
             params["queues"] = self._queues_param(queues)
-        rows = self.fast.rows(statement, params)
-        acked = {int(i) for i in (rows[0]["acked_ids"] or [])} if rows else set()
-        found = [_message_from(r, has_last_error=False) for r in rows if r["id"] is not None]
-        exhausted = [m for m in found if m.state != "ready"]
-        if exhausted and on_exhausted is not None:
-            on_exhausted(exhausted)
-        delivered = [m for m in found if m.state == "ready"]
-        if exhausted and len(delivered) < limit:
-            # As claim() does: a delivery must not wait a polling interval behind dead rows.
-            delivered += self.claim(
-                queues,
-                owner,
-                lease_ms=lease_ms,
-                limit=limit - len(delivered),
-                now=now,
-                on_exhausted=on_exhausted,
-            )
-        delivered.sort(key=lambda m: (-m.priority, m.available_at_ms, m.id))
-        return acked, delivered
+
+        def finish(rows: list[dict[str, Any]]) -> tuple[set[int], list[Message]]:
+            acked = {int(i) for i in (rows[0]["acked_ids"] or [])} if fences and rows else set()
+            found = [
+                _message_from(r, has_last_error="last_error" in r)
+                for r in rows
+                if r["id"] is not None
+            ]
+            exhausted = [m for m in found if m.state != "ready"]
+            if exhausted and on_exhausted is not None:
+                on_exhausted(exhausted)
+            delivered = [m for m in found if m.state == "ready"]
+            if exhausted and len(delivered) < limit:
+                # As claim() does: a delivery must not wait a polling interval behind dead rows.
+                delivered += self.claim(
+                    queues,
+                    owner,
+                    lease_ms=lease_ms,
+                    limit=limit - len(delivered),
+                    now=now,
+                    on_exhausted=on_exhausted,
+                )
+            delivered.sort(key=lambda m: (-m.priority, m.available_at_ms, m.id))
+            return acked, delivered
+
+        return Prepared(statement, params, finish)
 
     def _claim_bookkeeping_sqlite(
         self, conn: Connection, claimed: list[Message], owner: str, now: int | None
@@ -762,10 +822,10 @@ class Store:
         groups = _by_owner(fences)
         if not groups:
             return done
-        if self.fast is not None and len(groups) == 1:  # one statement: autocommit
-            ((owner, group),) = groups.items()
-            params = {**self._fence_params(group), "owner": owner, "now": now}
-            return {int(row["id"]) for row in self.fast.rows(self.sql.ack, params)}
+        prepared = self.prepare_ack(groups, now)
+        if prepared is not None:
+            assert self.fast_leases is not None
+            return prepared.finish(self.fast_leases.rows(prepared.statement, prepared.params))
         with self._writing(statements=len(groups)) as conn:
             for owner, group in groups.items():
                 params = {**self._fence_params(group), "owner": owner, "now": now}
@@ -774,6 +834,18 @@ class Store:
                 if not self.is_postgresql:
                     self._after_transitions_sqlite(conn, rows, "acked", None, now)
         return done
+
+    def prepare_ack(
+        self, fences: Iterable[Fence] | Mapping[str, list[Fence]], now: int | None = None
+    ) -> Prepared[set[int]] | None:
+        """``ack`` as one statement to run, or None where it is not one (SQLite, no fences,
+        fences of several owners)."""
+        groups = fences if isinstance(fences, Mapping) else _by_owner(fences)
+        if self.fast_leases is None or len(groups) != 1:
+            return None
+        ((owner, group),) = groups.items()
+        params = {**self._fence_params(group), "owner": owner, "now": self._now(now)}
+        return Prepared(self.sql.ack, params, lambda rows: {int(row["id"]) for row in rows})
 
     def _after_transitions_sqlite(
         self, conn: Connection, rows: list[Any], kind: str, data: str | None, now: int | None

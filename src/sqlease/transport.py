@@ -42,13 +42,15 @@ from sqlalchemy.engine import URL
 from .background import BackgroundCalls, Job, Outcome
 from .chord_parts import chord_count_of
 from .errors import ConfigurationError, DatabaseUnavailable
+from .fastpath import NONBLOCKING
 from .handoff import Handoff, lock_key_for
 from .handoff import split as split_notifications
 from .heartbeat import heartbeat
+from .loop_calls import LoopCalls
 from .options import TransportOptions
 from .resilience import RETRY_SECONDS
 from .results_store import ResultStore
-from .store import Fence, Message, NewMessage, Store
+from .store import Fence, Message, NewMessage, Prepared, Store
 from .urls import client_url, display_url, to_sqlalchemy_url
 from .wakeup import PostgresListener, SqliteWatcher, Waker
 
@@ -124,6 +126,7 @@ def store_for(
                 max_attempts=options.max_attempts,
                 max_payload_bytes=options.max_payload_bytes,
                 sqlite_synchronous=options.sqlite_synchronous,
+                lease_sync_commit=options.lease_sync_commit,
                 connect_retry_seconds=connect_retry_seconds,
             )
             _stores[key] = store
@@ -250,6 +253,28 @@ class Channel(virtual.Channel):
         )
         short = not fences and len(messages) < limit
         return acked, self._hold(messages), short
+
+    def prepare_claim_with_acks(
+        self, queues: list[str], limit: int, fences: list[Fence]
+    ) -> Prepared[tuple[set[int], list[Message], bool]] | None:
+        """``claim_with_acks`` as one statement to run (None where it is not one)."""
+        transport = self.connection
+        prepared = self.store.prepare_ack_and_claim(
+            fences,
+            queues,
+            transport.owner,
+            lease_ms=transport.options.lease_ms,
+            limit=limit,
+            on_exhausted=transport.record_exhausted,
+        )
+        if prepared is None:
+            return None
+
+        def finish(rows: list[dict[str, Any]]) -> tuple[set[int], list[Message], bool]:
+            acked, messages = prepared.finish(rows)
+            return acked, self._hold(messages), not fences and len(messages) < limit
+
+        return Prepared(prepared.statement, prepared.params, finish)
 
     def _hold(self, messages: list[Message]) -> list[Message]:
         """The heartbeat keeps the leases of what will be delivered from now on."""
@@ -700,6 +725,30 @@ def _celery_holds_tasks() -> bool:
 SqlChannel = Channel
 
 
+def _acks_and_first_claim(jobs: list[Job]) -> tuple[list[Fence], Job | None]:
+    """The acks of every waiting call, and the first waiting claim (they go as one statement)."""
+    fences = [fence for job in jobs for fence, _ in job.context["pending"]]
+    first = next((job for job in jobs if job.key is not ACKS), None)
+    return fences, first
+
+
+def _outcomes(
+    jobs: list[Job], first: Job | None, acked: set[int], claimed: list[Message], *, short: bool
+) -> list[Outcome]:
+    """One outcome per waiting call, once the acks went with the first claim's statement."""
+    outcomes: list[Outcome] = []
+    for job in jobs:
+        if job is first:
+            outcome = Outcome(job.key, value=(claimed, short), context=job.context)
+        elif job.key is ACKS:
+            outcome = Outcome(job.key, context=job.context)
+        else:
+            outcome = job.run()  # a second claim (another channel): on its own
+        outcome.acked = acked
+        outcomes.append(outcome)
+    return outcomes
+
+
 class Transport(virtual.Transport):
     """Kombu transport ``sqlease``: SQLite or PostgreSQL through SQLAlchemy."""
 
@@ -777,7 +826,7 @@ class Transport(virtual.Transport):
         self._idle_delay = 0.0
         self._last_full_poll = 0.0
         self._maintenance: Any = None
-        self._background: BackgroundCalls | None = None
+        self._background: BackgroundCalls | LoopCalls | None = None
 
     # ---- the store -----------------------------------------------------------------------
 
@@ -1016,16 +1065,26 @@ class Transport(virtual.Transport):
             and threading.get_ident() == self._loop_thread
         )
 
-    def _background_calls(self) -> BackgroundCalls:
+    def _background_calls(self) -> BackgroundCalls | LoopCalls:
         if self._background is None:
-            fast = self.store.fast
-            self._background = BackgroundCalls(
-                self._wake_from_background,
-                self._combine_background,
-                # The thread runs one statement after another: it keeps its connection.
-                on_start=None if fast is None else fast.pin_thread,
-                on_exit=None if fast is None else fast.release_thread,
-            )
+            fast = self.store.fast_leases
+            if fast is not None and NONBLOCKING and self._loop is not None:
+                # The loop sends the statements itself and reads their rows when they come.
+                self._background = LoopCalls(
+                    self._loop,
+                    fast,
+                    self._wake_from_background,
+                    self._prepare_background,
+                    self._combine_background,
+                )
+            else:  # a psycopg without the generator the loop drives: a thread waits instead
+                self._background = BackgroundCalls(
+                    self._wake_from_background,
+                    self._combine_background,
+                    # The thread runs one statement after another: it keeps its connection.
+                    on_start=None if fast is None else fast.pin_thread,
+                    on_exit=None if fast is None else fast.release_thread,
+                )
         return self._background
 
     def claim_in_background(self, channel: SqlChannel, queues: list[str], limit: int) -> None:
@@ -1045,31 +1104,44 @@ class Transport(virtual.Transport):
         )
 
     def _combine_background(self, jobs: list[Job]) -> list[Outcome]:
-        """On the background thread: the acks of every waiting call are written with the first
+        """The waiting calls, run now (on the background thread, or in the loop where they
+        are not one statement): the acks of every waiting call are written with the first
         waiting claim, in one statement (or together, when no claim waits)."""
-        fences = [fence for job in jobs for fence, _ in job.context["pending"]]
-        claims = [job for job in jobs if job.key is not ACKS]
-        first = claims[0] if claims else None
+        fences, first = _acks_and_first_claim(jobs)
         try:
             if first is not None:
                 acked, claimed, short = first.key.claim_with_acks(
                     first.context["queues"], first.context["limit"], fences
                 )
             else:
-                acked = self.store.ack(fences) if fences else set()
+                acked, claimed, short = (self.store.ack(fences) if fences else set()), [], False
         except BaseException as exc:  # none of it is known to be written: all report it
             return [Outcome(job.key, error=exc, context=job.context) for job in jobs]
-        outcomes: list[Outcome] = []
-        for job in jobs:
-            if job is first:
-                outcome = Outcome(job.key, value=(claimed, short), context=job.context)
-            elif job.key is ACKS:
-                outcome = Outcome(job.key, context=job.context)
-            else:
-                outcome = job.run()  # a second claim (another channel): on its own
-            outcome.acked = acked
-            outcomes.append(outcome)
-        return outcomes
+        return _outcomes(jobs, first, acked, claimed, short=short)
+
+    def _prepare_background(self, jobs: list[Job]) -> Prepared[list[Outcome]] | None:
+        """The same as one statement for the loop to send (None where it is not one)."""
+        fences, first = _acks_and_first_claim(jobs)
+        if first is None:
+            acks = self.store.prepare_ack(fences) if fences else None
+            if acks is None:
+                return None
+            return Prepared(
+                acks.statement,
+                acks.params,
+                lambda rows: _outcomes(jobs, None, acks.finish(rows), [], short=False),
+            )
+        channel: SqlChannel = first.key
+        queues, limit = first.context["queues"], first.context["limit"]
+        claim = channel.prepare_claim_with_acks(queues, limit, fences)
+        if claim is None:
+            return None
+
+        def finish(rows: list[dict[str, Any]]) -> list[Outcome]:
+            acked, claimed, short = claim.finish(rows)
+            return _outcomes(jobs, first, acked, claimed, short=short)
+
+        return Prepared(claim.statement, claim.params, finish)
 
     def _wake_from_background(self) -> None:
         # Called on the background thread: always write (the loop's _kicked flag is the loop
@@ -1507,6 +1579,10 @@ class Transport(virtual.Transport):
         self._poll_entry = self._due_entry = None
         self._loop = None
         self.finish_background_claims()
+        if isinstance(self._background, LoopCalls):
+            # It watches this loop's hub: a loop registered later gets calls of its own.
+            self._background.stop()
+            self._background = None
         self.flush_acks(in_background=False)
 
     def _look_everywhere(self, queues: set[str] | None = None) -> None:

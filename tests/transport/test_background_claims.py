@@ -1,9 +1,12 @@
-"""A busy worker's claims and acks off its event loop's thread (PostgreSQL).
+"""A busy worker's claims and acks, sent without blocking its event loop (PostgreSQL).
 
 The transport runs in a real Kombu ``Hub`` here, as in a Celery worker: once tasks are held, the
-refill claim and the acks waiting with it go to the background thread as one statement, and
-what it claimed is delivered on the loop's thread. A connection closed while such a claim runs
-gives its messages back at once (invariant 8), with the attempt refunded.
+refill claim and the acks waiting with it go out as one statement that the loop sends and whose
+rows it reads when the socket is readable (sqlease.loop_calls); with a psycopg whose statement
+generator is not there, a background thread runs it instead (sqlease.background). Every test
+runs with both. What was claimed is delivered on the loop's thread. A connection closed while
+such a claim is under way gives its messages back at once (invariant 8), with the attempt
+refunded.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from kombu import Connection
 from kombu.asynchronous import Hub
 from kombu.message import Message
 
+import sqlease.transport as transport_module
 from sqlease import Store
+from sqlease.background import BackgroundCalls
+from sqlease.loop_calls import LoopCalls
 
 from .test_kombu import _consuming, attempt_of, leased_rows, msg_id, publish, rows
 
@@ -29,6 +35,14 @@ pytestmark = [
     pytest.mark.timeout(60),
     pytest.mark.parametrize("db_url", ["postgresql"], indirect=True),
 ]
+
+
+@pytest.fixture(params=["loop", "thread"])
+def calls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the busy worker's statements go: sent by the loop, or run on a thread."""
+    if request.param == "thread":
+        monkeypatch.setattr(transport_module, "NONBLOCKING", False)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -81,18 +95,32 @@ def threads_of(monkeypatch: pytest.MonkeyPatch, target: Any, name: str) -> list[
 
 
 def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
-    connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
+    connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch, calls: str
 ) -> None:
     worker, got = holding_eight(connect, hub, 12)
     assert worker.transport._background is None  # idle: the first claim ran in the loop
     store = worker.transport.store
+    assert store.fast_leases is not None
     combined = threads_of(monkeypatch, store, "ack_and_claim")
     plain_acks = threads_of(monkeypatch, store, "ack")
+    prepared = threads_of(monkeypatch, store, "prepare_ack_and_claim")
+    sent = threads_of(monkeypatch, store.fast_leases, "send")
+    blocking = threads_of(monkeypatch, store.fast_leases, "rows")
     for message in got[:4]:
         message.ack()
     run_until(hub, lambda: len(got) == 12)
     loop_thread = threading.get_ident()
-    assert combined and all(thread != loop_thread for thread, _ in combined)
+    if calls == "loop":
+        assert isinstance(worker.transport._background, LoopCalls)
+        # Prepared and sent by the loop itself, which never waited for a statement's rows.
+        assert sent and all(thread == loop_thread for thread, _ in sent)
+        assert store.sql.ack_claim_single in [statement for _, statement in sent]
+        assert blocking == []
+        combined = [(thread, fences) for thread, fences in prepared if fences]
+    else:
+        assert isinstance(worker.transport._background, BackgroundCalls)
+        assert sent == []
+        assert combined and all(thread != loop_thread for thread, _ in combined)
     acked_with_claims = {f.message_id for _, fences in combined for f in fences}
     acked_alone = {f.message_id for _, fences in plain_acks for f in fences}
     assert acked_with_claims | acked_alone == {msg_id(m) for m in got[:4]}
@@ -104,35 +132,43 @@ def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
     for message in got[4:]:
         message.ack()
     run_until(hub, lambda: rows(db_store, "work") == 0)
-    fast = store.fast
-    if fast is not None:  # PostgreSQL: the thread kept one connection, given back at close
-        pool = fast._engine.pool
-        assert worker.transport._background is not None
-        assert pool.checkedout() >= 1  # type: ignore[attr-defined]
-        worker.release()
-        assert pool.checkedout() == 0  # type: ignore[attr-defined]
-    else:
-        worker.release()
+    # The loop (or the thread) kept one connection for its statements, given back at close.
+    pool = store.fast_leases._engine.pool
+    assert worker.transport._background is not None
+    assert pool.checkedout() >= 1  # type: ignore[attr-defined]
+    worker.release()
+    assert pool.checkedout() == 0  # type: ignore[attr-defined]
 
 
 def test_closing_while_a_background_claim_runs_gives_its_messages_back(
-    connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
+    connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch, calls: str
 ) -> None:
     worker, got = holding_eight(connect, hub, 12)
     store = worker.transport.store
     entered, gate = threading.Event(), threading.Event()
-    real = store.ack_and_claim
+    if calls == "loop":
+        # The statement goes out, but the loop does not get to read its rows before closing.
+        real_send = store.fast_leases.send
 
-    def slow(*args: Any, **kwargs: Any) -> Any:
-        entered.set()
-        gate.wait(10)
-        return real(*args, **kwargs)
+        def sent(*args: Any, **kwargs: Any) -> Any:
+            entered.set()
+            return real_send(*args, **kwargs)
 
-    monkeypatch.setattr(store, "ack_and_claim", slow)
+        monkeypatch.setattr(store.fast_leases, "send", sent)
+        monkeypatch.setattr(LoopCalls, "_on_socket", lambda self: None)
+    else:
+        real = store.ack_and_claim
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            entered.set()
+            gate.wait(10)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(store, "ack_and_claim", slow)
+        threading.Timer(0.3, gate.set).start()
     for message in got[:4]:
         message.ack()
     run_until(hub, entered.is_set)
-    threading.Timer(0.3, gate.set).start()
     worker.release()  # waits for the claim, then gives back what it leased
     assert len(got) == 8, "a message was delivered to a closing connection"
     # The four acks went through; the four still held and the four just claimed are ready
@@ -150,7 +186,7 @@ def test_closing_while_a_background_claim_runs_gives_its_messages_back(
 
 
 def test_a_background_claim_without_acks_reports_the_queue_drained(
-    connect: Connect, hub: Hub
+    connect: Connect, hub: Hub, calls: str
 ) -> None:
     """A short background claim that carried no acks saw the queue as it is: drained (so the
     worker makes no more claims until something can be ready). One that carried acks is

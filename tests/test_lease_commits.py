@@ -1,0 +1,109 @@
+"""PostgreSQL: claims and acks commit without waiting for the WAL flush (unless
+``lease_sync_commit``); publishes and results always wait. A claim or ack lost with the server
+only redelivers its message; a publish or result lost would lose work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from conftest import unique_prefix
+from sqlease.engine import (
+    GENERIC_PLANS_OPTION,
+    NO_FLUSH_WAIT_OPTION,
+    SESSION_OPTIONS,
+    postgresql_connect_args,
+)
+from sqlease.errors import ConfigurationError
+from sqlease.fastpath import FastPath
+from sqlease.options import TransportOptions
+from sqlease.results_store import ResultStore
+from sqlease.store import NewMessage, Store
+
+SHOW = text("SELECT current_setting('synchronous_commit') AS sync")
+
+
+def _sync(fast: FastPath | None) -> str:
+    assert fast is not None
+    fast._engine.dispose()  # process-wide engines: an earlier test may have killed their pool
+    [row] = fast.rows(SHOW, {})
+    return str(row["sync"])
+
+
+def test_the_lease_engine_turns_the_flush_wait_off_and_the_urls_options_still_win() -> None:
+    url = make_url("postgresql+psycopg://u@h/db")
+    leases = postgresql_connect_args(url, generic_plans=True, wait_for_flush=False)
+    assert leases["options"] == f"{SESSION_OPTIONS} {GENERIC_PLANS_OPTION} {NO_FLUSH_WAIT_OPTION}"
+    assert NO_FLUSH_WAIT_OPTION not in postgresql_connect_args(url, generic_plans=True)["options"]
+    own = postgresql_connect_args(
+        make_url("postgresql+psycopg://u@h/db?options=-csynchronous_commit%3Dremote_apply"),
+        generic_plans=True,
+        wait_for_flush=False,
+    )
+    # A URL that asks for its own commit level gets it: its options come last.
+    assert own["options"].endswith(f"{NO_FLUSH_WAIT_OPTION} -csynchronous_commit=remote_apply")
+
+
+@pytest.mark.pg
+def test_only_the_lease_traffic_skips_the_flush_wait(pg_database_url: str) -> None:
+    store = Store(pg_database_url, table_prefix=unique_prefix())
+    assert _sync(store.fast_leases) == "off"
+    assert _sync(store.fast) == "on"  # publishes and results
+    assert _sync(store.fast_planned) == "on"  # offers, and everything on the main engine
+    with store.engine.connect() as conn:
+        assert conn.execute(SHOW).scalar() == "on"
+
+
+@pytest.mark.pg
+def test_lease_sync_commit_keeps_claims_and_acks_waiting(pg_database_url: str) -> None:
+    store = Store(pg_database_url, table_prefix=unique_prefix(), lease_sync_commit=True)
+    assert store.fast_leases is store.fast
+    assert _sync(store.fast_leases) == "on"
+
+
+@pytest.mark.pg
+def test_each_statement_runs_on_the_engine_its_durability_needs(
+    pg_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(pg_database_url, table_prefix=unique_prefix())
+    ran: list[tuple[str, Any]] = []
+    for name in ("fast", "fast_leases", "fast_planned"):
+        fast = getattr(store, name)
+        real = fast.rows
+
+        def spy(statement: Any, params: Any, _real: Any = real, _name: str = name) -> Any:
+            ran.append((_name, statement))
+            return _real(statement, params)
+
+        monkeypatch.setattr(fast, "rows", spy)
+
+    def on(statement: Any) -> set[str]:
+        return {name for name, s in ran if s is statement}
+
+    def publish(task_id: str) -> None:
+        store.enqueue_many([NewMessage(queue="q", payload="{}", task_id=task_id, record=True)])
+
+    publish("t1")
+    publish("t2")
+    publish("t3")
+    [first] = store.claim(["q"], "w", lease_ms=60_000, limit=1)
+    acked, [second] = store.ack_and_claim([first.fence], ["q"], "w", lease_ms=60_000, limit=1)
+    assert acked == {first.id}
+    results = ResultStore(store)
+    assert results.put("celery-task-meta-t2", b"4", state="SUCCESS", fence=second.fence) == "stored"
+    assert store.ack([second.fence]) == {second.id}
+    assert on(store.sql.enqueue) == {"fast"}
+    assert on(store.sql.result_put) == {"fast"}
+    assert on(store.sql.claim_single) == {"fast_leases"}
+    assert on(store.sql.ack_claim_single) == {"fast_leases"}
+    assert on(store.sql.ack) == {"fast_leases"}
+
+
+def test_lease_sync_commit_is_a_boolean_option() -> None:
+    assert TransportOptions.parse({}).lease_sync_commit is False
+    assert TransportOptions.parse({"lease_sync_commit": "yes"}).lease_sync_commit is True
+    with pytest.raises(ConfigurationError, match="lease_sync_commit"):
+        TransportOptions.parse({"lease_sync_commit": "sometimes"})

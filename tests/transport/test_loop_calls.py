@@ -1,0 +1,184 @@
+"""sqlease.loop_calls on its own (PostgreSQL): statements a Kombu ``Hub`` sends and reads
+without waiting for them, on one kept connection; errors come back as outcomes, as the
+background thread's do, and a dropped connection is replaced."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from kombu.asynchronous import Hub
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import text
+
+from conftest import unique_prefix
+from sqlease.background import Job, Outcome
+from sqlease.fastpath import NONBLOCKING, FastPath
+from sqlease.loop_calls import LoopCalls
+from sqlease.store import Fence, NewMessage, Prepared, Store
+
+pytestmark = [
+    pytest.mark.pg,
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not NONBLOCKING, reason="this psycopg has no statement generator"),
+]
+
+DIVISION_BY_ZERO = text("SELECT 1 / (SELECT count(*) FROM (SELECT 1 WHERE false) s)")
+
+
+@pytest.fixture
+def store(pg_database_url: str) -> Store:
+    store = Store(pg_database_url, table_prefix=unique_prefix())
+    assert store.fast_leases is not None
+    store.fast_leases._engine.dispose()  # process-wide: an earlier test may have killed it
+    return store
+
+
+@pytest.fixture
+def hub() -> Iterator[Hub]:
+    hub = Hub()
+    yield hub
+    hub.close()
+
+
+def run_until(hub: Hub, done: Callable[[], bool], timeout: float = 10.0) -> None:
+    loop = hub.create_loop()
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "the event loop did not get there in time"
+        next(loop)
+
+
+def acks(store: Store) -> Callable[[list[Job]], Prepared[list[Outcome]] | None]:
+    """Each job's context holds fences: all of them acked in one statement."""
+
+    def prepare(jobs: list[Job]) -> Prepared[list[Outcome]] | None:
+        fences = [f for job in jobs for f in job.context["fences"]]
+        prepared = store.prepare_ack(fences)
+        if prepared is None:
+            return None
+        return Prepared(
+            prepared.statement,
+            prepared.params,
+            lambda rows: [Outcome(j.key, value=prepared.finish(rows)) for j in jobs],
+        )
+
+    return prepare
+
+
+def fails(store: Store) -> Callable[[list[Job]], Prepared[list[Outcome]]]:
+    def prepare(jobs: list[Job]) -> Prepared[list[Outcome]]:
+        return Prepared(DIVISION_BY_ZERO, {}, lambda rows: [Outcome(j.key) for j in jobs])
+
+    return prepare
+
+
+def leased(store: Store, count: int) -> list[Fence]:
+    store.enqueue_many([NewMessage(queue="q", payload=str(i)) for i in range(count)])
+    return [m.fence for m in store.claim(["q"], "w", lease_ms=60_000, limit=count)]
+
+
+def never(jobs: list[Job]) -> list[Outcome]:
+    raise AssertionError("ran blocking")
+
+
+def backend_pid(calls: LoopCalls) -> int:
+    driver = calls._fairy.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    return int(driver.info.backend_pid)
+
+
+def test_the_loop_sends_the_statement_and_reads_its_rows_when_they_come(
+    store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert store.fast_leases is not None
+    first, second, third = leased(store, 3)
+    blocking: list[Any] = []
+    monkeypatch.setattr(FastPath, "rows", lambda *a, **k: blocking.append(a))
+    notified: list[int] = []
+    calls = LoopCalls(hub, store.fast_leases, lambda: notified.append(1), acks(store), never)
+    calls.submit("a", lambda: None, fences=[first])
+    calls.submit("b", lambda: None, fences=[second, third])  # waits: one statement at a time
+    assert calls.pending and calls.collect() == []
+    run_until(hub, lambda: len(notified) == 2)
+    outcomes = calls.collect()
+    assert [o.key for o in outcomes] == ["a", "b"]
+    assert outcomes[0].value == {first.message_id}
+    assert outcomes[1].value == {second.message_id, third.message_id}
+    assert not calls.pending and blocking == []
+    monkeypatch.undo()
+    assert store.size("q") == 0 and store.get_message(first.message_id) is None
+    pool = store.fast_leases._engine.pool
+    assert pool.checkedout() == 1  # type: ignore[attr-defined]  # kept between statements
+    calls.stop()
+    assert pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+def test_wait_idle_finishes_what_is_under_way_without_the_loop(store: Store, hub: Hub) -> None:
+    assert store.fast_leases is not None
+    calls = LoopCalls(hub, store.fast_leases, lambda: None, acks(store), never)
+    fences = leased(store, 2)
+    calls.submit("a", lambda: None, fences=fences[:1])
+    calls.submit("b", lambda: None, fences=fences[1:])
+    assert calls.wait_idle(10)
+    assert [o.value for o in calls.collect()] == [{fences[0].message_id}, {fences[1].message_id}]
+    calls.stop()
+
+
+def test_a_statement_error_is_the_outcome_and_the_connection_is_kept(
+    store: Store, hub: Hub
+) -> None:
+    assert store.fast_leases is not None
+    calls = LoopCalls(hub, store.fast_leases, lambda: None, fails(store), never)
+    calls.submit("a", lambda: None)
+    calls.submit("b", lambda: None)
+    run_until(hub, lambda: len(calls._done) == 2)
+    outcomes = calls.collect()
+    assert len(outcomes) == 2
+    assert all(isinstance(o.error, sa_exc.DataError) for o in outcomes)
+    assert calls._fairy is None  # given back on the failure, as the pinned path does
+    calls.stop()
+    assert store.fast_leases._engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+def test_a_dropped_connection_is_a_connection_error_and_the_next_call_reconnects(
+    store: Store, hub: Hub, pg_database_url: str
+) -> None:
+    assert store.fast_leases is not None
+    calls = LoopCalls(hub, store.fast_leases, lambda: None, acks(store), never)
+    first, second = leased(store, 2)
+    calls.submit("a", lambda: None, fences=[first])
+    run_until(hub, lambda: bool(calls._done))
+    assert calls.collect()[0].value == {first.message_id}
+    old_pid = backend_pid(calls)
+    admin = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
+    calls.submit("b", lambda: None, fences=[second])
+    run_until(hub, lambda: bool(calls._done))
+    [dropped] = calls.collect()
+    assert isinstance(dropped.error, sa_exc.OperationalError)
+    assert dropped.error.connection_invalidated
+    # Nothing was acked; the next statement goes out on a fresh connection.
+    calls.submit("c", lambda: None, fences=[second])
+    run_until(hub, lambda: bool(calls._done))
+    assert calls.collect()[0].value == {second.message_id}
+    assert backend_pid(calls) != old_pid
+    calls.stop()
+
+
+def test_calls_that_are_not_one_statement_run_through_combine(store: Store, hub: Hub) -> None:
+    assert store.fast_leases is not None
+    ran: list[list[Any]] = []
+
+    def combine(jobs: list[Job]) -> list[Outcome]:
+        ran.append([j.key for j in jobs])
+        return [Outcome(j.key, value="combined") for j in jobs]
+
+    calls = LoopCalls(hub, store.fast_leases, lambda: None, lambda jobs: None, combine)
+    calls.submit("a", lambda: None)
+    assert ran == [["a"]] and [o.value for o in calls.collect()] == ["combined"]
+    calls.stop()
