@@ -251,6 +251,33 @@ def test_ack_and_claim_keeps_a_run_serialized(store: Store, clock: FakeClock) ->
     assert [m.id for m in claimed] == [a2]
 
 
+def test_ack_and_claim_is_one_commit_and_sqlite_claims_past_its_own_ack(
+    store: Store, clock: FakeClock
+) -> None:
+    """One statement on PostgreSQL (its claim reads the snapshot before the ack), one
+    transaction on SQLite, whose claim sees the ack free the run's next message."""
+    from sqlalchemy import event
+
+    a1 = store.enqueue("q", "a1", run_id="A")
+    a2 = store.enqueue("q", "a2", run_id="A")
+    [head] = store.claim(["q"], "w", lease_ms=LEASE)
+    commits: list[int] = []
+    listener = lambda conn: commits.append(1)  # noqa: E731
+    event.listen(store.engine, "commit", listener)
+    try:
+        acked, claimed = store.ack_and_claim([head.fence], ["q"], "w", lease_ms=LEASE, limit=5)
+    finally:
+        event.remove(store.engine, "commit", listener)
+    assert acked == {head.id} and head.id == a1
+    if store.is_postgresql:
+        assert commits == []  # autocommit, on the lease statements' own engine
+        assert claimed == []
+        claimed = store.claim(["q"], "w", lease_ms=LEASE, limit=5)
+    else:
+        assert commits == [1]
+    assert [m.id for m in claimed] == [a2]
+
+
 def test_ack_and_claim_marks_exhausted_messages_and_delivers_past_them(
     store: Store, clock: FakeClock
 ) -> None:

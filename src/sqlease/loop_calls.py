@@ -14,6 +14,11 @@ under way has finished (``prepare``); calls that are not one statement (another 
 SQLite) run at once, blocking, through ``combine``. One connection, one statement at a time:
 a claim submitted after acks runs after them or with them.
 
+A statement whose connection dropped (server restart, ``pg_terminate_backend``) or could not
+be made is sent again on a fresh connection, after a backoff timed by the hub, for up to
+``RETRY_SECONDS``, as the store's blocking operations ride it out (sqlease.resilience): a
+repeated ack is refused as stale, never applied twice.
+
 Loop thread only: the hub's callbacks and the transport's calls all run there.
 """
 
@@ -26,8 +31,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
 from .background import Job, Outcome
 from .fastpath import WAIT_READ, WAIT_WRITE, FastPath, Sending
+from .resilience import RETRY_SECONDS
 from .store import Prepared
 
 logger = logging.getLogger(__name__)
@@ -49,16 +58,26 @@ class LoopCalls:
         self._combine = combine
         self._waiting: list[Job] = []
         self._done: deque[Outcome] = deque()
-        #: The statement under way: how it is going, its jobs, what its rows mean.
-        self._sending: tuple[Sending, list[Job], Prepared[list[Outcome]]] | None = None
+        #: The statement under way: how it is going, its jobs, what its rows mean, and until
+        #: when (with what next delay) a dropped connection is ridden out.
+        self._sending: (
+            tuple[Sending, list[Job], Prepared[list[Outcome]], float, float] | None
+        ) = None
         self._fairy: Any = None
         #: The socket registered with the hub, and whether for writing (else reading).
         self._watched: tuple[int, bool] | None = None
+        #: A statement to send again once the backoff passed: its jobs, itself, the deadline,
+        #: the next delay, and the hub's timer.
+        self._retry: tuple[list[Job], Prepared[list[Outcome]], float, float, Any] | None = None
 
     def submit(self, key: Any, call: Callable[[], Any], **context: Any) -> None:
         self._waiting.append(Job(key, call, context))
-        if self._sending is None:
+        if not self._busy:
             self._send_waiting()
+
+    @property
+    def _busy(self) -> bool:
+        return self._sending is not None or self._retry is not None
 
     def collect(self) -> list[Outcome]:
         """The calls finished since the last collect, oldest first."""
@@ -69,24 +88,28 @@ class LoopCalls:
     @property
     def pending(self) -> bool:
         """A call is under way or waiting, or finished and not collected."""
-        return self._sending is not None or bool(self._waiting) or bool(self._done)
+        return self._busy or bool(self._waiting) or bool(self._done)
 
     def wait_idle(self, timeout: float) -> bool:
         """Finish what is under way and what waits, blocking (closing: the loop is not
         turning); False if that took longer than ``timeout``."""
         deadline = time.monotonic() + timeout
-        while self._sending is not None or self._waiting:
-            if self._sending is None:
-                self._send_waiting()
-                continue
-            sending = self._sending[0]
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        while self._busy or self._waiting:
+            if deadline - time.monotonic() <= 0:
                 return False
-            self._resume(_wait(sending, remaining))
+            if self._retry is not None:
+                time.sleep(min(self._retry[3], max(0.0, deadline - time.monotonic())))
+                self._send_again()
+            elif self._sending is None:
+                self._send_waiting()
+            else:
+                self._resume(_wait(self._sending[0], deadline - time.monotonic()))
         return True
 
     def stop(self, timeout: float = 5.0) -> None:
+        if self._retry is not None:
+            self._retry[4].cancel()
+            self._retry = None
         self._unwatch()
         busy = self._sending is not None
         if busy:
@@ -102,7 +125,7 @@ class LoopCalls:
     # ---- the statement under way ---------------------------------------------------------
 
     def _send_waiting(self) -> None:
-        while self._waiting and self._sending is None:
+        while self._waiting and not self._busy:
             jobs, self._waiting = self._waiting, []
             try:
                 prepared = self._prepare(jobs)
@@ -110,20 +133,56 @@ class LoopCalls:
                     self._finished(self._combine(jobs))
                     continue
             except BaseException as exc:  # nothing was sent: every call reports it
-                self._finished([Outcome(job.key, error=exc, context=job.context) for job in jobs])
+                self._failed(jobs, exc)
                 continue
-            try:
-                if self._fairy is None:
-                    self._fairy = self._fast.kept_connection()
-                sending = self._fast.send(prepared.statement, prepared.params, self._fairy)
-            except BaseException as exc:  # the connection is in an unknown state: dropped
-                if self._fairy is not None:
-                    self._fast.give_back(self._fairy, busy=True)
-                    self._fairy = None
-                self._finished([Outcome(job.key, error=exc, context=job.context) for job in jobs])
-                continue
-            self._sending = (sending, jobs, prepared)
-            self._after_step()
+            self._send(jobs, prepared, time.monotonic() + RETRY_SECONDS, 0.05)
+
+    def _send(
+        self, jobs: list[Job], prepared: Prepared[list[Outcome]], deadline: float, delay: float
+    ) -> None:
+        try:
+            if self._fairy is None:
+                self._fairy = self._fast.kept_connection()
+            sending = self._fast.send(prepared.statement, prepared.params, self._fairy)
+        except BaseException as exc:  # the connection is in an unknown state: dropped
+            if self._fairy is not None:
+                self._fast.give_back(self._fairy, busy=True)
+                self._fairy = None
+            self._failed(jobs, exc, again=(prepared, deadline, delay))
+            return
+        self._sending = (sending, jobs, prepared, deadline, delay)
+        self._after_step()
+
+    def _failed(
+        self,
+        jobs: list[Job],
+        exc: BaseException,
+        again: tuple[Prepared[list[Outcome]], float, float] | None = None,
+    ) -> None:
+        """Every call reports ``exc``; unless the connection dropped (or could not be made)
+        and there is time left: then the statement goes out again after a backoff."""
+        if again is not None and isinstance(exc, OperationalError | PoolTimeout):
+            prepared, deadline, delay = again
+            if time.monotonic() + delay <= deadline:
+                logger.info(
+                    "sqlease: database operation failed (%s); sending it again in %.2fs",
+                    str(exc).splitlines()[0][:200],
+                    delay,
+                )
+                timer = self._hub.call_later(delay, self._send_again)
+                self._retry = (jobs, prepared, deadline, min(delay * 2, 1.0), timer)
+                return
+        self._finished([Outcome(job.key, error=exc, context=job.context) for job in jobs])
+
+    def _send_again(self) -> None:
+        if self._retry is None:
+            return
+        jobs, prepared, deadline, delay, timer = self._retry
+        timer.cancel()
+        self._retry = None
+        self._send(jobs, prepared, deadline, delay)
+        if not self._busy:
+            self._send_waiting()
 
     def _on_socket(self) -> None:
         """The hub: the socket is ready for what the statement waits for."""
@@ -137,7 +196,7 @@ class LoopCalls:
 
     def _after_step(self) -> None:
         assert self._sending is not None
-        sending, jobs, prepared = self._sending
+        sending, jobs, prepared, deadline, delay = self._sending
         if sending.waits_for:
             # Writing until the request is all sent (rare: these statements are a few KB,
             # the socket's buffer far more), then reading until the rows are in.
@@ -147,13 +206,13 @@ class LoopCalls:
         self._sending = None
         if sending.error is not None:
             self._fairy = None  # given back (or dropped) by the failure
-            outcomes = [Outcome(job.key, error=sending.error, context=job.context) for job in jobs]
+            self._failed(jobs, sending.error, again=(prepared, deadline, delay))
         else:
             try:
                 outcomes = prepared.finish(sending.rows)
             except BaseException as exc:
                 outcomes = [Outcome(job.key, error=exc, context=job.context) for job in jobs]
-        self._finished(outcomes)
+            self._finished(outcomes)
         self._send_waiting()
 
     def _finished(self, outcomes: list[Outcome]) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
@@ -481,7 +481,13 @@ class Store:
         return delivered
 
     def _claim_once(
-        self, queues: Sequence[str], owner: str, lease_ms: int, limit: int, now: int | None
+        self,
+        queues: Sequence[str],
+        owner: str,
+        lease_ms: int,
+        limit: int,
+        now: int | None,
+        conn: Connection | None = None,
     ) -> list[Message]:
         params: dict[str, Any] = {
             "owner": owner,
@@ -498,7 +504,7 @@ class Store:
         if self.fast_leases is not None:  # one statement (claim, run locks, events): autocommit
             found = self.fast_leases.rows(statement, params)
             return [_message_from(r, has_last_error="last_error" in r) for r in found]
-        with self._writing(statements=1) as conn:
+        with self._writing(statements=1) if conn is None else nullcontext(conn) as conn:
             rows = conn.execute(statement, params).fetchall()
             claimed = [_row_to_message(r) for r in rows]
             if not self.is_postgresql:
@@ -519,8 +525,9 @@ class Store:
         """``ack(fences)`` and ``claim(queues, owner, ...)`` together: the ids acked and the
         messages delivered. On PostgreSQL, when every fence is ``owner``'s, one statement
         (one commit): the claim then does not see the acks' effects, so the next message of
-        a run whose message was just acked is not among those claimed. Elsewhere, the two
-        operations one after the other."""
+        a run whose message was just acked is not among those claimed. On SQLite, one
+        transaction, whose claim sees them. Otherwise the two operations one after the
+        other."""
         fences = list(fences)
         prepared = self.prepare_ack_and_claim(
             fences,
@@ -531,14 +538,39 @@ class Store:
             now=now,
             on_exhausted=on_exhausted,
         )
-        if prepared is None:
+        if prepared is not None:
+            assert self.fast_leases is not None
+            return prepared.finish(self.fast_leases.rows(prepared.statement, prepared.params))
+        if self.is_postgresql or not fences or not queues or limit < 1:
             acked = self.ack(fences, now=now) if fences else set()
             claimed = self.claim(
                 queues, owner, lease_ms=lease_ms, limit=limit, now=now, on_exhausted=on_exhausted
             )
             return acked, claimed
-        assert self.fast_leases is not None
-        return prepared.finish(self.fast_leases.rows(prepared.statement, prepared.params))
+        # SQLite: one transaction (one write lock, one commit). The claim sees the acks, so
+        # the next message of a run just acked can come with it.
+        if lease_ms < 1:
+            raise ConfigurationError(f"lease_ms must be positive, not {lease_ms!r}")
+        now = self._now(now)
+        with self._writing() as conn:
+            acked = self._ack_on(conn, _by_owner(fences), now)
+            found = self._claim_once(queues, owner, lease_ms, limit, now, conn=conn)
+        delivered = [m for m in found if m.state == "ready"]
+        exhausted = [m for m in found if m.state != "ready"]
+        if exhausted:
+            if on_exhausted is not None:
+                on_exhausted(exhausted)
+            # As claim() does: a delivery must not wait a polling interval behind dead rows.
+            delivered += self.claim(
+                queues,
+                owner,
+                lease_ms=lease_ms,
+                limit=limit - len(delivered),
+                now=now,
+                on_exhausted=on_exhausted,
+            )
+        delivered.sort(key=lambda m: (-m.priority, m.available_at_ms, m.id))
+        return acked, delivered
 
     def prepare_ack_and_claim(
         self,
@@ -827,12 +859,18 @@ class Store:
             assert self.fast_leases is not None
             return prepared.finish(self.fast_leases.rows(prepared.statement, prepared.params))
         with self._writing(statements=len(groups)) as conn:
-            for owner, group in groups.items():
-                params = {**self._fence_params(group), "owner": owner, "now": now}
-                rows = [row._mapping for row in conn.execute(self.sql.ack, params).fetchall()]
-                done.update(int(m["id"]) for m in rows)
-                if not self.is_postgresql:
-                    self._after_transitions_sqlite(conn, rows, "acked", None, now)
+            return self._ack_on(conn, groups, now)
+
+    def _ack_on(
+        self, conn: Connection, groups: Mapping[str, list[Fence]], now: int | None
+    ) -> set[int]:
+        done: set[int] = set()
+        for owner, group in groups.items():
+            params = {**self._fence_params(group), "owner": owner, "now": now}
+            rows = [row._mapping for row in conn.execute(self.sql.ack, params).fetchall()]
+            done.update(int(m["id"]) for m in rows)
+            if not self.is_postgresql:
+                self._after_transitions_sqlite(conn, rows, "acked", None, now)
         return done
 
     def prepare_ack(

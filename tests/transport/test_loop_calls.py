@@ -15,6 +15,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
 from conftest import unique_prefix
+from sqlease import loop_calls
 from sqlease.background import Job, Outcome
 from sqlease.fastpath import NONBLOCKING, FastPath
 from sqlease.loop_calls import LoopCalls
@@ -144,7 +145,7 @@ def test_a_statement_error_is_the_outcome_and_the_connection_is_kept(
     assert store.fast_leases._engine.pool.checkedout() == 0  # type: ignore[attr-defined]
 
 
-def test_a_dropped_connection_is_a_connection_error_and_the_next_call_reconnects(
+def test_a_dropped_connection_is_ridden_out_on_a_fresh_one(
     store: Store, hub: Hub, pg_database_url: str
 ) -> None:
     assert store.fast_leases is not None
@@ -159,14 +160,34 @@ def test_a_dropped_connection_is_a_connection_error_and_the_next_call_reconnects
         conn.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
     calls.submit("b", lambda: None, fences=[second])
     run_until(hub, lambda: bool(calls._done))
-    [dropped] = calls.collect()
-    assert isinstance(dropped.error, sa_exc.OperationalError)
-    assert dropped.error.connection_invalidated
-    # Nothing was acked; the next statement goes out on a fresh connection.
-    calls.submit("c", lambda: None, fences=[second])
-    run_until(hub, lambda: bool(calls._done))
-    assert calls.collect()[0].value == {second.message_id}
+    # Sent again (after a backoff the hub timed) on a new connection: acked, no error.
+    [outcome] = calls.collect()
+    assert outcome.error is None and outcome.value == {second.message_id}
     assert backend_pid(calls) != old_pid
+    calls.stop()
+
+
+def test_a_database_that_stays_away_fails_the_calls_after_the_retry_time(
+    store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert store.fast_leases is not None
+    fences = leased(store, 2)
+    monkeypatch.setattr(loop_calls, "RETRY_SECONDS", 0.3)
+    tries: list[float] = []
+
+    def refused() -> Any:
+        tries.append(time.monotonic())
+        raise sa_exc.OperationalError("connect", {}, Exception("connection refused"))
+
+    monkeypatch.setattr(store.fast_leases, "kept_connection", refused)
+    calls = LoopCalls(hub, store.fast_leases, lambda: None, acks(store), never)
+    calls.submit("a", lambda: None, fences=fences[:1])
+    calls.submit("b", lambda: None, fences=fences[1:])  # waits behind it, then the same
+    run_until(hub, lambda: len(calls._done) == 2)
+    outcomes = calls.collect()
+    assert all(isinstance(o.error, sa_exc.OperationalError) for o in outcomes)
+    assert len(tries) >= 3 and tries[-1] - tries[0] < 1.0  # backed off, then gave up
+    assert all(store.get_message(f.message_id) is not None for f in fences)  # never acked
     calls.stop()
 
 
