@@ -148,12 +148,7 @@ class FastPath:
         threads = self._threads
         fairy = getattr(threads, "fairy", None)
         if fairy is None or threads.pid != os.getpid():  # none yet, or a forked child's copy
-            fairy = self._engine.raw_connection()
-            try:
-                fairy.driver_connection.autocommit = True  # type: ignore[union-attr]
-            except BaseException:
-                fairy.close()
-                raise
+            fairy = self.kept_connection()
             threads.fairy, threads.pid = fairy, os.getpid()
         sql = self._sql(statement)
         driver = fairy.driver_connection

@@ -555,12 +555,26 @@ class Store:
         with self._writing() as conn:
             acked = self._ack_on(conn, _by_owner(fences), now)
             found = self._claim_once(queues, owner, lease_ms, limit, now, conn=conn)
+        return acked, self._past_exhausted(found, queues, owner, lease_ms, limit, now, on_exhausted)
+
+    def _past_exhausted(
+        self,
+        found: list[Message],
+        queues: Sequence[str],
+        owner: str,
+        lease_ms: int,
+        limit: int,
+        now: int | None,
+        on_exhausted: Callable[[list[Message]], None] | None,
+    ) -> list[Message]:
+        """The ready messages a combined claim found, in delivery order; exhausted ones go to
+        ``on_exhausted``, and, as claim() does, the claim goes on past them (a delivery must
+        not wait a polling interval behind dead rows)."""
         delivered = [m for m in found if m.state == "ready"]
         exhausted = [m for m in found if m.state != "ready"]
-        if exhausted:
-            if on_exhausted is not None:
-                on_exhausted(exhausted)
-            # As claim() does: a delivery must not wait a polling interval behind dead rows.
+        if exhausted and on_exhausted is not None:
+            on_exhausted(exhausted)
+        if exhausted and len(delivered) < limit:
             delivered += self.claim(
                 queues,
                 owner,
@@ -570,7 +584,7 @@ class Store:
                 on_exhausted=on_exhausted,
             )
         delivered.sort(key=lambda m: (-m.priority, m.available_at_ms, m.id))
-        return acked, delivered
+        return delivered
 
     def prepare_ack_and_claim(
         self,
@@ -616,21 +630,9 @@ class Store:
                 for r in rows
                 if r["id"] is not None
             ]
-            exhausted = [m for m in found if m.state != "ready"]
-            if exhausted and on_exhausted is not None:
-                on_exhausted(exhausted)
-            delivered = [m for m in found if m.state == "ready"]
-            if exhausted and len(delivered) < limit:
-                # As claim() does: a delivery must not wait a polling interval behind dead rows.
-                delivered += self.claim(
-                    queues,
-                    owner,
-                    lease_ms=lease_ms,
-                    limit=limit - len(delivered),
-                    now=now,
-                    on_exhausted=on_exhausted,
-                )
-            delivered.sort(key=lambda m: (-m.priority, m.available_at_ms, m.id))
+            delivered = self._past_exhausted(
+                found, queues, owner, lease_ms, limit, now, on_exhausted
+            )
             return acked, delivered
 
         return Prepared(statement, params, finish)

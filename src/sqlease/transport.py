@@ -242,31 +242,14 @@ class Channel(virtual.Channel):
         acked, the messages claimed, and whether the store had fewer than asked. (Never
         "fewer" when acks went with it: the claim may not have seen them free a run's next
         message, so the queues are not known to be drained.)"""
-        transport = self.connection
-        acked, messages = self.store.ack_and_claim(
-            fences,
-            queues,
-            transport.owner,
-            lease_ms=transport.options.lease_ms,
-            limit=limit,
-            on_exhausted=transport.record_exhausted,
-        )
-        short = not fences and len(messages) < limit
-        return acked, self._hold(messages), short
+        acked, messages = self.store.ack_and_claim(fences, queues, **self._claim_terms(limit))
+        return acked, self._hold(messages), not fences and len(messages) < limit
 
     def prepare_claim_with_acks(
         self, queues: list[str], limit: int, fences: list[Fence]
     ) -> Prepared[tuple[set[int], list[Message], bool]] | None:
         """``claim_with_acks`` as one statement to run (None where it is not one)."""
-        transport = self.connection
-        prepared = self.store.prepare_ack_and_claim(
-            fences,
-            queues,
-            transport.owner,
-            lease_ms=transport.options.lease_ms,
-            limit=limit,
-            on_exhausted=transport.record_exhausted,
-        )
+        prepared = self.store.prepare_ack_and_claim(fences, queues, **self._claim_terms(limit))
         if prepared is None:
             return None
 
@@ -275,6 +258,15 @@ class Channel(virtual.Channel):
             return acked, self._hold(messages), not fences and len(messages) < limit
 
         return Prepared(prepared.statement, prepared.params, finish)
+
+    def _claim_terms(self, limit: int) -> dict[str, Any]:
+        transport = self.connection
+        return {
+            "owner": transport.owner,
+            "lease_ms": transport.options.lease_ms,
+            "limit": limit,
+            "on_exhausted": transport.record_exhausted,
+        }
 
     def _hold(self, messages: list[Message]) -> list[Message]:
         """The heartbeat keeps the leases of what will be delivered from now on."""
