@@ -5,7 +5,7 @@ background thread's do, and a dropped connection is replaced."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -20,6 +20,10 @@ from sqlease.background import Job, Outcome
 from sqlease.fastpath import NONBLOCKING, FastPath
 from sqlease.loop_calls import LoopCalls
 from sqlease.store import Fence, NewMessage, Prepared, Store
+
+from .test_background_claims import hub, run_until
+
+__all__ = ["hub"]  # the fixture, shared
 
 pytestmark = [
     pytest.mark.pg,
@@ -36,21 +40,6 @@ def store(pg_database_url: str) -> Store:
     assert store.fast_leases is not None
     store.fast_leases._engine.dispose()  # process-wide: an earlier test may have killed it
     return store
-
-
-@pytest.fixture
-def hub() -> Iterator[Hub]:
-    hub = Hub()
-    yield hub
-    hub.close()
-
-
-def run_until(hub: Hub, done: Callable[[], bool], timeout: float = 10.0) -> None:
-    loop = hub.create_loop()
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "the event loop did not get there in time"
-        next(loop)
 
 
 def acks(store: Store) -> Callable[[list[Job]], Prepared[list[Outcome]] | None]:
