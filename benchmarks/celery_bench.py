@@ -199,28 +199,20 @@ def drop_tables(prefix: str) -> None:
     checkpoints' I/O)."""
     import psycopg
 
+    like = prefix.replace("_", r"\_") + "%"
+    kinds = [
+        # (what to drop, how to list them: a query whose %s is the prefix's LIKE pattern)
+        ("TABLE", "SELECT format('%%I', tablename) FROM pg_tables WHERE schemaname = "
+         "current_schema() AND (tablename LIKE %s OR tablename LIKE 'kombu_%%')", " CASCADE"),
+        ("SEQUENCE", "SELECT format('%%I', sequencename) FROM pg_sequences WHERE schemaname = "
+         "current_schema() AND sequencename LIKE %s", ""),
+    ]
     try:
         with psycopg.connect(PG, autocommit=True) as conn:
-            names = [
-                row[0]
-                for row in conn.execute(
-                    "SELECT format('%%I', tablename) FROM pg_tables WHERE schemaname = "
-                    "current_schema() AND (tablename LIKE %s OR tablename LIKE 'kombu_%%')",
-                    (prefix.replace("_", r"\_") + "%",),
-                )
-            ]
-            if names:
-                conn.execute(f"DROP TABLE IF EXISTS {', '.join(names)} CASCADE")
-            sequences = [
-                row[0]
-                for row in conn.execute(
-                    "SELECT format('%%I', sequencename) FROM pg_sequences WHERE schemaname = "
-                    "current_schema() AND sequencename LIKE %s",
-                    (prefix.replace("_", r"\_") + "%",),
-                )
-            ]
-            if sequences:
-                conn.execute(f"DROP SEQUENCE IF EXISTS {', '.join(sequences)}")
+            for kind, listing, suffix in kinds:
+                names = [row[0] for row in conn.execute(listing, (like,))]
+                if names:
+                    conn.execute(f"DROP {kind} IF EXISTS {', '.join(names)}{suffix}")
     except psycopg.Error as exc:
         print(f"could not drop the benchmark's tables: {exc}", file=sys.stderr)
 
