@@ -23,6 +23,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine
 
 from .errors import DatabaseReadOnly, PermissionDenied
+from .sqlite_checkpoints import checkpointer
 from .urls import to_sqlalchemy_url
 
 _engines: dict[tuple[str, tuple[tuple[str, Any], ...]], Engine] = {}
@@ -120,6 +121,15 @@ def _create_sqlite(url: URL, options: dict[str, Any]) -> Engine:
             cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
             cursor.execute(f"PRAGMA synchronous={synchronous}")
             cursor.execute("PRAGMA foreign_keys=ON")
+            # Checkpoints run on a thread of their own, not in this connection's commits
+            # (sqlease.sqlite_checkpoints: a worker's event loop stalled 20-36 ms in them).
+            cursor.execute("PRAGMA wal_autocheckpoint=0")
+            path = next(
+                (row[2] for row in cursor.execute("PRAGMA database_list") if row[1] == "main"),
+                "",
+            )
+            if path:  # "" for an in-memory or temporary database: nothing to checkpoint
+                checkpointer.watch(path)
         finally:
             cursor.close()
 
