@@ -5,7 +5,8 @@ about as much client CPU as the statement's round trip, so on PostgreSQL these s
 borrow a pooled connection from SQLAlchemy and run on the psycopg connection underneath.
 Errors come out as SQLAlchemy's would (the same ``OperationalError`` for a dropped connection,
 which the store's retry rides out; the same sqlease errors for refusals), and a broken
-connection is invalidated so the pool replaces it.
+connection is invalidated so the pool replaces it. sqlease's own engines keep a few
+connections out of the pool between calls (``SPARES_PER_ENGINE``), already in autocommit.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from __future__ import annotations
 import inspect
 import os
 import threading
+import time
+import weakref
+from collections import deque
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -90,14 +94,61 @@ else:
         return driver.cursor(row_factory=dict_row)
 
 
-class FastPath:
-    """Runs the store's own statements (``text()`` clauses) on one engine."""
+#: Connections an engine keeps between one-statement calls, in autocommit, for the next call
+#: on any thread (FastPath.rows with ``spares``). Checking a connection out of SQLAlchemy's pool
+#: and back in, and switching autocommit on and off, cost more client CPU than the statement
+#: itself for a ``delay()`` (about 100 us of its 1 ms here). Two: a producer thread and the
+#: result writes of a pool process each find one; more callers at once go through the pool.
+SPARES_PER_ENGINE = 2
 
-    def __init__(self, engine: Engine) -> None:
+_spares: weakref.WeakKeyDictionary[Engine, deque[Any]] = weakref.WeakKeyDictionary()
+_spares_lock = threading.Lock()
+#: A forked child's copies of its parent's spares: never used, never closed (the parent owns
+#: their sockets), only kept from being finalized.
+_inherited: list[Any] = []
+
+
+def _spares_of(engine: Engine) -> deque[Any]:
+    with _spares_lock:
+        spares = _spares.get(engine)
+        if spares is None:
+            spares = _spares[engine] = deque()
+        return spares
+
+
+def _forget_spares_in_child() -> None:
+    global _spares_lock
+    _spares_lock = threading.Lock()
+    for spares in list(_spares.values()):
+        _inherited.extend(spares)
+        spares.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_spares_in_child)
+
+
+def drop_all_spares() -> None:
+    """Close every engine's kept connections (engine.dispose_all(close=True))."""
+    with _spares_lock:
+        engines = list(_spares.keys())
+    for engine in engines:
+        FastPath(engine, spares=True).drop_spares()
+
+
+class FastPath:
+    """Runs the store's own statements (``text()`` clauses) on one engine.
+
+    ``spares``: keep a few connections checked out between calls (SPARES_PER_ENGINE, shared
+    by every FastPath of the engine); only for sqlease's own engines, never for one a user
+    passed in, whose pool may be small."""
+
+    def __init__(self, engine: Engine, *, spares: bool = False) -> None:
         self._engine = engine
         self._compiled: dict[int, tuple[TextClause, bytes]] = {}
         self._where = engine.url.render_as_string(hide_password=True)
         self._threads = threading.local()  # per thread: pinned?, its connection, its pid
+        self._spares: deque[Any] | None = _spares_of(engine) if spares else None
 
     def _sql(self, statement: TextClause) -> bytes:
         # Keyed by identity: the store's statements are built once and live as long as it.
@@ -128,6 +179,8 @@ class FastPath:
         """Execute in autocommit; the rows it returns (as dicts), or [] if none."""
         if getattr(self._threads, "pinned", False):
             return self._rows_pinned(statement, params)
+        if self._spares is not None:
+            return self._rows_spare(statement, params)
         sql = self._sql(statement)
         with self._engine.connect() as conn:
             driver = conn.connection.dbapi_connection
@@ -160,6 +213,53 @@ class FastPath:
             threads.fairy = None
             raise self._failed(fairy, sql, params, error) from error
 
+    def _rows_spare(
+        self, statement: TextClause, params: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        spares = self._spares
+        assert spares is not None
+        pool = self._engine.pool
+        while True:
+            try:
+                fairy = spares.pop()
+            except IndexError:
+                fairy = self.kept_connection()
+                break
+            if fairy._pool is pool and not _past_recycle(fairy, pool):
+                break
+            # The engine was disposed since, or the connection is older than the pool lets
+            # its own connections be (pool_recycle): closed, as the pool would.
+            self.give_back(fairy, busy=True)
+        sql = self._sql(statement)
+        try:
+            rows = _execute(fairy.driver_connection, sql, params)
+        except psycopg.Error as error:
+            raise self._failed(fairy, sql, params, error) from error
+        except BaseException:  # interrupted mid-statement: the connection's state is unknown
+            self.give_back(fairy, busy=True)
+            raise
+        if len(spares) < SPARES_PER_ENGINE:
+            spares.append(fairy)
+        else:
+            _give_back(fairy)
+        return rows
+
+    def drop_spares(self) -> None:
+        """Close the engine's kept connections (after a disconnect they are as suspect as
+        the pool's; also when the engine is disposed for good)."""
+        spares = self._spares
+        while spares:
+            try:
+                fairy = spares.pop()
+            except IndexError:
+                break
+            self.give_back(fairy, busy=True)
+
+    def spares_kept(self) -> int:
+        """How many connections the engine keeps checked out between calls."""
+        pool = self._engine.pool
+        return 0 if self._spares is None else sum(f._pool is pool for f in list(self._spares))
+
     def _failed(
         self, fairy: Any, sql: bytes, params: Mapping[str, Any], error: psycopg.Error
     ) -> BaseException:
@@ -171,6 +271,7 @@ class FastPath:
             # Every connection made before now is suspect, and this one is dropped
             # (invalidated and checked in) as on the unpinned path.
             self._engine.pool._invalidate(fairy, error)
+            self.drop_spares()
         else:
             _give_back(fairy)
         if translated is not None:
@@ -182,7 +283,12 @@ class FastPath:
     def kept_connection(self) -> Any:
         """A pooled connection in autocommit for the caller to keep (``send`` runs on it);
         given back with ``give_back``, or by a failed statement."""
-        fairy = self._engine.raw_connection()
+        try:
+            fairy = self._engine.raw_connection()
+        except psycopg.Error as error:
+            # As SQLAlchemy's Connection reports a failed connect: its OperationalError, which
+            # the store's retry (and the event loop's) rides out while the server is away.
+            raise self._connect_error(error) from error
         try:
             fairy.driver_connection.autocommit = True  # type: ignore[union-attr]
         except BaseException:
@@ -204,6 +310,20 @@ class FastPath:
         the socket as ``Sending.waits_for`` says and calls ``resume`` (see Sending)."""
         return Sending(self, fairy, self._sql(statement), params)
 
+
+    def _connect_error(self, error: psycopg.Error) -> BaseException:
+        translated = refusal(error, self._where)
+        if translated is not None:
+            return translated
+        dialect = self._engine.dialect
+        return sa_exc.DBAPIError.instance(
+            None,
+            None,
+            error,
+            psycopg.Error,
+            connection_invalidated=bool(dialect.is_disconnect(error, None, None)),  # type: ignore[arg-type]
+            dialect=dialect,
+        )
 
     def _is_disconnect(self, fairy: Any, error: psycopg.Error) -> bool:
         dialect = self._engine.dialect
@@ -234,6 +354,7 @@ class FastPath:
             # suspect (a restarted server dropped them all), and this one is gone.
             self._engine.pool._invalidate(wrapper, error)
             conn.invalidate(error)
+            self.drop_spares()
         return self._dbapi_error(sql, params, error, disconnected)
 
 
@@ -305,6 +426,19 @@ def _fetch(cursor: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
     result = cursor.pgresult
     returned = result is not None and result.status == TUPLES_OK
     return cursor.fetchall() if returned else []
+
+
+def _past_recycle(fairy: Any, pool: Any) -> bool:
+    """Would the pool replace this connection at checkout? (Older than its recycle time, or
+    made before the pool was last invalidated: a disconnect seen by any of its users.)"""
+    record = getattr(fairy, "_connection_record", None)
+    if record is None:
+        return True
+    recycle = getattr(pool, "_recycle", -1)
+    if recycle >= 0 and time.time() - record.starttime > recycle:
+        return True
+    invalidated = getattr(pool, "_invalidate_time", 0)
+    return bool(invalidated and record.starttime < invalidated)
 
 
 def _give_back(fairy: Any) -> None:

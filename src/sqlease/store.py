@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from sqlalchemy import Connection, Row
 from sqlalchemy.engine import URL, Engine
@@ -30,6 +30,7 @@ from .errors import ConfigurationError, PayloadTooLarge
 from .fastpath import FastPath
 from .resilience import RETRY_SECONDS, retry_transient, retrying
 from .schema import Tables, build_tables, ensure_schema
+from .sqlite_fast import SqliteFast
 
 Clock = Callable[[], int]
 T = TypeVar("T")
@@ -284,15 +285,28 @@ class Store:
         #: the WAL flush unless ``lease_sync_commit`` (see engine.postgresql_connect_args).
         self.fast_leases: FastPath | None = None
         if self.dialect.is_postgresql:
+            # sqlease's own engines keep a few connections between calls (FastPath spares);
+            # an engine passed in is left to its own pool.
+            ours = not isinstance(url, Engine)
             self.fast = FastPath(
-                url if isinstance(url, Engine) else get_engine(url, generic_plans=True)
+                self.engine if isinstance(url, Engine) else get_engine(url, generic_plans=True),
+                spares=ours,
             )
-            self.fast_planned = FastPath(self.engine)
+            self.fast_planned = FastPath(self.engine, spares=ours)
             self.fast_leases = (
                 self.fast
                 if isinstance(url, Engine) or lease_sync_commit
-                else FastPath(get_engine(url, generic_plans=True, wait_for_flush=False))
+                else FastPath(
+                    get_engine(url, generic_plans=True, wait_for_flush=False), spares=True
+                )
             )
+        #: SQLite: the per-task write transactions straight through sqlite3 (sqlite_fast), on
+        #: sqlease's own engines (an engine passed in is used through SQLAlchemy).
+        self.fast_sqlite: SqliteFast | None = (
+            SqliteFast(self.engine)
+            if not self.dialect.is_postgresql and not isinstance(url, Engine)
+            else None
+        )
         self.sql = Statements(self.dialect, self.tables)
         self.max_attempts = max_attempts
         self.max_payload_bytes = max_payload_bytes
@@ -335,6 +349,18 @@ class Store:
             return
         with self.engine.begin() as conn:
             yield conn
+
+    @contextmanager
+    def _writing_hot(self, statements: int = 2) -> Iterator[Connection]:
+        """``_writing`` for the per-task operations (enqueue, claim, ack, take, renew): on
+        SQLite straight through sqlite3 (sqlease.sqlite_fast), whose Transaction provides the
+        part of Connection's API these operations use."""
+        if self.fast_sqlite is None:
+            with self._writing(statements) as conn:
+                yield conn
+            return
+        with self.fast_sqlite.begin() as transaction:
+            yield cast(Connection, transaction)
 
     @contextmanager
     def _reading(self) -> Iterator[Connection]:
@@ -428,7 +454,7 @@ class Store:
         if self.fast is not None and len(rows) == 1:  # one statement: autocommit
             params = dict(rows[0], now=self._now(now), channel=self.notify_channel)
             return [int(self.fast.rows(self.sql.enqueue, params)[0]["id"])]
-        with self._writing(statements=len(rows)) as conn:
+        with self._writing_hot(statements=len(rows)) as conn:
             return self._enqueue_on(conn, rows, self._now(now))
 
     def _enqueue_on(
@@ -504,7 +530,7 @@ class Store:
         if self.fast_leases is not None:  # one statement (claim, run locks, events): autocommit
             found = self.fast_leases.rows(statement, params)
             return [_message_from(r, has_last_error="last_error" in r) for r in found]
-        with self._writing(statements=1) if conn is None else nullcontext(conn) as conn:
+        with self._writing_hot(statements=1) if conn is None else nullcontext(conn) as conn:
             rows = conn.execute(statement, params).fetchall()
             claimed = [_row_to_message(r) for r in rows]
             if not self.is_postgresql:
@@ -552,7 +578,7 @@ class Store:
         if lease_ms < 1:
             raise ConfigurationError(f"lease_ms must be positive, not {lease_ms!r}")
         now = self._now(now)
-        with self._writing() as conn:
+        with self._writing_hot() as conn:
             acked = self._ack_on(conn, _by_owner(fences), now)
             found = self._claim_once(queues, owner, lease_ms, limit, now, conn=conn)
         return acked, self._past_exhausted(found, queues, owner, lease_ms, limit, now, on_exhausted)
@@ -804,7 +830,7 @@ class Store:
         if not queues or limit < 1:
             return []
         params = {"queues": self._queues_param(queues), "limit": int(limit), "now": self._now(now)}
-        with self._writing(statements=1) as conn:
+        with self._writing_hot(statements=1) as conn:
             rows = conn.execute(self.sql.take, params).fetchall()
         taken = [_row_to_message(r) for r in rows]
         taken.sort(key=lambda m: (-m.priority, m.available_at_ms, m.id))
@@ -824,7 +850,7 @@ class Store:
         groups = _by_owner(fences)
         if not groups:
             return held
-        with self._writing(statements=len(groups)) as conn:
+        with self._writing_hot(statements=len(groups)) as conn:
             for owner, group in groups.items():
                 params = {
                     **self._fence_params(group),
@@ -860,7 +886,7 @@ class Store:
         if prepared is not None:
             assert self.fast_leases is not None
             return prepared.finish(self.fast_leases.rows(prepared.statement, prepared.params))
-        with self._writing(statements=len(groups)) as conn:
+        with self._writing_hot(statements=len(groups)) as conn:
             return self._ack_on(conn, groups, now)
 
     def _ack_on(
