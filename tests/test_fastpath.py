@@ -233,7 +233,7 @@ def test_one_statement_calls_reuse_the_engines_spares_without_the_pool(
     ``delay()``, interleaved runs): the engine keeps a few connections in autocommit."""
     from sqlalchemy import event
 
-    from sqlease.fastpath import SPARES_PER_ENGINE
+    from sqlease.spares import SPARES_PER_ENGINE
 
     fast = fresh_store.fast
     assert fast is not None

@@ -35,6 +35,19 @@ def _wal_frames(path: Path) -> int:
     return (os.path.getsize(f"{path}-wal") - 32) // (page + 24)
 
 
+def _watched(
+    tmp_path: Path, name: str = "app.db", interval: float = 3600
+) -> tuple[Path, Store, Checkpointer]:
+    """A database with a store on it, looked after by a checkpointer of the test's own (the
+    process's thread must not race the test's rounds; an hour's interval: no round by itself)."""
+    path = tmp_path / name
+    store = Store(f"sqlite:///{path}", table_prefix=unique_prefix())
+    checkpointer.forget(str(path))
+    own = Checkpointer(interval=interval)
+    own.watch(str(path))
+    return path, store, own
+
+
 def test_sqlease_connections_leave_checkpoints_to_the_thread(tmp_path: Path) -> None:
     path = tmp_path / "app.db"
     store = Store(f"sqlite:///{path}", table_prefix=unique_prefix())
@@ -45,11 +58,7 @@ def test_sqlease_connections_leave_checkpoints_to_the_thread(tmp_path: Path) -> 
 
 
 def test_commits_do_not_checkpoint_and_a_round_copies_the_log_back(tmp_path: Path) -> None:
-    path = tmp_path / "app.db"
-    own = Checkpointer(interval=3600)  # its thread never runs a round by itself here
-    store = Store(f"sqlite:///{path}", table_prefix=unique_prefix())
-    checkpointer.forget(str(path))  # the process's thread must not race this test's rounds
-    own.watch(str(path))
+    path, store, own = _watched(tmp_path)
     _fill(store, 1500)  # well past SQLite's default autocheckpoint of 1,000 pages
     frames = _wal_frames(path)
     assert frames > 1200, "the writers' commits checkpointed the log themselves"
@@ -74,11 +83,7 @@ def test_commits_do_not_checkpoint_and_a_round_copies_the_log_back(tmp_path: Pat
 def test_an_unchanged_log_is_not_checkpointed_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "app.db"
-    store = Store(f"sqlite:///{path}", table_prefix=unique_prefix())
-    checkpointer.forget(str(path))
-    own = Checkpointer(interval=3600)
-    own.watch(str(path))
+    _, store, own = _watched(tmp_path)
     _fill(store, 50)
     own.run_once()
     opened: list[str] = []
@@ -95,11 +100,7 @@ def test_an_unchanged_log_is_not_checkpointed_again(
 
 
 def test_a_removed_database_is_forgotten_and_never_recreated(tmp_path: Path) -> None:
-    path = tmp_path / "gone.db"
-    store = Store(f"sqlite:///{path}", table_prefix=unique_prefix())
-    checkpointer.forget(str(path))
-    own = Checkpointer(interval=3600)
-    own.watch(str(path))
+    path, store, own = _watched(tmp_path, "gone.db")
     _fill(store, 10)
     store.engine.dispose()
     for suffix in ("", "-wal", "-shm"):
@@ -111,11 +112,7 @@ def test_a_removed_database_is_forgotten_and_never_recreated(tmp_path: Path) -> 
 
 
 def test_the_thread_starts_once_per_process_and_checkpoints_by_itself(tmp_path: Path) -> None:
-    path = tmp_path / "app.db"
-    store = Store(f"sqlite:///{path}", table_prefix=unique_prefix())
-    checkpointer.forget(str(path))
-    own = Checkpointer(interval=0.01)
-    own.watch(str(path))
+    path, store, own = _watched(tmp_path, interval=0.01)
     thread = own._thread
     assert thread is not None and thread.is_alive() and thread.daemon
     own.watch(str(path))
@@ -137,11 +134,7 @@ def test_a_fork_waits_for_the_round_under_way_and_the_child_checkpoints_on_its_o
 ) -> None:
     """A child forked while the thread is inside SQLite would inherit SQLite's mutexes locked
     (a replaced Celery pool process hung on its first connection): forks wait for the round."""
-    path = tmp_path / "app.db"
-    store = Store(f"sqlite:///{path}", table_prefix=unique_prefix())
-    checkpointer.forget(str(path))
-    own = Checkpointer(interval=3600)
-    own.watch(str(path))
+    path, store, own = _watched(tmp_path)
     _fill(store, 20)
     order: list[str] = []
     in_round = threading.Event()

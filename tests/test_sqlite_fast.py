@@ -18,7 +18,8 @@ from sqlalchemy import exc as sa_exc
 
 from conftest import unique_prefix
 from sqlease.engine import get_engine
-from sqlease.sqlite_fast import SPARES_PER_ENGINE, Result, Row, SqliteFast
+from sqlease.spares import SPARES_PER_ENGINE
+from sqlease.sqlite_fast import Result, Row, SqliteFast
 from sqlease.store import Store
 
 

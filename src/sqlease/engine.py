@@ -23,6 +23,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine
 
 from .errors import DatabaseReadOnly, PermissionDenied
+from .spares import drop_all as drop_all_spares
 from .sqlite_checkpoints import checkpointer
 from .urls import to_sqlalchemy_url
 
@@ -222,12 +223,7 @@ def _create_postgresql(url: URL, options: dict[str, Any]) -> Engine:
 def dispose_all(close: bool = False) -> None:
     """Forget pooled connections (after fork, pass ``close=False``: the parent owns them)."""
     if close:
-        # (Both import this module.)
-        from .fastpath import drop_all_spares
-        from .sqlite_fast import drop_all_spares as drop_all_sqlite_spares
-
         drop_all_spares()
-        drop_all_sqlite_spares()
     with _lock:
         for engine in _engines.values():
             engine.dispose(close=close)

@@ -6,7 +6,7 @@ borrow a pooled connection from SQLAlchemy and run on the psycopg connection und
 Errors come out as SQLAlchemy's would (the same ``OperationalError`` for a dropped connection,
 which the store's retry rides out; the same sqlease errors for refusals), and a broken
 connection is invalidated so the pool replaces it. sqlease's own engines keep a few
-connections out of the pool between calls (``SPARES_PER_ENGINE``), already in autocommit.
+connections out of the pool between calls (sqlease.spares), already in autocommit.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import inspect
 import os
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Mapping
 from functools import lru_cache
@@ -30,6 +29,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import TextClause
 
 from .engine import refusal
+from .spares import SPARES_PER_ENGINE, spares_of
 
 TUPLES_OK = ExecStatus.TUPLES_OK
 
@@ -94,61 +94,19 @@ else:
         return driver.cursor(row_factory=dict_row)
 
 
-#: Connections an engine keeps between one-statement calls, in autocommit, for the next call
-#: on any thread (FastPath.rows with ``spares``). Checking a connection out of SQLAlchemy's pool
-#: and back in, and switching autocommit on and off, cost more client CPU than the statement
-#: itself for a ``delay()`` (about 100 us of its 1 ms here). Two: a producer thread and the
-#: result writes of a pool process each find one; more callers at once go through the pool.
-SPARES_PER_ENGINE = 2
-
-_spares: weakref.WeakKeyDictionary[Engine, deque[Any]] = weakref.WeakKeyDictionary()
-_spares_lock = threading.Lock()
-#: A forked child's copies of its parent's spares: never used, never closed (the parent owns
-#: their sockets), only kept from being finalized.
-_inherited: list[Any] = []
-
-
-def _spares_of(engine: Engine) -> deque[Any]:
-    with _spares_lock:
-        spares = _spares.get(engine)
-        if spares is None:
-            spares = _spares[engine] = deque()
-        return spares
-
-
-def _forget_spares_in_child() -> None:
-    global _spares_lock
-    _spares_lock = threading.Lock()
-    for spares in list(_spares.values()):
-        _inherited.extend(spares)
-        spares.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_spares_in_child)
-
-
-def drop_all_spares() -> None:
-    """Close every engine's kept connections (engine.dispose_all(close=True))."""
-    with _spares_lock:
-        engines = list(_spares.keys())
-    for engine in engines:
-        FastPath(engine, spares=True).drop_spares()
-
-
 class FastPath:
     """Runs the store's own statements (``text()`` clauses) on one engine.
 
-    ``spares``: keep a few connections checked out between calls (SPARES_PER_ENGINE, shared
-    by every FastPath of the engine); only for sqlease's own engines, never for one a user
-    passed in, whose pool may be small."""
+    ``spares``: keep a few connections checked out between calls, in autocommit
+    (sqlease.spares); only for sqlease's own engines, never for one a user passed in, whose
+    pool may be small."""
 
     def __init__(self, engine: Engine, *, spares: bool = False) -> None:
         self._engine = engine
         self._compiled: dict[int, tuple[TextClause, bytes]] = {}
         self._where = engine.url.render_as_string(hide_password=True)
         self._threads = threading.local()  # per thread: pinned?, its connection, its pid
-        self._spares: deque[Any] | None = _spares_of(engine) if spares else None
+        self._spares: deque[Any] | None = spares_of(engine) if spares else None
 
     def _sql(self, statement: TextClause) -> bytes:
         # Keyed by identity: the store's statements are built once and live as long as it.

@@ -6,7 +6,7 @@ result objects) cost two to three times that (an enqueue: 818 against 263 us of 
 benchmarks in docs/performance.md, tenth session). In a worker these transactions run in the
 event loop, and every producer's ``delay()`` is one. So, like the PostgreSQL FastPath, the
 store runs them on the ``sqlite3`` connection underneath a pooled one, which the engine keeps
-between transactions (``SPARES_PER_ENGINE``), through ``Transaction``: the small part of
+between transactions (sqlease.spares), through ``Transaction``: the small part of
 SQLAlchemy's Connection API that those operations use (``execute`` with one parameter dict or
 a list of them, and results' ``fetchall``, ``scalar_one``, ``scalar``, ``rowcount``, rows'
 ``_mapping``).
@@ -18,11 +18,7 @@ transaction is rolled back, as ``engine.begin()`` does.
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import threading
-import weakref
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -33,37 +29,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import ClauseElement
 
 from .engine import refusal
-
-#: Pooled connections an engine keeps between transactions (see the module's docstring).
-SPARES_PER_ENGINE = 2
+from .spares import SPARES_PER_ENGINE, spares_of
 
 #: Compiles statements with ``:name`` placeholders, which sqlite3 binds from a dict itself.
 _NAMED = sqlite_dialect.dialect(paramstyle="named")
-
-_spares: weakref.WeakKeyDictionary[Engine, deque[Any]] = weakref.WeakKeyDictionary()
-_spares_lock = threading.Lock()
-_inherited: list[Any] = []  # a forked child's copies of its parent's: never used or closed
-
-
-def _spares_of(engine: Engine) -> deque[Any]:
-    with _spares_lock:
-        spares = _spares.get(engine)
-        if spares is None:
-            spares = _spares[engine] = deque()
-        return spares
-
-
-def _forget_spares_in_child() -> None:
-    global _spares_lock
-    _spares_lock = threading.Lock()
-    for spares in list(_spares.values()):
-        _inherited.extend(spares)
-        spares.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_spares_in_child)
-
 
 class Row:
     """One result row: by position, by name (``row.id``) and as ``row._mapping``."""
@@ -153,7 +122,7 @@ class SqliteFast:
         self._engine = engine
         self._compiled: dict[int, tuple[ClauseElement, str]] = {}
         self._where = engine.url.render_as_string(hide_password=True)
-        self._spares = _spares_of(engine)
+        self._spares = spares_of(engine)
 
     def _sql(self, statement: ClauseElement) -> str:
         # Keyed by identity: the store's statements are built once and live as long as it.
@@ -231,15 +200,3 @@ def _as_sqlalchemy_error(
         sqlite3.Error,
         dialect=_NAMED,
     )
-
-
-def drop_all_spares() -> None:
-    """Close every SQLite engine's kept connections (engine.dispose_all(close=True))."""
-    with _spares_lock:
-        all_spares = list(_spares.values())
-    for spares in all_spares:
-        while spares:
-            try:
-                spares.pop().close()
-            except IndexError:
-                break

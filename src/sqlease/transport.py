@@ -217,7 +217,10 @@ class Channel(virtual.Channel):
 
     def basic_cancel(self, consumer_tag: str) -> Any:
         queue = self._tag_to_queue.get(consumer_tag)
-        self.connection.withdraw_offers()  # the next idle look offers the queues still consumed
+        if self.connection is not None and consumer_tag in self._consumers:
+            # The next idle look offers the queues still consumed. (A channel Kombu already
+            # closed has no connection: Celery cancels its consumers after a connection loss.)
+            self.connection.withdraw_offers()
         result = super().basic_cancel(consumer_tag)
         if queue is not None and queue not in self._active_queues:
             self._noack_queues.discard(queue)
@@ -1380,9 +1383,18 @@ class Transport(virtual.Transport):
 
     def _take_noack_now(self) -> None:
         with self._errors_logged("fetching messages"):
-            for channel in self.channels:
-                if isinstance(channel, Channel) and channel._consumers:
-                    channel.take_noack(self._deliver)
+            self._take_noack_first()
+
+    def _take_noack_first(self) -> int:
+        """Remote control before tasks: every channel's no-ack queues (pidbox, events) are
+        looked at (when their throttle allows) before any channel claims, so a revoke (by id
+        or by stamped headers) broadcast before a task was published reaches Celery before
+        that task, whichever channel the fair cycle would come to first. How many came."""
+        delivered = 0
+        for channel in self.channels:
+            if isinstance(channel, Channel) and channel._consumers:
+                delivered += channel.take_noack(self._deliver)
+        return delivered
 
     def _accept_handoffs(self, handoffs: list[Handoff], notified: set[str] | None = None) -> None:
         """Deliver messages a publish leased to this worker (its idle offer), as a claim's
@@ -1460,7 +1472,7 @@ class Transport(virtual.Transport):
 
     def _drain_ready(self) -> bool:
         """Deliver until nothing more is ready or credit runs out; True if anything came."""
-        got = False
+        got = self._take_noack_first() > 0
         for _ in range(50):  # bounded, so the event loop stays responsive
             self._more = False
             self._starved = False
@@ -1740,6 +1752,8 @@ class Transport(virtual.Transport):
         waker.fileno()  # listen before looking, so no notification falls in between
         assert self.cycle is not None
         while True:
+            if self._take_noack_first():
+                return
             try:
                 self.cycle.get(self._deliver, timeout=timeout)
                 return

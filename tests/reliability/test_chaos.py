@@ -15,13 +15,13 @@ from conftest import PG_URL
 CHAOS = Path(__file__).resolve().parents[2] / "benchmarks" / "chaos.py"
 
 
-def run_chaos(*args: str) -> str:
+def run_chaos(*args: str, pg_url: str = PG_URL) -> str:
     done = subprocess.run(
         [sys.executable, str(CHAOS), "--short", *args],
         capture_output=True,
         text=True,
         timeout=400,
-        env={**__import__("os").environ, "CHAOS_PG_URL": PG_URL},
+        env={**__import__("os").environ, "CHAOS_PG_URL": pg_url},
     )
     output = done.stdout + done.stderr[-5000:]
     assert done.returncode == 0 and "CHAOS OK" in done.stdout, output
@@ -42,7 +42,8 @@ def test_chaos_postgresql_with_kills_stalls_disconnects_and_a_restart(
     pg_database_url: str,
 ) -> None:
     try:
-        out = run_chaos("--db", "pg")
+        # In this session's own database: its tables go with it (they were left in `test`).
+        out = run_chaos("--db", "pg", pg_url=pg_database_url)
     finally:
         # The run restarted PostgreSQL: drop this process's pooled connections.
         from sqlease.engine import dispose_all

@@ -708,6 +708,37 @@ def _consuming(channel: Any, queue: str, into: list[Any], *, no_ack: bool = Fals
     ).consume()
 
 
+def test_remote_control_is_delivered_before_tasks_published_after_it(
+    connect: Connect,
+) -> None:
+    """A revoke broadcast before a task was published must reach Celery before the task, or
+    the task runs first (Celery's test_revoked_by_headers_complex_canvas, every time on
+    SQLite): the no-ack (pidbox) queues are looked at before any channel claims, whichever
+    channel Kombu's fair cycle comes to first."""
+    conn = connect()
+    got: list[Any] = []
+    _consuming(conn.channel(), "work", got)  # the task channel first in the cycle
+    _consuming(conn.channel(), "control", got, no_ack=True)
+    publish(conn, "control", {"method": "revoke"})
+    publish(conn, "work", {"task": 1})
+    conn.drain_events(timeout=5)
+    assert [m.payload for m in got][:1] == [{"method": "revoke"}]
+    while len(got) < 2:
+        conn.drain_events(timeout=5)
+    assert [m.payload for m in got] == [{"method": "revoke"}, {"task": 1}]
+
+
+def test_cancelling_the_consumer_of_a_closed_channel_does_nothing(conn: Connection) -> None:
+    """Celery cancels its consumers after a connection loss, on channels Kombu has closed
+    (their connection is gone): that must not raise ('NoneType' has no 'withdraw_offers')."""
+    channel = conn.channel()
+    consumer = Consumer(channel, [Queue("work")], callbacks=[lambda b, m: None], accept=["json"])
+    consumer.consume()
+    channel.close()
+    consumer.cancel()
+    assert channel.connection is None
+
+
 def _wait_for_notification(transport: Any) -> None:
     """Block until the transport's LISTEN socket has something, then let it wake as its event
     loop would."""
