@@ -14,7 +14,6 @@ from __future__ import annotations
 import inspect
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Mapping
 from functools import lru_cache
@@ -28,8 +27,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import TextClause
 
+from . import spares as spares_module
 from .engine import refusal
-from .spares import SPARES_PER_ENGINE, spares_of
+from .spares import spares_of
 
 TUPLES_OK = ExecStatus.TUPLES_OK
 
@@ -177,17 +177,7 @@ class FastPath:
         spares = self._spares
         assert spares is not None
         pool = self._engine.pool
-        while True:
-            try:
-                fairy = spares.pop()
-            except IndexError:
-                fairy = self.kept_connection()
-                break
-            if fairy._pool is pool and not _past_recycle(fairy, pool):
-                break
-            # The engine was disposed since, or the connection is older than the pool lets
-            # its own connections be (pool_recycle): closed, as the pool would.
-            self.give_back(fairy, busy=True)
+        fairy = spares_module.take(spares, pool) or self.kept_connection()
         sql = self._sql(statement)
         try:
             rows = _execute(fairy.driver_connection, sql, params)
@@ -196,27 +186,19 @@ class FastPath:
         except BaseException:  # interrupted mid-statement: the connection's state is unknown
             self.give_back(fairy, busy=True)
             raise
-        if len(spares) < SPARES_PER_ENGINE:
-            spares.append(fairy)
-        else:
+        if not spares_module.keep(spares, fairy, pool):
             _give_back(fairy)
         return rows
 
     def drop_spares(self) -> None:
         """Close the engine's kept connections (after a disconnect they are as suspect as
         the pool's; also when the engine is disposed for good)."""
-        spares = self._spares
-        while spares:
-            try:
-                fairy = spares.pop()
-            except IndexError:
-                break
-            self.give_back(fairy, busy=True)
+        if self._spares is not None:
+            spares_module.drop(self._spares)
 
     def spares_kept(self) -> int:
         """How many connections the engine keeps checked out between calls."""
-        pool = self._engine.pool
-        return 0 if self._spares is None else sum(f._pool is pool for f in list(self._spares))
+        return 0 if self._spares is None else spares_module.count(self._spares, self._engine.pool)
 
     def _failed(
         self, fairy: Any, sql: bytes, params: Mapping[str, Any], error: psycopg.Error
@@ -267,7 +249,6 @@ class FastPath:
         """Send ``statement`` on a kept connection and return at once; the caller waits for
         the socket as ``Sending.waits_for`` says and calls ``resume`` (see Sending)."""
         return Sending(self, fairy, self._sql(statement), params)
-
 
     def _connect_error(self, error: psycopg.Error) -> BaseException:
         translated = refusal(error, self._where)
@@ -384,19 +365,6 @@ def _fetch(cursor: psycopg.Cursor[Any]) -> list[dict[str, Any]]:
     result = cursor.pgresult
     returned = result is not None and result.status == TUPLES_OK
     return cursor.fetchall() if returned else []
-
-
-def _past_recycle(fairy: Any, pool: Any) -> bool:
-    """Would the pool replace this connection at checkout? (Older than its recycle time, or
-    made before the pool was last invalidated: a disconnect seen by any of its users.)"""
-    record = getattr(fairy, "_connection_record", None)
-    if record is None:
-        return True
-    recycle = getattr(pool, "_recycle", -1)
-    if recycle >= 0 and time.time() - record.starttime > recycle:
-        return True
-    invalidated = getattr(pool, "_invalidate_time", 0)
-    return bool(invalidated and record.starttime < invalidated)
 
 
 def _give_back(fairy: Any) -> None:

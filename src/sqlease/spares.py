@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from typing import Any
@@ -38,18 +39,66 @@ def spares_of(engine: Engine) -> deque[Any]:
         return spares
 
 
+def take(spares: deque[Any], pool: Any) -> Any | None:
+    """A kept connection the pool would still lend, or None. One it would not (the engine
+    was disposed since, the connection is older than ``pool_recycle``, or made before the pool
+    was last invalidated: a disconnect seen by any of its users) is closed on the way."""
+    while True:
+        try:
+            fairy = spares.pop()
+        except IndexError:
+            return None
+        if fairy._pool is pool and fairy.dbapi_connection is not None and _current(fairy, pool):
+            return fairy
+        _close(fairy)
+
+
+def keep(spares: deque[Any], fairy: Any, pool: Any) -> bool:
+    """Keep ``fairy`` for the next call if there is room (False: the caller gives it back)."""
+    if len(spares) < SPARES_PER_ENGINE and fairy._pool is pool:
+        spares.append(fairy)
+        return True
+    return False
+
+
+def count(spares: deque[Any], pool: Any) -> int:
+    """How many of the kept connections belong to the engine's current pool."""
+    return sum(fairy._pool is pool for fairy in list(spares))
+
+
+def drop(spares: deque[Any]) -> None:
+    """Close the kept connections (after a disconnect they are as suspect as the pool's)."""
+    while spares:
+        try:
+            fairy = spares.pop()
+        except IndexError:
+            break
+        _close(fairy)
+
+
 def drop_all() -> None:
     """Close every engine's kept connections (engine.dispose_all(close=True))."""
     with _lock:
         every = list(_kept.values())
     for spares in every:
-        while spares:
-            try:
-                fairy = spares.pop()
-            except IndexError:
-                break
-            fairy.invalidate()
-            fairy.close()
+        drop(spares)
+
+
+def _current(fairy: Any, pool: Any) -> bool:
+    record = getattr(fairy, "_connection_record", None)
+    if record is None:
+        return False
+    recycle = getattr(pool, "_recycle", -1)
+    if recycle >= 0 and time.time() - record.starttime > recycle:
+        return False
+    invalidated = getattr(pool, "_invalidate_time", 0)
+    return not (invalidated and record.starttime < invalidated)
+
+
+def _close(fairy: Any) -> None:
+    if fairy.dbapi_connection is not None:
+        fairy.invalidate()  # closes the driver's connection: never lent again
+    fairy.close()
 
 
 def _set_aside_in_child() -> None:

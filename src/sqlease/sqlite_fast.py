@@ -28,11 +28,13 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import ClauseElement
 
+from . import spares as spares_module
 from .engine import refusal
-from .spares import SPARES_PER_ENGINE, spares_of
+from .spares import spares_of
 
 #: Compiles statements with ``:name`` placeholders, which sqlite3 binds from a dict itself.
 _NAMED = sqlite_dialect.dialect(paramstyle="named")
+
 
 class Row:
     """One result row: by position, by name (``row.id``) and as ``row._mapping``."""
@@ -162,28 +164,20 @@ class SqliteFast:
         self._give_back(fairy)
 
     def spares_kept(self) -> int:
-        return len(self._spares)
+        return spares_module.count(self._spares, self._engine.pool)
 
     def _take(self) -> Any:
-        pool = self._engine.pool
-        while True:
-            try:
-                fairy = self._spares.pop()
-            except IndexError:
-                try:
-                    return self._engine.raw_connection()
-                except sqlite3.Error as error:  # as SQLAlchemy's Connection reports it
-                    raise _as_sqlalchemy_error(error, None, None, self._where) from error
-            if fairy._pool is pool and fairy.dbapi_connection is not None:
-                return fairy
-            fairy.close()  # the engine was disposed since: back to its old pool
+        fairy = spares_module.take(self._spares, self._engine.pool)
+        if fairy is not None:
+            return fairy
+        try:
+            return self._engine.raw_connection()
+        except sqlite3.Error as error:  # as SQLAlchemy's Connection reports it
+            raise _as_sqlalchemy_error(error, None, None, self._where) from error
 
     def _give_back(self, fairy: Any) -> None:
-        if fairy.dbapi_connection is None:  # invalidated
-            fairy.close()
-        elif len(self._spares) < SPARES_PER_ENGINE and fairy._pool is self._engine.pool:
-            self._spares.append(fairy)
-        else:
+        invalidated = fairy.dbapi_connection is None
+        if invalidated or not spares_module.keep(self._spares, fairy, self._engine.pool):
             fairy.close()
 
 
