@@ -36,11 +36,23 @@ def _wal_frames(path: Path) -> int:
 
 
 def _watched(
-    tmp_path: Path, name: str = "app.db", interval: float = 3600
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str = "app.db",
+    interval: float = 3600,
 ) -> tuple[Path, Store, Checkpointer]:
-    """A database with a store on it, looked after by a checkpointer of the test's own (the
-    process's thread must not race the test's rounds; an hour's interval: no round by itself)."""
+    """A database with a store on it, looked after by a checkpointer of the test's own (an
+    hour's interval: no round by itself). The process's checkpointer is kept off the file for
+    the whole test, not only at its start: every new connection would hand the file back to it
+    and its rounds would race the test's (a PASSIVE checkpoint finds the other one busy)."""
     path = tmp_path / name
+    real_watch = checkpointer.watch
+    ours = os.path.abspath(path)
+    monkeypatch.setattr(
+        checkpointer,
+        "watch",
+        lambda watched: None if os.path.abspath(watched) == ours else real_watch(watched),
+    )
     store = Store(f"sqlite:///{path}", table_prefix=unique_prefix())
     checkpointer.forget(str(path))
     own = Checkpointer(interval=interval)
@@ -57,8 +69,10 @@ def test_sqlease_connections_leave_checkpoints_to_the_thread(tmp_path: Path) -> 
     assert str(path) in checkpointer._files
 
 
-def test_commits_do_not_checkpoint_and_a_round_copies_the_log_back(tmp_path: Path) -> None:
-    path, store, own = _watched(tmp_path)
+def test_commits_do_not_checkpoint_and_a_round_copies_the_log_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, store, own = _watched(tmp_path, monkeypatch)
     _fill(store, 1500)  # well past SQLite's default autocheckpoint of 1,000 pages
     frames = _wal_frames(path)
     assert frames > 1200, "the writers' commits checkpointed the log themselves"
@@ -83,7 +97,7 @@ def test_commits_do_not_checkpoint_and_a_round_copies_the_log_back(tmp_path: Pat
 def test_an_unchanged_log_is_not_checkpointed_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, store, own = _watched(tmp_path)
+    _, store, own = _watched(tmp_path, monkeypatch)
     _fill(store, 50)
     own.run_once()
     opened: list[str] = []
@@ -99,8 +113,10 @@ def test_an_unchanged_log_is_not_checkpointed_again(
     assert len(opened) == 1
 
 
-def test_a_removed_database_is_forgotten_and_never_recreated(tmp_path: Path) -> None:
-    path, store, own = _watched(tmp_path, "gone.db")
+def test_a_removed_database_is_forgotten_and_never_recreated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, store, own = _watched(tmp_path, monkeypatch, "gone.db")
     _fill(store, 10)
     store.engine.dispose()
     for suffix in ("", "-wal", "-shm"):
@@ -111,8 +127,10 @@ def test_a_removed_database_is_forgotten_and_never_recreated(tmp_path: Path) -> 
     assert str(path) not in own._files
 
 
-def test_the_thread_starts_once_per_process_and_checkpoints_by_itself(tmp_path: Path) -> None:
-    path, store, own = _watched(tmp_path, interval=0.01)
+def test_the_thread_starts_once_per_process_and_checkpoints_by_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, store, own = _watched(tmp_path, monkeypatch, interval=0.01)
     thread = own._thread
     assert thread is not None and thread.is_alive() and thread.daemon
     own.watch(str(path))
@@ -130,11 +148,11 @@ def test_the_thread_starts_once_per_process_and_checkpoints_by_itself(tmp_path: 
 
 
 def test_a_fork_waits_for_the_round_under_way_and_the_child_checkpoints_on_its_own(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A child forked while the thread is inside SQLite would inherit SQLite's mutexes locked
     (a replaced Celery pool process hung on its first connection): forks wait for the round."""
-    path, store, own = _watched(tmp_path)
+    path, store, own = _watched(tmp_path, monkeypatch)
     _fill(store, 20)
     order: list[str] = []
     in_round = threading.Event()
