@@ -107,3 +107,63 @@ def test_lease_sync_commit_is_a_boolean_option() -> None:
     assert TransportOptions.parse({"lease_sync_commit": "yes"}).lease_sync_commit is True
     with pytest.raises(ConfigurationError, match="lease_sync_commit"):
         TransportOptions.parse({"lease_sync_commit": "sometimes"})
+
+
+def test_publish_sync_commit_is_a_boolean_option_on_by_default() -> None:
+    assert TransportOptions.parse({}).publish_sync_commit is True
+    assert TransportOptions.parse({"publish_sync_commit": "off"}).publish_sync_commit is False
+    with pytest.raises(ConfigurationError, match="publish_sync_commit"):
+        TransportOptions.parse({"publish_sync_commit": "later"})
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("lease_sync_commit", [False, True])
+def test_publish_sync_commit_off_moves_publishes_off_the_flush_wait(
+    pg_database_url: str, lease_sync_commit: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(
+        pg_database_url,
+        table_prefix=unique_prefix(),
+        lease_sync_commit=lease_sync_commit,
+        publish_sync_commit=False,
+    )
+    assert _sync(store.fast_publish) == "off"
+    assert _sync(store.fast) == "on"  # results still wait
+    assert _sync(store.fast_leases) == ("on" if lease_sync_commit else "off")
+    ran: list[Any] = []
+    assert store.fast_publish is not None
+    real = store.fast_publish.rows
+
+    def spy(statement: Any, params: Any) -> Any:
+        ran.append(statement)
+        return real(statement, params)
+
+    monkeypatch.setattr(store.fast_publish, "rows", spy)
+    [one] = store.enqueue_many([NewMessage(queue="q", payload="{}", task_id="t1")])
+    assert ran == [store.sql.enqueue]
+    # Several rows in one transaction: that transaction's commit skips the wait, and the
+    # pooled session it ran on keeps waiting afterwards.
+    seen: list[str] = []
+    real_enqueue_on = store._enqueue_on
+
+    def enqueue_on(conn: Any, rows: Any, now: Any, **kw: Any) -> Any:
+        seen.append(str(conn.execute(SHOW).scalar()))
+        return real_enqueue_on(conn, rows, now, **kw)
+
+    monkeypatch.setattr(store, "_enqueue_on", enqueue_on)
+    two = store.enqueue_many(
+        [NewMessage(queue="q", payload="{}", task_id=f"t{i}") for i in (2, 3)]
+    )
+    assert seen == ["off"]
+    with store.engine.connect() as conn:
+        assert conn.execute(SHOW).scalar() == "on"
+    # Nothing is lost by it: all three are delivered, in order.
+    claimed = store.claim(["q"], "w", lease_ms=60_000, limit=5)
+    assert [m.id for m in claimed] == [one, *two]
+
+
+@pytest.mark.pg
+def test_publishes_wait_for_the_flush_by_default(pg_database_url: str) -> None:
+    store = Store(pg_database_url, table_prefix=unique_prefix())
+    assert store.fast_publish is store.fast
+    assert _sync(store.fast_publish) == "on"

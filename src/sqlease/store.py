@@ -258,6 +258,7 @@ class Store:
         max_payload_bytes: int = 16 * 1024 * 1024,
         sqlite_synchronous: str = "NORMAL",
         lease_sync_commit: bool = False,
+        publish_sync_commit: bool = True,
         clock: Clock | None = None,
         connect_retry_seconds: float = RETRY_SECONDS,
     ) -> None:
@@ -296,6 +297,19 @@ class Store:
             self.fast_leases = (
                 self.fast
                 if isinstance(url, Engine) or lease_sync_commit
+                else FastPath(
+                    get_engine(url, generic_plans=True, wait_for_flush=False), spares=True
+                )
+            )
+        #: PostgreSQL: where a one-row publish runs. Publishes wait for the WAL flush unless
+        #: ``publish_sync_commit`` is off; then they share the lease traffic's no-flush pool
+        #: (a pool of their own when the leases' flush is kept).
+        self.fast_publish: FastPath | None = self.fast
+        self.publish_sync_commit = publish_sync_commit
+        if self.dialect.is_postgresql and not publish_sync_commit and not isinstance(url, Engine):
+            self.fast_publish = (
+                self.fast_leases
+                if not lease_sync_commit
                 else FastPath(
                     get_engine(url, generic_plans=True, wait_for_flush=False), spares=True
                 )
@@ -451,10 +465,15 @@ class Store:
             return []
         if connection is not None:
             return self._enqueue_on(connection, rows, self._now(now), handoff=False)
-        if self.fast is not None and len(rows) == 1:  # one statement: autocommit
+        flushed = self.publish_sync_commit or not self.is_postgresql
+        if self.fast_publish is not None and len(rows) == 1 and (
+            flushed or self.fast_publish is not self.fast
+        ):  # one statement: autocommit, on the pool whose commits wait as asked
             params = dict(rows[0], now=self._now(now), channel=self.notify_channel)
-            return [int(self.fast.rows(self.sql.enqueue, params)[0]["id"])]
+            return [int(self.fast_publish.rows(self.sql.enqueue, params)[0]["id"])]
         with self._writing_hot(statements=len(rows)) as conn:
+            if not flushed:  # this transaction's commit only: the session keeps its setting
+                conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
             return self._enqueue_on(conn, rows, self._now(now))
 
     def _enqueue_on(

@@ -127,6 +127,7 @@ def store_for(
                 max_payload_bytes=options.max_payload_bytes,
                 sqlite_synchronous=options.sqlite_synchronous,
                 lease_sync_commit=options.lease_sync_commit,
+                publish_sync_commit=options.publish_sync_commit,
                 connect_retry_seconds=connect_retry_seconds,
             )
             _stores[key] = store

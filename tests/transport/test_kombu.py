@@ -1204,6 +1204,8 @@ def test_oversized_message_is_refused_at_publish(connect: Connect, db_store: Sto
         ("table_prefix", "bad prefix;"),
         ("auto_migrate", "maybe"),
         ("max_payload_bytes", 0),
+        ("publish_sync_commit", "later"),
+        ("lease_sync_commit", 2),
     ],
 )
 def test_invalid_transport_option_is_a_configuration_error(
@@ -1215,6 +1217,24 @@ def test_invalid_transport_option_is_a_configuration_error(
     conn = connect(**overrides)
     with pytest.raises(ConfigurationError, match=option):
         conn.connect()
+
+
+def test_publish_sync_commit_reaches_the_store_and_loses_nothing(
+    connect: Connect, db_url: str
+) -> None:
+    """``publish_sync_commit: False`` (PostgreSQL: publishes skip the WAL flush wait) is passed
+    to the store; what is published is delivered as always, on either database."""
+    conn = connect(publish_sync_commit=False)
+    store = conn.default_channel.store
+    assert store.publish_sync_commit is False
+    if db_url.startswith("postgresql"):
+        assert store.fast_publish is store.fast_leases
+    for n in range(3):
+        publish(conn, "q", {"n": n})
+    got = consume(conn, ["q"], 3)
+    assert [m.payload["n"] for m in got] == [0, 1, 2]
+    for message in got:
+        message.ack()
 
 
 @pytest.mark.parametrize(
