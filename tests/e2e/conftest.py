@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,13 +180,15 @@ class E2E:
         queues: str | None = None,
         events: bool = False,
         wait: bool = True,
+        args: Sequence[str] = (),
         **env: Any,
     ) -> Worker:
         """Start ``celery -A app worker``; ``env`` sets ``E2E_*`` variables, e.g.
-        ``E2E_LEASE_SECONDS=1``, ``E2E_PREFETCH_MULTIPLIER=1``."""
+        ``E2E_LEASE_SECONDS=1``, ``E2E_PREFETCH_MULTIPLIER=1``; ``args`` are more of the
+        worker's command-line options."""
         name = f"w{len(self.workers) + 1}-{uuid.uuid4().hex[:6]}"
         nodename = f"{name}@e2e"
-        args = [
+        command = [
             sys.executable,
             "-m",
             "celery",
@@ -205,13 +207,14 @@ class E2E:
             "--without-gossip",
         ]
         if queues:
-            args += ["-Q", queues]
+            command += ["-Q", queues]
         if events:
-            args.append("-E")
+            command.append("-E")
+        command += list(args)
         log_path = self.tmp / f"{name}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                args,
+                command,
                 env=self.env(**env),
                 cwd=self.tmp,
                 stdin=subprocess.DEVNULL,

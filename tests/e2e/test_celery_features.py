@@ -4,6 +4,7 @@ queues, and the queues a worker reports."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,26 @@ def test_message_properties_and_delivery_info_reach_the_task(e2e: E2E) -> None:
     assert seen["delivery_info"]["routing_key"] == "celery"
     assert seen["delivery_info"]["priority"] == 7
     assert seen["delivery_info"]["redelivered"] is False
+
+
+@pytest.mark.timeout(120)
+def test_pool_processes_replaced_by_max_tasks_per_child_keep_serving(e2e: E2E) -> None:
+    """``--max-tasks-per-child 2``: billiard forks a new pool process after every two tasks,
+    while the main process holds its database connections (on SQLite, its checkpoint thread
+    too). Every task runs once, in a fresh process whose result writes work, and nothing is
+    left behind."""
+    backend = e2e.broker
+    e2e.start_worker(concurrency=2, E2E_BACKEND=backend, args=["--max-tasks-per-child", "2"])
+    app = e2e.app(backend=backend)
+    results = [app.tasks["e2e.add"].delay(i, 1000, label=f"m{i}") for i in range(16)]
+    assert [r.get(timeout=60) for r in results] == [i + 1000 for i in range(16)]
+    rows = wait_for(
+        lambda: (r := e2e.finished(name="e2e.add")) and len(r) >= 16 and r, 30, "16 executions"
+    )
+    assert sorted(r["task_id"] for r in rows) == sorted(r.id for r in results)  # each once
+    assert {r["attempt"] for r in rows} == {1}
+    per_process = Counter(r["pid"] for r in rows)
+    assert max(per_process.values()) <= 2 and len(per_process) >= 8, per_process
+    for result in results:
+        e2e.wait_acked(result.id)
+    wait_for(lambda: e2e.store.size("celery") == 0, 10, "the queue to empty")
