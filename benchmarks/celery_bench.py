@@ -9,7 +9,8 @@ and, for result backends, the round trip ``add.delay(2, 2).get()`` p50/p99 with 
 backend on PostgreSQL beside Redis's.
 
 Completions are counted by UDP datagrams from the tasks (tests/benchmarks only).
-Usage: python benchmarks/celery_bench.py [--tasks 10000] [--only sqlease-pg,redis] [--quick]
+Usage: python benchmarks/celery_bench.py [--tasks 10000] [--rounds 3] [--only sqlease-pg,redis]
+[--quick]
 """
 
 from __future__ import annotations
@@ -228,54 +229,102 @@ def drop_tables(prefix: str) -> None:
         print(f"could not drop the benchmark's tables: {exc}", file=sys.stderr)
 
 
+#: The ratios the targets are stated in: (name, numerator, denominator, metric).
+RATIOS = [
+    ("pg_drain_vs_rabbitmq", "sqlease-pg", "rabbitmq", "drain_per_s"),
+    ("pg_drain_vs_redis", "sqlease-pg", "redis", "drain_per_s"),
+    ("pg_delay_vs_redis", "sqlease-pg", "redis", "delay_per_s"),
+    ("pg_publish_nowait_delay_vs_redis", "sqlease-pg-publish-nowait", "redis", "delay_per_s"),
+    ("sqlite_drain_vs_redis", "sqlease-sqlite", "redis", "drain_per_s"),
+    ("pg_drain_vs_kombu_sqla", "sqlease-pg", "kombu-sqla-pg", "drain_per_s"),
+    ("sqlite_drain_vs_kombu_sqla_pg", "sqlease-sqlite", "kombu-sqla-pg", "drain_per_s"),
+    ("sqlite_drain_vs_kombu_sqla_sqlite", "sqlease-sqlite", "kombu-sqla-sqlite", "drain_per_s"),
+    ("pg_get_p50_vs_redis", "sqlease-pg", "redis", "get_p50_ms"),
+]
+
+
+def ratios_of(by: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for name, a, b, key in RATIOS:
+        x, y = by.get(a, {}).get(key), by.get(b, {}).get(key)
+        out[name] = round(x / y, 2) if x and y else None
+    return out
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return round((ordered[middle - 1] + ordered[middle]) / 2, 2)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--only", default="")
     parser.add_argument("--quick", action="store_true")
+    # This machine's speed drifts by tens of percent within minutes, so one pass (brokers
+    # one after the other) can favour whichever ran in a fast minute. Rounds run every broker
+    # once each, in alternating order; each round's ratios compare neighbours in time, and
+    # the reported ratio is their median.
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     tasks = 300 if args.quick else args.tasks
     tmp = Path(tempfile.mkdtemp(prefix="sqlease-bench-"))
-    prefix = f"bench{os.getpid()}_"
     counter = Counter()
-    chosen = [b for b in brokers(tmp, prefix)
-              if not args.only or b.name in args.only.split(",")]
-    results = []
-    try:
-        for broker in chosen:
-            try:
-                result = run_broker(broker, tasks, counter, tmp, prefix, args.quick)
-            except Exception as exc:  # a missing baseline must not hide the others
-                result = {"broker": broker.name, "error": f"{type(exc).__name__}: {exc}"}
-            results.append(result)
-            print(json.dumps(result), flush=True)
-    finally:
-        drop_tables(prefix)
-    by = {r["broker"]: r for r in results}
+    rounds: list[list[dict[str, Any]]] = []
+    for number in range(1, args.rounds + 1):
+        # Fresh tables and a fresh SQLite file per round: a round does not inherit the
+        # previous rounds' rows.
+        prefix = f"bench{os.getpid()}r{number}_"
+        where = tmp / f"round{number}"
+        where.mkdir()
+        chosen = [b for b in brokers(where, prefix)
+                  if not args.only or b.name in args.only.split(",")]
+        if number % 2 == 0:
+            chosen.reverse()
+        results = []
+        try:
+            for broker in chosen:
+                try:
+                    result = run_broker(broker, tasks, counter, where, prefix, args.quick)
+                except Exception as exc:  # a missing baseline must not hide the others
+                    result = {"broker": broker.name, "error": f"{type(exc).__name__}: {exc}"}
+                result["round"] = number
+                results.append(result)
+                print(json.dumps(result), flush=True)
+        finally:
+            drop_tables(prefix)
+        rounds.append(results)
+    per_round = [ratios_of({r["broker"]: r for r in results}) for results in rounds]
     ratios: dict[str, Any] = {}
-
-    def ratio(a: str, b: str, key: str) -> float | None:
-        x, y = by.get(a, {}).get(key), by.get(b, {}).get(key)
-        return round(x / y, 2) if x and y else None
-
-    ratios["pg_drain_vs_rabbitmq"] = ratio("sqlease-pg", "rabbitmq", "drain_per_s")
-    ratios["pg_drain_vs_redis"] = ratio("sqlease-pg", "redis", "drain_per_s")
-    ratios["pg_delay_vs_redis"] = ratio("sqlease-pg", "redis", "delay_per_s")
-    ratios["pg_publish_nowait_delay_vs_redis"] = ratio("sqlease-pg-publish-nowait", "redis",
-                                                       "delay_per_s")
-    ratios["sqlite_drain_vs_redis"] = ratio("sqlease-sqlite", "redis", "drain_per_s")
-    ratios["pg_drain_vs_kombu_sqla"] = ratio("sqlease-pg", "kombu-sqla-pg", "drain_per_s")
-    ratios["sqlite_drain_vs_kombu_sqla_pg"] = ratio("sqlease-sqlite", "kombu-sqla-pg",
-                                                    "drain_per_s")
-    ratios["sqlite_drain_vs_kombu_sqla_sqlite"] = ratio("sqlease-sqlite", "kombu-sqla-sqlite",
-                                                        "drain_per_s")
-    ratios["pg_get_p50_vs_redis"] = ratio("sqlease-pg", "redis", "get_p50_ms")
-    print(json.dumps({"ratios": ratios}), flush=True)
+    for name, *_ in RATIOS:
+        values = [r[name] for r in per_round if r[name] is not None]
+        ratios[name] = median(values) if values else None
+    # Per broker, the median of each measurement over the rounds.
+    summary: list[dict[str, Any]] = []
+    names = list(dict.fromkeys(r["broker"] for results in rounds for r in results))
+    for name in names:
+        runs = [r for results in rounds for r in results if r["broker"] == name]
+        row: dict[str, Any] = {"broker": name}
+        for key in ("delay_per_s", "drain_per_s", "start_p50_ms", "start_p99_ms",
+                    "get_p50_ms", "get_p99_ms"):
+            values = [r[key] for r in runs if r.get(key) is not None]
+            if values:
+                row[key] = median(values)
+        summary.append(row)
+    if args.rounds > 1:
+        for row in summary:
+            print(json.dumps({"median": row}), flush=True)
+    print(json.dumps({"ratios": ratios, "per_round": per_round}), flush=True)
     stamp = time.strftime("%Y-%m-%d")
     path = HERE / "results" / f"celery-{stamp}{'-quick' if args.quick else ''}.json"
     path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps({"tasks": tasks, "results": results, "ratios": ratios},
-                               indent=2))
+    path.write_text(json.dumps(
+        {"tasks": tasks, "rounds": args.rounds, "results": summary, "ratios": ratios,
+         "ratios_per_round": per_round, "runs": [r for results in rounds for r in results]},
+        indent=2))
     print(f"written {path}")
     return 0
 
