@@ -205,17 +205,19 @@ def run_broker(broker: Broker, tasks: int, counter: Counter, tmp: Path, prefix: 
     return out
 
 
-def drop_tables(prefix: str) -> None:
-    """Drop this run's sqlease tables (``prefix``) and Kombu SQLAlchemy's from the benchmark
-    database: left behind, a few runs' events and bloat made later runs measurably slower (the
-    checkpoints' I/O)."""
+def drop_tables(prefix: str, *, kombu: bool = True) -> None:
+    """Drop this run's sqlease tables (``prefix``) and, with ``kombu``, Kombu SQLAlchemy's from
+    the benchmark database: left behind, a few runs' events and bloat made later runs
+    measurably slower (the checkpoints' I/O). Kombu creates its tables once per process (its
+    engine cache), so they are dropped only when the whole run ends."""
     import psycopg
 
     like = prefix.replace("_", r"\_") + "%"
     kinds = [
         # (what to drop, how to list them: a query whose %s is the prefix's LIKE pattern)
         ("TABLE", "SELECT format('%%I', tablename) FROM pg_tables WHERE schemaname = "
-         "current_schema() AND (tablename LIKE %s OR tablename LIKE 'kombu_%%')", " CASCADE"),
+         "current_schema() AND (tablename LIKE %s"
+         + (" OR tablename LIKE 'kombu_%%')" if kombu else ")"), " CASCADE"),
         ("SEQUENCE", "SELECT format('%%I', sequencename) FROM pg_sequences WHERE schemaname = "
          "current_schema() AND sequencename LIKE %s", ""),
     ]
@@ -259,6 +261,33 @@ def median(values: list[float]) -> float:
     return round((ordered[middle - 1] + ordered[middle]) / 2, 2)
 
 
+def run_round(number: int, args: argparse.Namespace, tasks: int, tmp: Path,
+              counter: Counter, rounds: list[list[dict[str, Any]]]) -> None:
+    """Every chosen broker once; the results are appended to ``rounds``."""
+    # Fresh tables and a fresh SQLite file per round: a round does not inherit the
+    # previous rounds' rows.
+    prefix = f"bench{os.getpid()}r{number}_"
+    where = tmp / f"round{number}"
+    where.mkdir()
+    chosen = [b for b in brokers(where, prefix)
+              if not args.only or b.name in args.only.split(",")]
+    if number % 2 == 0:
+        chosen.reverse()
+    results = []
+    try:
+        for broker in chosen:
+            try:
+                result = run_broker(broker, tasks, counter, where, prefix, args.quick)
+            except Exception as exc:  # a missing baseline must not hide the others
+                result = {"broker": broker.name, "error": f"{type(exc).__name__}: {exc}"}
+            result["round"] = number
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    finally:
+        drop_tables(prefix, kombu=False)
+    rounds.append(results)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=10_000)
@@ -274,29 +303,11 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="sqlease-bench-"))
     counter = Counter()
     rounds: list[list[dict[str, Any]]] = []
-    for number in range(1, args.rounds + 1):
-        # Fresh tables and a fresh SQLite file per round: a round does not inherit the
-        # previous rounds' rows.
-        prefix = f"bench{os.getpid()}r{number}_"
-        where = tmp / f"round{number}"
-        where.mkdir()
-        chosen = [b for b in brokers(where, prefix)
-                  if not args.only or b.name in args.only.split(",")]
-        if number % 2 == 0:
-            chosen.reverse()
-        results = []
-        try:
-            for broker in chosen:
-                try:
-                    result = run_broker(broker, tasks, counter, where, prefix, args.quick)
-                except Exception as exc:  # a missing baseline must not hide the others
-                    result = {"broker": broker.name, "error": f"{type(exc).__name__}: {exc}"}
-                result["round"] = number
-                results.append(result)
-                print(json.dumps(result), flush=True)
-        finally:
-            drop_tables(prefix)
-        rounds.append(results)
+    try:
+        for number in range(1, args.rounds + 1):
+            run_round(number, args, tasks, tmp, counter, rounds)
+    finally:
+        drop_tables(f"bench{os.getpid()}r", kombu=True)  # every round's, and Kombu's
     per_round = [ratios_of({r["broker"]: r for r in results}) for results in rounds]
     ratios: dict[str, Any] = {}
     for name, *_ in RATIOS:
