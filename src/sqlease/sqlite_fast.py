@@ -30,6 +30,7 @@ from sqlalchemy.sql.elements import ClauseElement
 
 from . import spares as spares_module
 from .engine import refusal
+from .fork_guard import sqlite_section
 from .spares import spares_of
 
 #: Compiles statements with ``:name`` placeholders, which sqlite3 binds from a dict itself.
@@ -138,6 +139,12 @@ class SqliteFast:
     def begin(self) -> Iterator[Transaction]:
         """``BEGIN IMMEDIATE`` (the write lock up front, as the engine's transactions take
         it), the block's statements, then COMMIT; ROLLBACK if the block raises."""
+        # A fork waits for it (sqlease.fork_guard).
+        with sqlite_section(), self._transaction() as transaction:
+            yield transaction
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Transaction]:
         fairy = self._take()
         raw: sqlite3.Connection = fairy.driver_connection
         try:

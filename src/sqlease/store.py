@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Generic, TypeVar, cast
@@ -28,6 +28,7 @@ from ._sql import Statements, dialect_for
 from .engine import get_engine
 from .errors import ConfigurationError, PayloadTooLarge
 from .fastpath import FastPath
+from .fork_guard import sqlite_section
 from .resilience import RETRY_SECONDS, retry_transient, retrying
 from .schema import Tables, build_tables, ensure_schema
 from .sqlite_fast import SqliteFast
@@ -361,8 +362,12 @@ class Store:
                 conn = conn.execution_options(isolation_level="AUTOCOMMIT")
                 yield conn
             return
-        with self.engine.begin() as conn:
+        with self._sqlite_section(), self.engine.begin() as conn:
             yield conn
+
+    def _sqlite_section(self) -> AbstractContextManager[None]:
+        """On SQLite, a block a fork waits for (sqlease.fork_guard); elsewhere nothing."""
+        return nullcontext() if self.is_postgresql else sqlite_section()
 
     @contextmanager
     def _writing_hot(self, statements: int = 2) -> Iterator[Connection]:
@@ -379,7 +384,7 @@ class Store:
     @contextmanager
     def _reading(self) -> Iterator[Connection]:
         """A read-only transaction (on SQLite a deferred one: no write lock)."""
-        with self.engine.connect() as conn:
+        with self._sqlite_section(), self.engine.connect() as conn:
             conn.execution_options(sqlease_read_only=True)
             try:
                 yield conn
