@@ -817,7 +817,11 @@ def test_a_drained_queue_is_not_claimed_from_again_until_something_can_be_ready(
 def test_eta_message_is_delivered_when_due_and_not_before(
     conn: Connection, db_store: Store
 ) -> None:
-    eta = datetime.now(UTC) + timedelta(seconds=1.5)
+    # The connection's first use (the store, the schema check) happens before the clock
+    # starts, and the eta leaves room for a stalled machine: everything up to the early
+    # consume below must happen before it (a CI run once took over 1.5 s for the two publishes).
+    conn.default_channel.queue_declare("q")
+    eta = datetime.now(UTC) + timedelta(seconds=3)
     publish(conn, "q", {"n": "later"}, headers={"eta": eta.isoformat()})
     publish(conn, "q", {"n": "now"})
     assert ready(conn, "q") == 1  # the scheduled one does not count until due
@@ -828,7 +832,7 @@ def test_eta_message_is_delivered_when_due_and_not_before(
     early[0].ack()
     assert ready(conn, "q") == 0
 
-    late = consume(conn, ["q"], 1, prefetch=10, timeout=5.0)
+    late = consume(conn, ["q"], 1, prefetch=10, timeout=8.0)
     arrived = time.time()
     assert bodies(late) == [{"n": "later"}]
     assert arrived >= eta.timestamp() - 0.05, "delivered before its eta"
