@@ -167,3 +167,4 @@ def test_publishes_wait_for_the_flush_by_default(pg_database_url: str) -> None:
     store = Store(pg_database_url, table_prefix=unique_prefix())
     assert store.fast_publish is store.fast
     assert _sync(store.fast_publish) == "on"
+

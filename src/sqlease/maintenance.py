@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from contextlib import nullcontext
 from typing import Any
 
 from sqlalchemy import and_, any_, delete, exists, false, func, not_, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from .fork_guard import sqlite_section
 from .results_store import ResultStore
 from .store import Store
 
@@ -204,8 +202,7 @@ class MaintenanceThread:
     def run_once(self) -> dict[str, Any] | None:
         # On SQLite the whole pass is one section a fork waits for (sqlease.fork_guard): its
         # statements run on this thread while the worker may fork a new pool process.
-        section = nullcontext() if self.store.is_postgresql else sqlite_section()
-        with section:
+        with self.store.fork_section():
             return self._run_once()
 
     def _run_once(self) -> dict[str, Any] | None:

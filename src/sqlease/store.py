@@ -286,6 +286,12 @@ class Store:
         #: The same for the lease traffic (claims and acks), whose commits need not wait for
         #: the WAL flush unless ``lease_sync_commit`` (see engine.postgresql_connect_args).
         self.fast_leases: FastPath | None = None
+        #: PostgreSQL: where a one-row publish runs in autocommit. It waits for the WAL flush
+        #: unless ``publish_sync_commit`` is off; then it runs on the no-flush pool. None: in
+        #: a transaction (SQLite; or an engine passed in, whose transaction then skips the
+        #: flush by ``SET LOCAL``).
+        self.fast_publish: FastPath | None = None
+        self.publish_sync_commit = publish_sync_commit
         if self.dialect.is_postgresql:
             # sqlease's own engines keep a few connections between calls (FastPath spares);
             # an engine passed in is left to its own pool.
@@ -295,26 +301,14 @@ class Store:
                 spares=ours,
             )
             self.fast_planned = FastPath(self.engine, spares=ours)
-            self.fast_leases = (
-                self.fast
-                if isinstance(url, Engine) or lease_sync_commit
-                else FastPath(
-                    get_engine(url, generic_plans=True, wait_for_flush=False), spares=True
-                )
+            # The pool whose commits do not wait for the flush, if anything uses it.
+            no_flush = (
+                FastPath(get_engine(url, generic_plans=True, wait_for_flush=False), spares=True)
+                if not isinstance(url, Engine) and not (lease_sync_commit and publish_sync_commit)
+                else None
             )
-        #: PostgreSQL: where a one-row publish runs. Publishes wait for the WAL flush unless
-        #: ``publish_sync_commit`` is off; then they share the lease traffic's no-flush pool
-        #: (a pool of their own when the leases' flush is kept).
-        self.fast_publish: FastPath | None = self.fast
-        self.publish_sync_commit = publish_sync_commit
-        if self.dialect.is_postgresql and not publish_sync_commit and not isinstance(url, Engine):
-            self.fast_publish = (
-                self.fast_leases
-                if not lease_sync_commit
-                else FastPath(
-                    get_engine(url, generic_plans=True, wait_for_flush=False), spares=True
-                )
-            )
+            self.fast_leases = self.fast if no_flush is None or lease_sync_commit else no_flush
+            self.fast_publish = self.fast if publish_sync_commit else no_flush
         #: SQLite: the per-task write transactions straight through sqlite3 (sqlite_fast), on
         #: sqlease's own engines (an engine passed in is used through SQLAlchemy).
         self.fast_sqlite: SqliteFast | None = (
@@ -362,10 +356,10 @@ class Store:
                 conn = conn.execution_options(isolation_level="AUTOCOMMIT")
                 yield conn
             return
-        with self._sqlite_section(), self.engine.begin() as conn:
+        with self.fork_section(), self.engine.begin() as conn:
             yield conn
 
-    def _sqlite_section(self) -> AbstractContextManager[None]:
+    def fork_section(self) -> AbstractContextManager[None]:
         """On SQLite, a block a fork waits for (sqlease.fork_guard); elsewhere nothing."""
         return nullcontext() if self.is_postgresql else sqlite_section()
 
@@ -384,7 +378,7 @@ class Store:
     @contextmanager
     def _reading(self) -> Iterator[Connection]:
         """A read-only transaction (on SQLite a deferred one: no write lock)."""
-        with self._sqlite_section(), self.engine.connect() as conn:
+        with self.fork_section(), self.engine.connect() as conn:
             conn.execution_options(sqlease_read_only=True)
             try:
                 yield conn
@@ -470,14 +464,12 @@ class Store:
             return []
         if connection is not None:
             return self._enqueue_on(connection, rows, self._now(now), handoff=False)
-        flushed = self.publish_sync_commit or not self.is_postgresql
-        if self.fast_publish is not None and len(rows) == 1 and (
-            flushed or self.fast_publish is not self.fast
-        ):  # one statement: autocommit, on the pool whose commits wait as asked
+        if self.fast_publish is not None and len(rows) == 1:  # one statement: autocommit
             params = dict(rows[0], now=self._now(now), channel=self.notify_channel)
             return [int(self.fast_publish.rows(self.sql.enqueue, params)[0]["id"])]
         with self._writing_hot(statements=len(rows)) as conn:
-            if not flushed:  # this transaction's commit only: the session keeps its setting
+            if self.is_postgresql and not self.publish_sync_commit:
+                # This transaction's commit only: the pooled session keeps its setting.
                 conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
             return self._enqueue_on(conn, rows, self._now(now))
 
