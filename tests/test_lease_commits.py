@@ -15,6 +15,7 @@ from sqlease.engine import (
     GENERIC_PLANS_OPTION,
     NO_FLUSH_WAIT_OPTION,
     SESSION_OPTIONS,
+    get_engine,
     postgresql_connect_args,
 )
 from sqlease.errors import ConfigurationError
@@ -168,3 +169,25 @@ def test_publishes_wait_for_the_flush_by_default(pg_database_url: str) -> None:
     assert store.fast_publish is store.fast
     assert _sync(store.fast_publish) == "on"
 
+
+@pytest.mark.pg
+def test_an_engine_passed_in_skips_the_flush_for_its_publishes_transaction(
+    pg_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = get_engine(pg_database_url)
+    store = Store(engine, table_prefix=unique_prefix(), publish_sync_commit=False)
+    assert store.fast_publish is None  # the app's engine has no no-flush pool of sqlease's
+    seen: list[str] = []
+    real_enqueue_on = store._enqueue_on
+
+    def enqueue_on(conn: Any, rows: Any, now: Any, **kw: Any) -> Any:
+        seen.append(str(conn.execute(SHOW).scalar()))
+        return real_enqueue_on(conn, rows, now, **kw)
+
+    monkeypatch.setattr(store, "_enqueue_on", enqueue_on)
+    [one] = store.enqueue_many([NewMessage(queue="q", payload="{}", task_id="t1")])
+    assert seen == ["off"]
+    with engine.connect() as conn:
+        assert conn.execute(SHOW).scalar() == "on"
+    [claimed] = store.claim(["q"], "w", lease_ms=60_000, limit=1)
+    assert claimed.id == one

@@ -467,8 +467,10 @@ class Store:
         if self.fast_publish is not None and len(rows) == 1:  # one statement: autocommit
             params = dict(rows[0], now=self._now(now), channel=self.notify_channel)
             return [int(self.fast_publish.rows(self.sql.enqueue, params)[0]["id"])]
-        with self._writing_hot(statements=len(rows)) as conn:
-            if self.is_postgresql and not self.publish_sync_commit:
+        no_flush = self.is_postgresql and not self.publish_sync_commit
+        # SET LOCAL needs a transaction: a single row too must not run in autocommit.
+        with self._writing_hot(statements=max(len(rows), 2 if no_flush else 1)) as conn:
+            if no_flush:
                 # This transaction's commit only: the pooled session keeps its setting.
                 conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
             return self._enqueue_on(conn, rows, self._now(now))
