@@ -34,6 +34,19 @@ def _sync(fast: FastPath | None) -> str:
     return str(row["sync"])
 
 
+def _commit_levels_of_publishes(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ``synchronous_commit`` each transactional publish runs under, as it runs."""
+    seen: list[str] = []
+    real_enqueue_on = store._enqueue_on
+
+    def enqueue_on(conn: Any, rows: Any, now: Any, **kw: Any) -> Any:
+        seen.append(str(conn.execute(SHOW).scalar()))
+        return real_enqueue_on(conn, rows, now, **kw)
+
+    monkeypatch.setattr(store, "_enqueue_on", enqueue_on)
+    return seen
+
+
 def test_the_lease_engine_turns_the_flush_wait_off_and_the_urls_options_still_win() -> None:
     url = make_url("postgresql+psycopg://u@h/db")
     leases = postgresql_connect_args(url, generic_plans=True, wait_for_flush=False)
@@ -144,14 +157,7 @@ def test_publish_sync_commit_off_moves_publishes_off_the_flush_wait(
     assert ran == [store.sql.enqueue]
     # Several rows in one transaction: that transaction's commit skips the wait, and the
     # pooled session it ran on keeps waiting afterwards.
-    seen: list[str] = []
-    real_enqueue_on = store._enqueue_on
-
-    def enqueue_on(conn: Any, rows: Any, now: Any, **kw: Any) -> Any:
-        seen.append(str(conn.execute(SHOW).scalar()))
-        return real_enqueue_on(conn, rows, now, **kw)
-
-    monkeypatch.setattr(store, "_enqueue_on", enqueue_on)
+    seen = _commit_levels_of_publishes(store, monkeypatch)
     two = store.enqueue_many(
         [NewMessage(queue="q", payload="{}", task_id=f"t{i}") for i in (2, 3)]
     )
@@ -177,14 +183,7 @@ def test_an_engine_passed_in_skips_the_flush_for_its_publishes_transaction(
     engine = get_engine(pg_database_url)
     store = Store(engine, table_prefix=unique_prefix(), publish_sync_commit=False)
     assert store.fast_publish is None  # the app's engine has no no-flush pool of sqlease's
-    seen: list[str] = []
-    real_enqueue_on = store._enqueue_on
-
-    def enqueue_on(conn: Any, rows: Any, now: Any, **kw: Any) -> Any:
-        seen.append(str(conn.execute(SHOW).scalar()))
-        return real_enqueue_on(conn, rows, now, **kw)
-
-    monkeypatch.setattr(store, "_enqueue_on", enqueue_on)
+    seen = _commit_levels_of_publishes(store, monkeypatch)
     [one] = store.enqueue_many([NewMessage(queue="q", payload="{}", task_id="t1")])
     assert seen == ["off"]
     with engine.connect() as conn:
