@@ -396,11 +396,27 @@ class Admin:
         return len(changed)
 
     def cancel(
-        self, task_id: str | None = None, *, run_id: str | None = None, reason: str = "cancelled"
+        self,
+        task_id: str | None = None,
+        *,
+        run_id: str | None = None,
+        reason: str = "cancelled",
+        leave_held: bool = False,
     ) -> int:
         """Cancel for good: the task will not run (again); a running one loses its lease.
-        Its Celery result becomes REVOKED."""
+        Its Celery result becomes REVOKED.
+
+        ``leave_held``: a message under a live lease (running or prefetched) is left to its
+        worker, and a task that has only such a message is not an error (0 is returned).
+        Celery's revoke uses it (``sqlease.revokes``)."""
         m = self.t.messages
+        where = and_(self._targets(task_id, run_id), m.c.state.in_(("ready", "parked")))
+        if leave_held:
+            now = self._now()
+            where = and_(
+                where,
+                or_(m.c.lease_expires_at_ms.is_(None), m.c.lease_expires_at_ms <= now),
+            )
 
         def revoke(conn: Connection, message: Message) -> None:
             if message.task_id is None:
@@ -428,7 +444,7 @@ class Admin:
             self.results.notify(conn, key)  # a client waiting in get() learns at once
 
         changed = self._change(
-            and_(self._targets(task_id, run_id), m.c.state.in_(("ready", "parked"))),
+            where,
             {
                 "state": "dead",
                 "reason": "cancelled",
@@ -440,7 +456,7 @@ class Admin:
             {"reason": reason},
             extra=revoke,
         )
-        if task_id is not None and not changed:
+        if task_id is not None and not changed and not leave_held:
             self._explain(task_id, "cancel", "it has already finished or was cancelled")
         return len(changed)
 

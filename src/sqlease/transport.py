@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -368,6 +369,8 @@ class Channel(virtual.Channel):
             return None
         properties["delivery_tag"] = f"{message.id}.{message.attempt}"
         delivery_info["redelivered"] = message.attempt > 1
+        if leased and message.attempt > 1 and message.task_id is not None:
+            self.connection.forward_revoke(message.task_id)
         if leased:
             delivery_info.update(
                 {
@@ -900,41 +903,28 @@ class Transport(virtual.Transport):
         )
 
     def durable_revoke(self, message: dict[str, Any]) -> None:
-        """``app.control.revoke()`` / ``AsyncResult.revoke()`` broadcast through the pidbox:
-        besides telling the workers, cancel the tasks in the database, so the revoke survives
-        worker restarts and reaches tasks no worker has seen yet."""
-        import base64
-
-        from kombu.serialization import loads
-
-        try:
-            properties = message.get("properties") or {}
-            body = message.get("body")
-            if properties.get("body_encoding") == "base64" and isinstance(body, str | bytes):
-                body = base64.b64decode(body)
-            command = loads(
-                body,
-                message.get("content-type"),
-                message.get("content-encoding"),
-                accept={"application/json"},
-            )
-        except Exception:
-            return  # not a JSON control message: nothing durable to do
-        if not isinstance(command, dict) or command.get("method") != "revoke":
-            return
-        arguments = command.get("arguments") or {}
-        task_ids = arguments.get("task_id")
-        if isinstance(task_ids, str):
-            task_ids = [task_ids]
+        """A pidbox broadcast being published: if it is a revoke (by ids or by stamped
+        headers), also write it to the database (``sqlease.revokes``), so it survives worker
+        restarts and reaches tasks no worker has received yet."""
+        from . import revokes
         from .admin import Admin
-        from .errors import SqleaseError
 
-        admin = Admin(self.url, store=self.store)
-        for task_id in task_ids or []:
-            try:
-                admin.cancel(str(task_id), reason="revoked")
-            except SqleaseError:
-                pass  # already finished or unknown: the broadcast still reaches the workers
+        revoke = revokes.parse(message)
+        if revoke is not None:
+            revokes.apply(self.store, Admin(self.url, store=self.store), revoke)
+
+    def forward_revoke(self, task_id: str) -> None:
+        """A task delivered again (its earlier worker died or gave it back): if a revoke
+        reached it while that worker held it, put it in this worker's revoked list, so Celery
+        discards it (REVOKED result, ack, ``task-revoked`` event) instead of running it."""
+        worker_state = sys.modules.get("celery.worker.state")
+        if worker_state is None:
+            return  # not a Celery worker: no revoked list to tell
+        from . import revokes
+
+        if revokes.requested(self.store, task_id):
+            logger.info("sqlease: task %s was revoked while another worker held it", task_id)
+            worker_state.revoked.add(task_id)
 
     def record_exhausted(self, messages: list[Message]) -> None:
         """Exhausted tasks get a FAILURE result (AttemptsExhausted), so that clients waiting
