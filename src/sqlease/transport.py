@@ -156,6 +156,65 @@ def _eta_delay_ms(headers: dict[str, Any]) -> int:
     return max(0, int((when.timestamp() - time.time()) * 1000))
 
 
+#: The message properties AMQP defines (RabbitMQ sends these and drops any other key a
+#: ``publish(**properties)`` carried) and those Kombu's virtual transports add.
+_KNOWN_PROPERTIES = frozenset(
+    {
+        "content_type",
+        "content_encoding",
+        "application_headers",
+        "delivery_mode",
+        "priority",
+        "correlation_id",
+        "reply_to",
+        "expiration",
+        "message_id",
+        "timestamp",
+        "type",
+        "user_id",
+        "app_id",
+        "cluster_id",
+        "delivery_info",
+        "delivery_tag",
+        "body_encoding",
+    }
+)
+
+
+def _without_foreign_properties(queue: str, message: dict[str, Any], error: Exception) -> str:
+    """The JSON of a message that did not serialize, without the properties that are not
+    AMQP's and cannot be stored (e.g. a ``before_task_publish`` handler that passes its
+    ``**kwargs``, the signal object among them, on to ``producer.publish``): RabbitMQ drops
+    those keys too. Anything else that cannot be stored is the publisher's error."""
+    properties = message.get("properties") or {}
+    foreign = [k for k in properties if k not in _KNOWN_PROPERTIES and not _storable(properties[k])]
+    if foreign:
+        kept = {k: v for k, v in properties.items() if k not in foreign}
+        try:
+            payload = json.dumps({**message, "properties": kept})
+        except (TypeError, ValueError) as exc:
+            error = exc
+        else:
+            logger.warning(
+                "sqlease: message for queue %r: dropped message properties %s, which are not "
+                "AMQP properties and cannot be stored as JSON (RabbitMQ drops them too)",
+                queue,
+                ", ".join(repr(k) for k in foreign),
+            )
+            return payload
+    raise ConfigurationError(
+        f"message for queue {queue!r} cannot be stored as JSON: {error}"
+    ) from error
+
+
+def _storable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 class Channel(virtual.Channel):
     """A virtual channel whose deliveries are SQL leases."""
 
@@ -888,9 +947,7 @@ class Transport(virtual.Transport):
         try:
             payload = json.dumps(message)
         except (TypeError, ValueError) as exc:
-            raise ConfigurationError(
-                f"message for queue {queue!r} cannot be stored as JSON: {exc}"
-            ) from exc
+            payload = _without_foreign_properties(queue, message, exc)
         return NewMessage(
             queue=queue,
             payload=payload,

@@ -1196,6 +1196,32 @@ def test_oversized_message_is_refused_at_publish(connect: Connect, db_store: Sto
     message.ack()
 
 
+def test_properties_amqp_would_drop_are_dropped_when_they_cannot_be_stored(
+    conn: Connection, db_store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``before_task_publish`` handler that passes its ``**kwargs`` on to
+    ``producer.publish`` (Celery's test_chord_header_id_duplicated_on_rabbitmq_msg_duplication)
+    sends the signal object as a message property. RabbitMQ drops keys that are not AMQP
+    properties; so does sqlease when such a key cannot be stored. Everything else that cannot
+    be stored is refused with the reason."""
+    unstorable = object()
+    with caplog.at_level(logging.WARNING, logger="sqlease.transport"):
+        publish(conn, "q", {"n": 1}, signal=unstorable, sender="kept", correlation_id="c1")
+    assert "dropped message properties 'signal'" in caplog.text
+    [message] = consume(conn, ["q"], 1)
+    assert message.payload == {"n": 1}
+    assert message.properties["sender"] == "kept"  # storable: kept, as Kombu's other transports do
+    assert message.properties["correlation_id"] == "c1"
+    assert "signal" not in message.properties
+    message.ack()
+
+    with pytest.raises(ConfigurationError, match="cannot be stored as JSON"):
+        publish(conn, "q", {"n": 2}, correlation_id=unstorable)  # an AMQP property
+    with pytest.raises(ConfigurationError, match="cannot be stored as JSON"):
+        publish(conn, "q", {"n": 3}, headers={"h": unstorable}, signal=unstorable)
+    assert rows(db_store, "q") == 0
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [
