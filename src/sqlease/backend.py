@@ -183,6 +183,17 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
         if fence is not None and getattr(request, _REFUSED, False):
             return None  # its result was refused: it must not count towards the chord
         chord = getattr(request, "chord", None)
+        if self._counted_before(request):
+            # A duplicate of a part already counted (the same task delivered twice, e.g. a
+            # publish repeated by the app): Celery's base would restore the group first, which
+            # is deleted once the chord fired, and fail the chord's body with "GroupResult …
+            # no longer exists". The count it would add is refused anyway (``incr``).
+            logger.info(
+                "sqlease: chord part %s of group %s was counted already; not counted again",
+                request.id,
+                request.group,
+            )
+            return None
         size = self._chord_size(request)
         if size is not None and isinstance(chord, dict):
             request.chord = dict(chord, chord_size=size)  # Celery's base reads it from here
@@ -198,6 +209,16 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
             _writing_under.reset(token)
             if size is not None:
                 request.chord = chord
+
+    def _counted_before(self, request: Any) -> bool:
+        """Was this chord part counted already, with nothing more to do for it? (A part
+        whose count may have been the chord's last, with the callback never sent, is not:
+        its redelivery must go on and send the callback.)"""
+        group, part = getattr(request, "group", None), getattr(request, "id", None)
+        if not group or not part or not getattr(request, "chord", None):
+            return False
+        pair = (self._key(self.get_key_for_chord(group)), str(part))
+        return pair in self.results.parts_settled([pair])
 
     def set_chord_size(self, group_id: Any, chord_size: int) -> None:
         """Celery calls this while publishing a chord's header, with the number of parts that

@@ -352,6 +352,32 @@ def test_a_chord_callback_fires_once_when_a_part_reports_twice(
     assert published == [[1, 1]]
 
 
+def test_a_part_delivered_again_after_its_chord_fired_leaves_the_body_alone(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Celery's test_chord_header_id_duplicated_on_rabbitmq_msg_duplication: a part's message
+    # published twice reports after the chord fired, when Celery has deleted the group.
+    # Celery's base restores the group before counting and failed the body with
+    # "GroupResult … no longer exists".
+    backend = backend_of(app)
+    header = GroupResult("late-g", [AsyncResult("late-a", app=app), AsyncResult("late-b", app=app)])
+    header.save()
+    published: list[Any] = []
+    monkeypatch.setattr(app.amqp, "_retry_publish", lambda send, ret: published.append(ret))
+    body = app.signature("t.add", args=(1,))
+    body_id = body.freeze().id
+    for task_id in ("late-a", "late-b"):
+        backend.store_result(task_id, 1, states.SUCCESS)
+        request = SimpleNamespace(id=task_id, group="late-g", chord=dict(body), task="t.add")
+        backend.on_chord_part_return(request, states.SUCCESS, 1)
+    assert published == [[1, 1]]
+    assert GroupResult.restore("late-g", app=app) is None  # Celery deleted it on firing
+    late = SimpleNamespace(id="late-a", group="late-g", chord=dict(body), task="t.add")
+    backend.on_chord_part_return(late, states.SUCCESS, 1)
+    assert app.AsyncResult(body_id).state == states.PENDING  # not FAILURE (ChordError)
+    assert published == [[1, 1]]
+
+
 def test_chord_with_a_nested_group_waits_for_every_part(
     app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
