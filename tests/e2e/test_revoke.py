@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,16 +22,23 @@ def leased(e2e: E2E, task_id: str) -> bool:
     return e2e.admin.task(task_id).state == "running"
 
 
-def test_a_running_task_revoked_without_terminate_finishes_and_a_prefetched_one_is_discarded(
-    e2e: E2E,
-) -> None:
-    app = e2e.app(backend=e2e.broker)
-    e2e.start_worker(concurrency=1, E2E_BACKEND=e2e.broker)
+def running_and_prefetched(e2e: E2E, app: Any) -> tuple[Path, Any, Any]:
+    """A blocking task running on the (one-process) worker, and a second task its worker
+    holds prefetched behind it; the blocking one ends when the returned file exists."""
     flag = e2e.tmp / "go"
     running = app.tasks["e2e.block"].delay(str(flag))
     wait_for(lambda: e2e.executions(task_id=running.id), 30, "the blocking task to start")
     prefetched = app.tasks["e2e.add"].delay(1, 2)
     wait_for(lambda: leased(e2e, prefetched.id), 30, "the worker to prefetch the second task")
+    return flag, running, prefetched
+
+
+def test_a_running_task_revoked_without_terminate_finishes_and_a_prefetched_one_is_discarded(
+    e2e: E2E,
+) -> None:
+    app = e2e.app(backend=e2e.broker)
+    e2e.start_worker(concurrency=1, E2E_BACKEND=e2e.broker)
+    flag, running, prefetched = running_and_prefetched(e2e, app)
 
     running.revoke()
     prefetched.revoke()
@@ -48,11 +57,7 @@ def test_a_running_task_revoked_without_terminate_finishes_and_a_prefetched_one_
 def test_a_revoke_outlives_the_worker_that_held_the_task(e2e: E2E) -> None:
     app = e2e.app(backend=e2e.broker, lease_seconds=2)
     first = e2e.start_worker(concurrency=1, E2E_BACKEND=e2e.broker, E2E_LEASE_SECONDS=2)
-    flag = e2e.tmp / "go"
-    occupant = app.tasks["e2e.block"].delay(str(flag))
-    wait_for(lambda: e2e.executions(task_id=occupant.id), 30, "the blocking task to start")
-    revoked = app.tasks["e2e.add"].delay(1, 2)
-    wait_for(lambda: leased(e2e, revoked.id), 30, "the worker to prefetch the second task")
+    flag, occupant, revoked = running_and_prefetched(e2e, app)
     revoked.revoke()
     os.killpg(first.pid, signal.SIGKILL)  # before it could act on the revoke
     first.proc.wait(10)
