@@ -335,14 +335,20 @@ def test_which_redelivered_chord_parts_need_nothing_more(app: Celery) -> None:
     assert results.parts_settled([("chord-unlock-g3", "x")]) == set()
 
 
+@pytest.fixture
+def published(app: Celery, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The arguments of every chord callback the backend sends (captured, not published)."""
+    sent: list[Any] = []
+    monkeypatch.setattr(app.amqp, "_retry_publish", lambda send, ret: sent.append(ret))
+    return sent
+
+
 def test_a_chord_callback_fires_once_when_a_part_reports_twice(
-    app: Celery, monkeypatch: pytest.MonkeyPatch
+    app: Celery, published: list[Any]
 ) -> None:
     backend = backend_of(app)
     header = GroupResult("twice-g", [AsyncResult("tw-a", app=app), AsyncResult("tw-b", app=app)])
     header.save()
-    published: list[Any] = []
-    monkeypatch.setattr(app.amqp, "_retry_publish", lambda send, ret: published.append(ret))
     body = dict(app.signature("t.add", args=(1,)))
     for task_id in ("tw-a", "tw-b"):
         backend.store_result(task_id, 1, states.SUCCESS)
@@ -353,7 +359,7 @@ def test_a_chord_callback_fires_once_when_a_part_reports_twice(
 
 
 def test_a_part_delivered_again_after_its_chord_fired_leaves_the_body_alone(
-    app: Celery, monkeypatch: pytest.MonkeyPatch
+    app: Celery, published: list[Any]
 ) -> None:
     # Celery's test_chord_header_id_duplicated_on_rabbitmq_msg_duplication: a part's message
     # published twice reports after the chord fired, when Celery has deleted the group.
@@ -362,8 +368,6 @@ def test_a_part_delivered_again_after_its_chord_fired_leaves_the_body_alone(
     backend = backend_of(app)
     header = GroupResult("late-g", [AsyncResult("late-a", app=app), AsyncResult("late-b", app=app)])
     header.save()
-    published: list[Any] = []
-    monkeypatch.setattr(app.amqp, "_retry_publish", lambda send, ret: published.append(ret))
     body = app.signature("t.add", args=(1,))
     body_id = body.freeze().id
     for task_id in ("late-a", "late-b"):
@@ -378,9 +382,7 @@ def test_a_part_delivered_again_after_its_chord_fired_leaves_the_body_alone(
     assert published == [[1, 1]]
 
 
-def test_chord_with_a_nested_group_waits_for_every_part(
-    app: Celery, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_chord_with_a_nested_group_waits_for_every_part(app: Celery, published: list[Any]) -> None:
     # Header group(a, chain(b, group(c, d))): a, c and d report as parts (Celery publishes the
     # size, 3, through set_chord_size), while the restored header has two entries. Counting to
     # len(header) fired the body after a and c, then joined d, which had not run: a worker
@@ -390,8 +392,6 @@ def test_chord_with_a_nested_group_waits_for_every_part(
     header = GroupResult("chord-g", [AsyncResult("part-a", app=app), inner], app=app)
     header.save()
     backend.set_chord_size("chord-g", 3)
-    published: list[Any] = []
-    monkeypatch.setattr(app.amqp, "_retry_publish", lambda send, ret: published.append(ret))
     body = dict(app.signature("t.add", args=(1,)))
     parts = [("part-a", 1), ("part-c", 3), ("part-d", 4)]
     for task_id, value in parts:  # all stored first, so a premature join would not block
