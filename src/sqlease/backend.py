@@ -24,11 +24,12 @@ from celery.exceptions import BackendStoreError
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from kombu.utils.encoding import bytes_to_str
 
+from .delivery import OFFER_KEY, fence_of
 from .errors import ConfigurationError, DatabaseUnavailable
 from .options import TransportOptions
+from .registry import store_for
 from .results_store import FenceRefused, ResultStore
 from .store import Fence
-from .transport import OFFER_KEY, fence_of, store_for
 from .urls import display_url, strip_prefix, to_sqlalchemy_url
 from .wakeup import PostgresListener, SqliteWatcher, Waker
 
@@ -472,7 +473,7 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
 
 def _offer_of(request: Any) -> Any:
     """The handoff offer the transport asked this delivery's final result to write, if any
-    (``sqlease.transport.OFFER_KEY``: set on a delivery its worker took while idle)."""
+    (``sqlease.delivery.OFFER_KEY``: set on a delivery its worker took while idle)."""
     properties = getattr(request, "properties", None) or {}
     info = properties.get("delivery_info") if isinstance(properties, dict) else None
     return info.get(OFFER_KEY) if isinstance(info, dict) else None

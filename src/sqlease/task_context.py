@@ -283,7 +283,7 @@ def context() -> TaskContext:
     cached = getattr(request, "_sqlease_context", None)
     if isinstance(cached, TaskContext):
         return cached
-    from .transport import LEASE_KEY, fence_of
+    from .delivery import LEASE_KEY, fence_of
 
     properties = getattr(request, "properties", None) or {}
     delivery_info = properties.get("delivery_info") or {}

@@ -42,6 +42,7 @@ from sqlalchemy.engine import URL
 
 from .background import BackgroundCalls, Job, Outcome
 from .chord_parts import chord_count_of
+from .delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY, fence_of
 from .errors import ConfigurationError, DatabaseUnavailable
 from .fastpath import NONBLOCKING
 from .handoff import Handoff, lock_key_for
@@ -49,7 +50,7 @@ from .handoff import split as split_notifications
 from .heartbeat import heartbeat
 from .loop_calls import LoopCalls
 from .options import TransportOptions
-from .resilience import RETRY_SECONDS
+from .registry import CONNECT_RETRY_SECONDS, store_for
 from .results_store import ResultStore
 from .store import Fence, Message, NewMessage, Prepared, Store
 from .urls import client_url, display_url, to_sqlalchemy_url
@@ -88,61 +89,8 @@ SQLITE_IDLE_CHECK = 0.005
 #: and at the safety poll.)
 NOACK_INTERVAL = 0.01
 
-# Keys the transport adds to properties['delivery_info']; Celery passes them to the task as
-# ``self.request.properties['delivery_info']`` and to the result backend.
-ID_KEY = "sqlease_id"
-ATTEMPT_KEY = "sqlease_attempt"
-OWNER_KEY = "sqlease_owner"
-LEASE_KEY = "sqlease_lease_ms"
-#: On a delivery its worker took while holding nothing else: the handoff offer the task's final
-#: result writes (sqlease.backend), so the worker's next offer stands before the client wakes.
-OFFER_KEY = "sqlease_offer"
-
 #: The key of ack writes on the transport's background thread (claims are keyed by channel).
 ACKS: Any = object()
-
-_stores: dict[tuple[str, TransportOptions], Store] = {}
-_stores_lock = threading.Lock()
-
-
-#: How long the transport's connect (the schema check) retries a refused database itself. Kept
-#: short: a connect is one attempt of Kombu's own retry loop (``ensure_connection``,
-#: ``connect_timeout``, ``max_retries``, failover to an alternate URL), which a 20 s retry
-#: inside each attempt would defeat.
-CONNECT_RETRY_SECONDS = 1.0
-
-
-def store_for(
-    url: URL, options: TransportOptions, *, connect_retry_seconds: float = RETRY_SECONDS
-) -> Store:
-    """The process-wide store for a database and options (the schema is checked once)."""
-    key = (url.render_as_string(hide_password=False), options)
-    with _stores_lock:
-        store = _stores.get(key)
-        if store is None:
-            store = Store(
-                url,
-                table_prefix=options.table_prefix,
-                auto_migrate=options.auto_migrate,
-                max_attempts=options.max_attempts,
-                max_payload_bytes=options.max_payload_bytes,
-                sqlite_synchronous=options.sqlite_synchronous,
-                lease_sync_commit=options.lease_sync_commit,
-                publish_sync_commit=options.publish_sync_commit,
-                connect_retry_seconds=connect_retry_seconds,
-            )
-            _stores[key] = store
-        return store
-
-
-def fence_of(delivery_info: dict[str, Any] | None) -> Fence | None:
-    """The lease a delivery was made under, from its ``delivery_info`` (None if unleased)."""
-    if not delivery_info or ID_KEY not in delivery_info:
-        return None
-    return Fence(
-        int(delivery_info[ID_KEY]), str(delivery_info[OWNER_KEY]), int(delivery_info[ATTEMPT_KEY])
-    )
-
 
 def _eta_delay_ms(headers: dict[str, Any]) -> int:
     eta = headers.get("eta")
