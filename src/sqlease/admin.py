@@ -18,15 +18,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
-from sqlalchemy import Connection, and_, case, delete, func, or_, select, update
+from sqlalchemy import Connection, and_, func, or_, select
 from sqlalchemy.engine import URL
 
-from .errors import SqleaseError
-from .results_store import ResultStore, exception_meta
+from .control import Control
+from .errors import InvalidAnswer, InvalidTransition, UnknownTask
+from .results_store import ResultStore
 from .steps import StepStore
 from .store import Event, Message, Store
 from .urls import strip_prefix
-from .waiting import InvalidAnswer, validate
 
 TASK_STATES = (
     "queued",
@@ -45,14 +45,6 @@ _PARKED = {
     "paused": "paused",
 }
 _RESULT_STATES = {"SUCCESS": "succeeded", "FAILURE": "failed", "REVOKED": "cancelled"}
-
-
-class UnknownTask(SqleaseError, LookupError):
-    """No task with that id is known to the store."""
-
-
-class InvalidTransition(SqleaseError, ValueError):
-    """The task is not in a state that allows the operation (the message says which)."""
 
 
 @dataclass
@@ -93,11 +85,6 @@ def _state_of(message: Message, now: int) -> str:
     return "queued"
 
 
-def _revoked_meta(task_id: str, reason: str) -> bytes:
-    # Celery's own result format, so AsyncResult(task_id).state == REVOKED.
-    return exception_meta(task_id, "REVOKED", "TaskRevokedError", [reason], "celery.exceptions")
-
-
 class Admin:
     """Inspect and steer sqlease tasks in one database (the broker URL, with or without the
     ``sqlease+`` prefix)."""
@@ -111,6 +98,7 @@ class Admin:
         self.store = store
         self.results = ResultStore(store)
         self.steps = StepStore(store)
+        self.control = Control(store, self.results)
         self.t = store.tables
 
     # ---- reading ---------------------------------------------------------------------
@@ -328,69 +316,17 @@ class Admin:
 
     # ---- steering --------------------------------------------------------------------
 
-    def _targets(self, task_id: str | None, run_id: str | None) -> Any:
-        m = self.t.messages
-        if (task_id is None) == (run_id is None):
-            raise ValueError("give exactly one of task_id or run_id")
-        return m.c.task_id == task_id if task_id is not None else m.c.run_id == run_id
-
-    def _change(
-        self, where: Any, values: dict[str, Any], kind: str, data: Any = None, *, extra: Any = None
-    ) -> list[Message]:
-        """Update the matching messages, drop their run locks, write one event each."""
-        from .store import _row_to_message
-
-        m, r = self.t.messages, self.t.runs
-        now = self._now()
-        with self.store.engine.begin() as conn:
-            rows = conn.execute(update(m).where(where).values(**values).returning(m)).fetchall()
-            changed = [_row_to_message(row) for row in rows]
-            for message in changed:
-                if message.run_id is not None:
-                    conn.execute(
-                        delete(r).where(r.c.run_id == message.run_id, r.c.message_id == message.id)
-                    )
-                self.store._event_on(conn, message.task_id, None, kind, data, now)
-                if extra is not None:
-                    extra(conn, message)
-        return changed
-
     def pause(self, task_id: str | None = None, *, run_id: str | None = None) -> int:
         """Hold queued tasks and take the lease from running ones; they keep their checkpoint
         and continue from it after ``resume``."""
-        m = self.t.messages
-        changed = self._change(
-            and_(self._targets(task_id, run_id), m.c.state == "ready"),
-            {
-                "state": "parked",
-                "reason": "paused",
-                "lease_owner": None,
-                "lease_expires_at_ms": None,
-            },
-            "paused",
-        )
+        changed = self.control.pause(task_id, run_id=run_id)
         if task_id is not None and not changed:
             self._explain(task_id, "pause", "it is not queued, scheduled or running")
         return len(changed)
 
     def resume(self, task_id: str | None = None, *, run_id: str | None = None) -> int:
         """Make paused tasks claimable again (with a fresh attempt budget)."""
-        m = self.t.messages
-        budget = self.store.max_attempts
-        now = self._now()
-        changed = self._change(
-            and_(self._targets(task_id, run_id), m.c.state == "parked", m.c.reason == "paused"),
-            {
-                "state": "ready",
-                "reason": None,
-                # A task paused before its eta keeps it.
-                "available_at_ms": case(
-                    (m.c.available_at_ms > now, m.c.available_at_ms), else_=now
-                ),
-                "max_attempts": m.c.attempt + budget,
-            },
-            "resumed",
-        )
+        changed = self.control.resume(task_id, run_id=run_id)
         if task_id is not None and not changed:
             self._explain(task_id, "resume", "it is not paused")
         return len(changed)
@@ -407,55 +343,9 @@ class Admin:
         Its Celery result becomes REVOKED.
 
         ``leave_held``: a message under a live lease (running or prefetched) is left to its
-        worker, and a task that has only such a message is not an error (0 is returned).
-        Celery's revoke uses it (``sqlease.revokes``)."""
-        m = self.t.messages
-        where = and_(self._targets(task_id, run_id), m.c.state.in_(("ready", "parked")))
-        if leave_held:
-            now = self._now()
-            where = and_(
-                where,
-                or_(m.c.lease_expires_at_ms.is_(None), m.c.lease_expires_at_ms <= now),
-            )
-
-        def revoke(conn: Connection, message: Message) -> None:
-            if message.task_id is None:
-                return
-            from sqlalchemy.dialects.postgresql import insert as pg_insert
-            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-            insert = pg_insert if self.store.is_postgresql else sqlite_insert
-            res = self.t.results
-            key = f"celery-task-meta-{message.task_id}"
-            row = {
-                "key": key,
-                "value": _revoked_meta(message.task_id, reason),
-                "state": "REVOKED",
-                "task_id": message.task_id,
-                "updated_at_ms": self._now(),
-            }
-            stmt = insert(res).values(**row)
-            conn.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=[res.c.key],
-                    set_={k: stmt.excluded[k] for k in row if k != "key"},
-                )
-            )
-            self.results.notify(conn, key)  # a client waiting in get() learns at once
-
-        changed = self._change(
-            where,
-            {
-                "state": "dead",
-                "reason": "cancelled",
-                "lease_owner": None,
-                "lease_expires_at_ms": None,
-                "last_error": reason,
-            },
-            "cancelled",
-            {"reason": reason},
-            extra=revoke,
-        )
+        worker, and a task that has only such a message is not an error (0 is returned), as
+        Celery's revoke does (``sqlease.revokes``)."""
+        changed = self.control.cancel(task_id, run_id=run_id, reason=reason, leave_held=leave_held)
         if task_id is not None and not changed and not leave_held:
             self._explain(task_id, "cancel", "it has already finished or was cancelled")
         return len(changed)
@@ -495,58 +385,8 @@ class Admin:
         self._answer(task_id, "approval", {"approved": False, "reason": reason})
 
     def _answer(self, task_id: str, kind: str, data: Any) -> None:
-        try:
-            answer_text = json.dumps(data)
-        except (TypeError, ValueError) as exc:
-            raise InvalidAnswer(f"the answer must be JSON-serializable: {exc}") from exc
-        w, m = self.t.waits, self.t.messages
-        with self.store.engine.begin() as conn:
-            wait = conn.execute(
-                select(w)
-                .where(w.c.task_id == task_id, w.c.status == "waiting")
-                .order_by(w.c.created_at_ms.desc())
-                .limit(1)
-            ).first()
-            if wait is None:
-                answered = conn.execute(
-                    select(func.count()).select_from(w).where(w.c.task_id == task_id)
-                ).scalar_one()
-                if answered:
-                    raise InvalidTransition(
-                        f"task {task_id} was already answered and is not waiting now"
-                    )
-                self._explain(task_id, "answer", "it is not waiting for a person")
-            if wait.kind != kind:
-                raise InvalidTransition(
-                    f"task {task_id} waits for {wait.kind}, not {kind}; use "
-                    f"{'provide_input' if wait.kind == 'input' else 'approve/reject'}"
-                )
-            request = json.loads(wait.request or "{}")
-            if kind == "input":
-                validate(data, request.get("schema"))
-            now = self._now()
-            done = conn.execute(
-                update(w)
-                .where(w.c.task_id == task_id, w.c.key == wait.key, w.c.status == "waiting")
-                .values(status="answered", answer=answer_text, answered_at_ms=now)
-            ).rowcount
-            if not done:
-                raise InvalidTransition(f"task {task_id} was answered meanwhile")
-            reason = "waiting_input" if kind == "input" else "waiting_approval"
-            conn.execute(
-                update(m)
-                .where(m.c.task_id == task_id, m.c.state == "parked", m.c.reason == reason)
-                .values(
-                    state="ready",
-                    reason=None,
-                    available_at_ms=now,
-                    max_attempts=m.c.attempt + self.store.max_attempts,
-                )
-            )
-            event = {"input": "input_provided"}.get(
-                kind, "approved" if data.get("approved") else "rejected"
-            )
-            self.store._event_on(conn, task_id, None, event, {"key": wait.key}, now)
+        if not self.control.answer(task_id, kind, data):
+            self._explain(task_id, "answer", "it is not waiting for a person")
 
     def _explain(self, task_id: str, verb: str, why: str) -> NoReturn:
         try:

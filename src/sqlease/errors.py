@@ -12,9 +12,18 @@
     ├── PermissionDenied                       the database role lacks a privilege
     ├── PayloadTooLarge (also ValueError)      a message body over the configured limit
     ├── LeaseLost (also celery Ignore)         a fenced write found the lease gone
+    ├── WaitingForPerson (also celery Ignore)  the task parked itself until a person answers
     ├── OutcomeUnknown                         a durable step started but never recorded finishing
     ├── AttemptsExhausted                      the result of a task failed attempts_exhausted
-    └── ContextUnavailable (also RuntimeError) sqlease.context() outside a sqlease delivery
+    ├── ContextUnavailable (also RuntimeError) sqlease.context() outside a sqlease delivery
+    ├── UnknownTask (also LookupError)         Admin: no task with that id
+    ├── InvalidTransition (also ValueError)    Admin: the task's state does not allow the action
+    └── InvalidAnswer (also ValueError)        an answer does not match what the task asked for
+
+``LeaseLost`` and ``WaitingForPerson`` are control signals, not failures: a task lets them
+propagate and Celery records nothing. Every class keeps its constructor's arguments as
+``args``, so it survives pickling (prefork pool) and Celery's JSON exception round trip, and
+stored results name it as ``sqlease.errors.<Name>``.
 """
 
 from __future__ import annotations
@@ -126,3 +135,29 @@ class AttemptsExhausted(SqleaseError):
 
 class ContextUnavailable(SqleaseError, RuntimeError):
     """``sqlease.context()`` was called outside a task delivered by sqlease."""
+
+
+class WaitingForPerson(SqleaseError, Ignore):  # type: ignore[misc]
+    """The task parked itself until a person answers; this delivery ends here (not a
+    failure). Let it propagate."""
+
+    def __init__(self, task_id: str, kind: str, key: str) -> None:
+        super().__init__(task_id, kind, key)
+        self.task_id = task_id
+        self.kind = kind
+        self.key = key
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} is waiting for {self.kind} ({self.key!r})"
+
+
+class UnknownTask(SqleaseError, LookupError):
+    """No task with that id is known to the store."""
+
+
+class InvalidTransition(SqleaseError, ValueError):
+    """The task is not in a state that allows the operation (the message says which)."""
+
+
+class InvalidAnswer(SqleaseError, ValueError):
+    """An answer does not match what the task asked for."""

@@ -86,6 +86,22 @@ class ResultStore:
 
     # ---- values ----------------------------------------------------------------------
 
+    def put_on(
+        self, conn: Connection, key: str, value: bytes, *, state: str, task_id: str, now: int
+    ) -> None:
+        """Inside the caller's transaction, unfenced: set ``key``'s value, state and task (a
+        result the broker decides, such as REVOKED on cancel) and wake its waiting clients at
+        commit. The delivery that wrote an earlier value stays recorded."""
+        row = {"key": key, "value": value, "state": state, "task_id": task_id, "updated_at_ms": now}
+        insert = self._insert(self.results).values(**row)
+        conn.execute(
+            insert.on_conflict_do_update(
+                index_elements=[self.results.c.key],
+                set_={k: insert.excluded[k] for k in row if k != "key"},
+            )
+        )
+        self._notify(conn, key)
+
     def put(
         self,
         key: str,

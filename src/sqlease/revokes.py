@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, or_, select
 
+from .control import Control
+
 if TYPE_CHECKING:
-    from .admin import Admin
     from .store import Store
 
 logger = logging.getLogger(__name__)
@@ -105,14 +106,15 @@ def stamps_match(headers: Mapping[str, Any], revoked: Mapping[str, list[Any]]) -
     return False
 
 
-def apply(store: Store, admin: Admin, revoke: Revoke) -> None:
+def apply(store: Store, revoke: Revoke) -> None:
     """Write the revoke to the database (see the module's docstring)."""
+    control = Control(store)
     task_ids = list(revoke.task_ids)
     if revoke.stamps:
         task_ids += _stamped_task_ids(store, revoke.stamps)
     data = {"terminate": revoke.terminate}
     for task_id in dict.fromkeys(task_ids):
-        admin.cancel(task_id, reason="revoked", leave_held=True)
+        control.cancel(task_id, reason="revoked", leave_held=True)
         for message_id, attempt in _held_deliveries(store, task_id):
             store.record_event(
                 REQUESTED, data, task_id=task_id, message_id=message_id, attempt=attempt

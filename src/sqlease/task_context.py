@@ -258,7 +258,7 @@ class TaskContext:
         runs the task again from its checkpoint and this call returns the answer."""
         from .waiting import wait_for_input
 
-        return wait_for_input(self, prompt, schema=schema, key=key)
+        return wait_for_input(self.store, self.fence, self.task_id, prompt, schema=schema, key=key)
 
     def wait_for_approval(
         self, summary: str, *, key: str | None = None, **details: Any
@@ -268,7 +268,9 @@ class TaskContext:
         ``Admin.reject``."""
         from .waiting import wait_for_approval
 
-        return wait_for_approval(self, summary, key=key, **details)
+        return wait_for_approval(
+            self.store, self.fence, self.task_id, summary, key=key, **details
+        )
 
 
 def context() -> TaskContext:

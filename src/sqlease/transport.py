@@ -912,11 +912,10 @@ class Transport(virtual.Transport):
         headers), also write it to the database (``sqlease.revokes``), so it survives worker
         restarts and reaches tasks no worker has received yet."""
         from . import revokes
-        from .admin import Admin
 
         revoke = revokes.parse(message)
         if revoke is not None:
-            revokes.apply(self.store, Admin(self.url, store=self.store), revoke)
+            revokes.apply(self.store, revoke)
 
     def forward_revoke(self, task_id: str) -> None:
         """A task delivered again (its earlier worker died or gave it back): if a revoke

@@ -14,36 +14,17 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from celery.exceptions import Ignore
 from sqlalchemy import Connection, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from .errors import LeaseLost, SqleaseError
+from .errors import InvalidAnswer, LeaseLost, WaitingForPerson
 
 if TYPE_CHECKING:
     from .store import Store
-    from .task_context import TaskContext
+    from .types import Fence
 
 KINDS = {"input": "waiting_input", "approval": "waiting_approval"}
-
-
-class WaitingForPerson(SqleaseError, Ignore):  # type: ignore[misc]
-    """The task parked itself until a person answers; this delivery ends here (not a
-    failure). Let it propagate."""
-
-    def __init__(self, task_id: str, kind: str, key: str) -> None:
-        super().__init__(task_id, kind, key)  # picklable: args are the constructor's
-        self.task_id = task_id
-        self.kind = kind
-        self.key = key
-
-    def __str__(self) -> str:
-        return f"task {self.task_id} is waiting for {self.kind} ({self.key!r})"
-
-
-class InvalidAnswer(SqleaseError, ValueError):
-    """An answer does not match what the task asked for."""
 
 
 def validate(data: Any, schema: Mapping[str, Any] | None, path: str = "$") -> None:
@@ -101,9 +82,10 @@ def _answer(store: Store, task_id: str, key: str) -> tuple[str, Any] | None:
     return row.status, None if row.answer is None else json.loads(row.answer)
 
 
-def _wait(ctx: TaskContext, kind: str, key: str, request: dict[str, Any]) -> Any:
-    store = ctx.store
-    found = _answer(store, ctx.task_id, key)
+def _wait(
+    store: Store, fence: Fence, task_id: str, kind: str, key: str, request: dict[str, Any]
+) -> Any:
+    found = _answer(store, task_id, key)
     if found is not None and found[0] == "answered":
         return found[1]
     waits = store.tables.waits
@@ -112,7 +94,7 @@ def _wait(ctx: TaskContext, kind: str, key: str, request: dict[str, Any]) -> Any
     stmt = (
         insert(waits)
         .values(
-            task_id=ctx.task_id,
+            task_id=task_id,
             key=key,
             kind=kind,
             request=json.dumps(request),
@@ -125,14 +107,16 @@ def _wait(ctx: TaskContext, kind: str, key: str, request: dict[str, Any]) -> Any
     def record(conn: Connection) -> None:
         conn.execute(stmt)
 
-    parked = store.park(ctx.fence, KINDS[kind], data={"key": key, **request}, also=record)
+    parked = store.park(fence, KINDS[kind], data={"key": key, **request}, also=record)
     if not parked:
-        raise LeaseLost(ctx.fence.message_id, ctx.fence.attempt, "could not park the task")
-    raise WaitingForPerson(ctx.task_id, kind, key)
+        raise LeaseLost(fence.message_id, fence.attempt, "could not park the task")
+    raise WaitingForPerson(task_id, kind, key)
 
 
 def wait_for_input(
-    ctx: TaskContext,
+    store: Store,
+    fence: Fence,
+    task_id: str,
     prompt: str,
     *,
     schema: Mapping[str, Any] | None = None,
@@ -141,11 +125,17 @@ def wait_for_input(
     if not isinstance(prompt, str) or not prompt:
         raise ValueError("wait_for_input needs a prompt")
     request = {"prompt": prompt, "schema": dict(schema) if schema else None}
-    return _wait(ctx, "input", key or prompt, request)
+    return _wait(store, fence, task_id, "input", key or prompt, request)
 
 
 def wait_for_approval(
-    ctx: TaskContext, summary: str, *, key: str | None = None, **details: Any
+    store: Store,
+    fence: Fence,
+    task_id: str,
+    summary: str,
+    *,
+    key: str | None = None,
+    **details: Any,
 ) -> dict[str, Any]:
     if not isinstance(summary, str) or not summary:
         raise ValueError("wait_for_approval needs a summary")
@@ -154,5 +144,5 @@ def wait_for_approval(
     except (TypeError, ValueError) as exc:
         raise TypeError(f"approval details must be JSON-serializable: {exc}") from exc
     request = {"summary": summary, "details": details}
-    answer: dict[str, Any] = _wait(ctx, "approval", key or summary, request)
+    answer: dict[str, Any] = _wait(store, fence, task_id, "approval", key or summary, request)
     return answer

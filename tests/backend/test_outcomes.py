@@ -14,10 +14,9 @@ import sqlease
 from conftest import unique_prefix
 from sqlease import Admin, ContextUnavailable, LeaseLost, OutcomeUnknown, Store
 from sqlease.celery_defaults import uses_sqlease
-from sqlease.errors import AttemptsExhausted, SchemaVersionMismatch
+from sqlease.errors import AttemptsExhausted, SchemaVersionMismatch, WaitingForPerson
 from sqlease.results_store import ResultStore
 from sqlease.transport import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OWNER_KEY
-from sqlease.waiting import WaitingForPerson
 
 
 @pytest.fixture

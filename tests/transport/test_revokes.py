@@ -159,7 +159,7 @@ def test_the_revokes_celery_publishes_are_read_and_nothing_else(
     from sqlease import revokes
 
     seen: list[Revoke] = []
-    monkeypatch.setattr(revokes, "apply", lambda store, admin, revoke: seen.append(revoke))
+    monkeypatch.setattr(revokes, "apply", lambda store, revoke: seen.append(revoke))
     app.control.revoke("t1", terminate=True, signal="KILL")
     app.control.revoke(["t2", "t3"])
     app.control.revoke_by_stamped_headers({"batch": "a", "n": [1, 2]})
