@@ -15,6 +15,7 @@ from sqlalchemy import text
 
 from conftest import unique_prefix
 from sqlease import Store
+from sqlease._db.driver import Lane
 
 pytestmark = pytest.mark.pg
 
@@ -42,8 +43,10 @@ def fresh_store(pg_database_url: str) -> Store:
     this drops connections an earlier test killed (a raw ``fast.rows`` call does not retry,
     as store operations do)."""
     store = Store(pg_database_url, table_prefix=unique_prefix())
-    assert store.fast is not None and store.fast_leases is not None
-    for fast in (store.fast, store.fast_leases):
+    assert (
+        store.driver.lane(Lane.DEFAULT) is not None and store.driver.lane(Lane.LEASES) is not None
+    )
+    for fast in (store.driver.lane(Lane.DEFAULT), store.driver.lane(Lane.LEASES)):
         fast.drop_spares()
         fast._engine.dispose()
     return store
@@ -53,7 +56,7 @@ def test_a_dropped_connection_is_replaced_and_the_operation_retried(
     pg_database_url: str,
 ) -> None:
     store = Store(pg_database_url, table_prefix=unique_prefix())
-    assert store.fast is not None
+    assert store.driver.lane(Lane.DEFAULT) is not None
     store.enqueue("q", "a")
     assert _terminate_pooled_backends(store) >= 1
     store.enqueue("q", "b")  # the first try fails on the dead connection
@@ -73,12 +76,14 @@ def test_a_dropped_connection_is_replaced_and_the_operation_retried(
 
 def test_other_errors_are_sqlalchemys(fresh_store: Store) -> None:
     store = fresh_store
-    assert store.fast is not None
+    assert store.driver.lane(Lane.DEFAULT) is not None
     with pytest.raises(sa_exc.ProgrammingError):
-        store.fast.rows(text("SELECT * FROM no_such_table_here"), {})
+        store.driver.lane(Lane.DEFAULT).rows(text("SELECT * FROM no_such_table_here"), {})
     with pytest.raises(sa_exc.DataError):
-        store.fast.rows(DIVISION_BY_ZERO, {})
-    assert store.fast.rows(text("SELECT 1 AS one"), {}) == [{"one": 1}]  # connection still fine
+        store.driver.lane(Lane.DEFAULT).rows(DIVISION_BY_ZERO, {})
+    assert store.driver.lane(Lane.DEFAULT).rows(text("SELECT 1 AS one"), {}) == [
+        {"one": 1}
+    ]  # connection still fine
 
 
 def test_long_statements_are_converted_once_and_bind_their_parameters(
@@ -148,7 +153,7 @@ def _in_thread(call: Any) -> Any:
 def test_a_pinned_thread_keeps_one_connection_in_autocommit_until_released(
     fresh_store: Store,
 ) -> None:
-    fast = fresh_store.fast
+    fast = fresh_store.driver.lane(Lane.DEFAULT)
     assert fast is not None
     pid = BACKEND_PID
     pool = fast._engine.pool
@@ -177,7 +182,9 @@ def test_a_pinned_connection_that_breaks_is_replaced_on_the_next_call(
     fresh_store: Store,
 ) -> None:
     store = fresh_store
-    fast = store.fast_leases  # the claim below runs on it, pinned, as the busy worker's do
+    fast = store.driver.lane(
+        Lane.LEASES
+    )  # the claim below runs on it, pinned, as the busy worker's do
     assert fast is not None
     pid = BACKEND_PID
 
@@ -235,7 +242,7 @@ def test_one_statement_calls_reuse_the_engines_spares_without_the_pool(
 
     from sqlease.spares import SPARES_PER_ENGINE
 
-    fast = fresh_store.fast
+    fast = fresh_store.driver.lane(Lane.DEFAULT)
     assert fast is not None
     checkouts: list[int] = []
 
@@ -252,14 +259,16 @@ def test_one_statement_calls_reuse_the_engines_spares_without_the_pool(
         assert fast.spares_kept() == SPARES_PER_ENGINE
         assert fast._engine.pool.checkedout() == SPARES_PER_ENGINE  # type: ignore[attr-defined]
         # Every FastPath of the engine (a store per Celery app, per Admin...) shares them.
-        other = Store(fresh_store.engine.url, table_prefix=unique_prefix()).fast
+        other = Store(fresh_store.engine.url, table_prefix=unique_prefix()).driver.lane(
+            Lane.DEFAULT
+        )
         assert other is not None and other.spares_kept() == SPARES_PER_ENGINE
     finally:
         event.remove(fast._engine, "checkout", on_checkout)
 
 
 def test_a_disconnect_drops_every_spare(fresh_store: Store) -> None:
-    fast = fresh_store.fast
+    fast = fresh_store.driver.lane(Lane.DEFAULT)
     assert fast is not None
     _concurrently(fast, 2)
     assert fast.spares_kept() == 2
@@ -278,7 +287,7 @@ def test_a_disconnect_drops_every_spare(fresh_store: Store) -> None:
 def test_a_forked_child_never_uses_its_parents_spares(fresh_store: Store) -> None:
     import os
 
-    fast = fresh_store.fast
+    fast = fresh_store.driver.lane(Lane.DEFAULT)
     assert fast is not None
     parent = fast.rows(BACKEND_PID, {})[0]["pid"]
     assert fast.spares_kept() == 1
@@ -303,16 +312,16 @@ def test_an_engine_passed_in_keeps_no_spares(pg_database_url: str) -> None:
     engine = create_engine(make_url(pg_database_url).set(drivername="postgresql+psycopg"))
     try:
         store = Store(engine, table_prefix=unique_prefix())
-        assert store.fast is not None
+        assert store.driver.lane(Lane.DEFAULT) is not None
         store.enqueue("q", "a")
-        assert store.fast.spares_kept() == 0
+        assert store.driver.lane(Lane.DEFAULT).spares_kept() == 0
         assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     finally:
         engine.dispose()
 
 
 def test_a_spare_older_than_the_pools_recycle_time_is_replaced(fresh_store: Store) -> None:
-    fast = fresh_store.fast
+    fast = fresh_store.driver.lane(Lane.DEFAULT)
     assert fast is not None
     first = fast.rows(BACKEND_PID, {})[0]["pid"]
     [fairy] = list(fast._spares or [])
@@ -326,7 +335,7 @@ def test_a_connect_that_fails_is_sqlalchemys_operational_error(
 ) -> None:
     """A chaos run's restart: a pool process storing a result found no spare, its connect was
     refused (the server shutting down), and psycopg's own error escaped the store's retry."""
-    fast = fresh_store.fast
+    fast = fresh_store.driver.lane(Lane.DEFAULT)
     assert fast is not None
 
     def refused() -> Any:
@@ -342,7 +351,7 @@ def test_a_connect_that_fails_is_sqlalchemys_operational_error(
 def test_a_spare_made_before_the_pool_was_invalidated_is_replaced(fresh_store: Store) -> None:
     """A disconnect seen through SQLAlchemy's own path invalidates the pool; a spare made
     before it is not used, as the pool would not lend it either."""
-    fast = fresh_store.fast
+    fast = fresh_store.driver.lane(Lane.DEFAULT)
     assert fast is not None
     first = fast.rows(BACKEND_PID, {})[0]["pid"]
     assert _terminate_pooled_backends(fresh_store) >= 1

@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from conftest import unique_prefix
+from sqlease._db.driver import Lane
 from sqlease.engine import (
     GENERIC_PLANS_OPTION,
     NO_FLUSH_WAIT_OPTION,
@@ -64,9 +65,11 @@ def test_the_lease_engine_turns_the_flush_wait_off_and_the_urls_options_still_wi
 @pytest.mark.pg
 def test_only_the_lease_traffic_skips_the_flush_wait(pg_database_url: str) -> None:
     store = Store(pg_database_url, table_prefix=unique_prefix())
-    assert _sync(store.fast_leases) == "off"
-    assert _sync(store.fast) == "on"  # publishes and results
-    assert _sync(store.fast_planned) == "on"  # offers, and everything on the main engine
+    assert _sync(store.driver.lane(Lane.LEASES)) == "off"
+    assert _sync(store.driver.lane(Lane.DEFAULT)) == "on"  # publishes and results
+    assert (
+        _sync(store.driver.lane(Lane.PLANNED)) == "on"
+    )  # offers, and everything on the main engine
     with store.engine.connect() as conn:
         assert conn.execute(SHOW).scalar() == "on"
 
@@ -74,8 +77,8 @@ def test_only_the_lease_traffic_skips_the_flush_wait(pg_database_url: str) -> No
 @pytest.mark.pg
 def test_lease_sync_commit_keeps_claims_and_acks_waiting(pg_database_url: str) -> None:
     store = Store(pg_database_url, table_prefix=unique_prefix(), lease_sync_commit=True)
-    assert store.fast_leases is store.fast
-    assert _sync(store.fast_leases) == "on"
+    assert store.driver.lane(Lane.LEASES) is store.driver.lane(Lane.DEFAULT)
+    assert _sync(store.driver.lane(Lane.LEASES)) == "on"
 
 
 @pytest.mark.pg
@@ -84,8 +87,9 @@ def test_each_statement_runs_on_the_engine_its_durability_needs(
 ) -> None:
     store = Store(pg_database_url, table_prefix=unique_prefix())
     ran: list[tuple[str, Any]] = []
-    for name in ("fast", "fast_leases", "fast_planned"):
-        fast = getattr(store, name)
+    lanes = {"fast": Lane.DEFAULT, "fast_leases": Lane.LEASES, "fast_planned": Lane.PLANNED}
+    for name, lane in lanes.items():
+        fast = store.driver.lane(lane)
         real = fast.rows
 
         def spy(statement: Any, params: Any, _real: Any = real, _name: str = name) -> Any:
@@ -141,26 +145,24 @@ def test_publish_sync_commit_off_moves_publishes_off_the_flush_wait(
         lease_sync_commit=lease_sync_commit,
         publish_sync_commit=False,
     )
-    assert _sync(store.fast_publish) == "off"
-    assert _sync(store.fast) == "on"  # results still wait
-    assert _sync(store.fast_leases) == ("on" if lease_sync_commit else "off")
+    assert _sync(store.driver.lane(Lane.PUBLISH)) == "off"
+    assert _sync(store.driver.lane(Lane.DEFAULT)) == "on"  # results still wait
+    assert _sync(store.driver.lane(Lane.LEASES)) == ("on" if lease_sync_commit else "off")
     ran: list[Any] = []
-    assert store.fast_publish is not None
-    real = store.fast_publish.rows
+    assert store.driver.lane(Lane.PUBLISH) is not None
+    real = store.driver.lane(Lane.PUBLISH).rows
 
     def spy(statement: Any, params: Any) -> Any:
         ran.append(statement)
         return real(statement, params)
 
-    monkeypatch.setattr(store.fast_publish, "rows", spy)
+    monkeypatch.setattr(store.driver.lane(Lane.PUBLISH), "rows", spy)
     [one] = store.enqueue_many([NewMessage(queue="q", payload="{}", task_id="t1")])
     assert ran == [store.sql.enqueue]
     # Several rows in one transaction: that transaction's commit skips the wait, and the
     # pooled session it ran on keeps waiting afterwards.
     seen = _commit_levels_of_publishes(store, monkeypatch)
-    two = store.enqueue_many(
-        [NewMessage(queue="q", payload="{}", task_id=f"t{i}") for i in (2, 3)]
-    )
+    two = store.enqueue_many([NewMessage(queue="q", payload="{}", task_id=f"t{i}") for i in (2, 3)])
     assert seen == ["off"]
     with store.engine.connect() as conn:
         assert conn.execute(SHOW).scalar() == "on"
@@ -172,8 +174,8 @@ def test_publish_sync_commit_off_moves_publishes_off_the_flush_wait(
 @pytest.mark.pg
 def test_publishes_wait_for_the_flush_by_default(pg_database_url: str) -> None:
     store = Store(pg_database_url, table_prefix=unique_prefix())
-    assert store.fast_publish is store.fast
-    assert _sync(store.fast_publish) == "on"
+    assert store.driver.lane(Lane.PUBLISH) is store.driver.lane(Lane.DEFAULT)
+    assert _sync(store.driver.lane(Lane.PUBLISH)) == "on"
 
 
 @pytest.mark.pg
@@ -182,7 +184,9 @@ def test_an_engine_passed_in_skips_the_flush_for_its_publishes_transaction(
 ) -> None:
     engine = get_engine(pg_database_url)
     store = Store(engine, table_prefix=unique_prefix(), publish_sync_commit=False)
-    assert store.fast_publish is None  # the app's engine has no no-flush pool of sqlease's
+    assert (
+        store.driver.lane(Lane.PUBLISH) is None
+    )  # the app's engine has no no-flush pool of sqlease's
     seen = _commit_levels_of_publishes(store, monkeypatch)
     [one] = store.enqueue_many([NewMessage(queue="q", payload="{}", task_id="t1")])
     assert seen == ["off"]

@@ -8,6 +8,7 @@ import pytest
 
 from conftest import unique_prefix
 from sqlease import Store
+from sqlease._db.driver import Lane
 
 pytestmark = pytest.mark.pg
 
@@ -134,12 +135,12 @@ def test_generic_plans_only_on_the_hot_paths_engine(pg_database_url: str) -> Non
 
     url = pg_database_url + "?options=-c%20statement_timeout%3D12345"
     store = Store(url, table_prefix=unique_prefix())
-    assert store.fast is not None
+    assert store.driver.lane(Lane.DEFAULT) is not None
     with store.engine.connect() as conn:
         assert conn.execute(text("SHOW statement_timeout")).scalar() == "12345ms"
         assert conn.execute(text("SHOW plan_cache_mode")).scalar() == "auto"
         assert conn.execute(text("SHOW jit")).scalar() == "off"
-    [row] = store.fast.rows(
+    [row] = store.driver.lane(Lane.DEFAULT).rows(
         text(
             "SELECT current_setting('plan_cache_mode') AS mode, "
             "current_setting('statement_timeout') AS timeout"

@@ -29,7 +29,7 @@ def _store(tmp_path: Path) -> Store:
 
 def test_the_per_task_operations_keep_one_connection_out_of_the_pool(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    assert store.fast_sqlite is not None
+    assert store.driver.fast is not None
     checkouts: list[int] = []
 
     def on_checkout(*args: Any) -> None:
@@ -41,9 +41,7 @@ def test_the_per_task_operations_keep_one_connection_out_of_the_pool(tmp_path: P
             store.enqueue("q", f"p{i}", task_id=f"t{i}", run_id="r" if i < 2 else None)
         claimed = store.claim(["q"], "w", lease_ms=60_000, limit=3)
         assert store.renew([m.fence for m in claimed], lease_ms=60_000)
-        acked, more = store.ack_and_claim(
-            [claimed[0].fence], ["q"], "w", lease_ms=60_000, limit=2
-        )
+        acked, more = store.ack_and_claim([claimed[0].fence], ["q"], "w", lease_ms=60_000, limit=2)
         assert acked == {claimed[0].id}
         assert store.ack([m.fence for m in claimed[1:] + more]) == {
             m.id for m in claimed[1:] + more
@@ -53,7 +51,7 @@ def test_the_per_task_operations_keep_one_connection_out_of_the_pool(tmp_path: P
     finally:
         event.remove(store.engine, "checkout", on_checkout)
     assert len(checkouts) <= 1  # one connection kept between transactions, none per operation
-    assert store.fast_sqlite.spares_kept() == 1
+    assert store.driver.fast.spares_kept() == 1
     # Every event of those operations was written with them.
     kinds = [e.kind for e in store.events(task_id="t0")]
     assert kinds[:3] == ["enqueued", "claimed", "acked"]
@@ -62,7 +60,7 @@ def test_the_per_task_operations_keep_one_connection_out_of_the_pool(tmp_path: P
 
 def test_a_failed_statement_rolls_the_whole_transaction_back(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    fast = store.fast_sqlite
+    fast = store.driver.fast
     assert fast is not None
     table = store.tables.messages.name
     insert = text(
@@ -108,18 +106,18 @@ def test_a_read_only_database_is_refused_with_sqleases_error(tmp_path: Path) -> 
     path = tmp_path / "app.db"
     Store(f"sqlite:///{path}").enqueue("q", "kept")
     read_only = Store(f"sqlite:///file:{path}?mode=ro&uri=true", auto_migrate=False)
-    assert read_only.fast_sqlite is not None
+    assert read_only.driver.fast is not None
     with pytest.raises(DatabaseReadOnly, match="refuses writes"):
         read_only.enqueue("q", "refused")
     with pytest.raises(DatabaseReadOnly):
         read_only.ack_and_claim([], ["q"], "w", lease_ms=1000, limit=1)
-    assert read_only.fast_sqlite.spares_kept() == 1  # rolled back and kept, not broken
+    assert read_only.driver.fast.spares_kept() == 1  # rolled back and kept, not broken
     assert Store(f"sqlite:///{path}").size("q") == 1
 
 
 def test_spares_are_bounded_and_never_used_by_a_forked_child(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    fast = store.fast_sqlite
+    fast = store.driver.fast
     assert fast is not None
     # Three transactions at once: the first holds the write lock, the others wait for it in
     # BEGIN IMMEDIATE, each on a connection of its own.
@@ -157,7 +155,11 @@ def test_spares_are_bounded_and_never_used_by_a_forked_child(tmp_path: Path) -> 
 def test_rows_and_results_answer_as_sqlalchemys_do() -> None:
     row = Row(("id", "queue"), (7, "q"))
     assert (row[0], row.queue, row._mapping["id"], row._fields, list(row)) == (
-        7, "q", 7, ("id", "queue"), [7, "q"]
+        7,
+        "q",
+        7,
+        ("id", "queue"),
+        [7, "q"],
     )
     with pytest.raises(AttributeError):
         row.missing  # noqa: B018

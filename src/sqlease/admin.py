@@ -113,9 +113,9 @@ class Admin:
         ).first()
         if row is None:
             return None
-        from .store import _row_to_message
+        from ._core.rows import row_to_message
 
-        return _row_to_message(row)
+        return row_to_message(row)
 
     def _result_state(self, task_id: str) -> str | None:
         r = self.t.results
@@ -224,12 +224,12 @@ class Admin:
             query = query.where(m.c.state == "parked")
         elif state in ("queued", "scheduled", "running"):
             query = query.where(m.c.state == "ready")
-        from .store import _row_to_message
+        from ._core.rows import row_to_message
 
         found: list[TaskSnapshot] = []
         with self.store._reading() as conn:
             for row in conn.execute(query):
-                message = _row_to_message(row)
+                message = row_to_message(row)
                 derived = _state_of(message, now)
                 if state is not None and derived != state:
                     continue

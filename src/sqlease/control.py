@@ -15,9 +15,10 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, case, delete, func, or_, select, update
 
+from ._core.rows import row_to_message
+from ._core.store import Store
 from .errors import InvalidAnswer, InvalidTransition
 from .results_store import ResultStore, exception_meta
-from .store import Store, _row_to_message
 from .types import Message
 from .waiting import validate
 
@@ -57,7 +58,7 @@ class Control:
         now = self.store.now_ms()
         with self.store.engine.begin() as conn:
             rows = conn.execute(update(m).where(where).values(**values).returning(m)).fetchall()
-            changed = [_row_to_message(row) for row in rows]
+            changed = [row_to_message(row) for row in rows]
             for message in changed:
                 if message.run_id is not None:
                     conn.execute(

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .store import Message
+from .types import Message
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .store import Fence, Store
+from ._core.store import Store
+from .types import Fence
 
 logger = logging.getLogger(__name__)
 

@@ -34,10 +34,10 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from ._db.driver import Op
 from .background import Job, Outcome
 from .fastpath import WAIT_READ, WAIT_WRITE, FastPath, Sending
 from .resilience import RETRY_SECONDS
-from .store import Prepared
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class LoopCalls:
         hub: Any,
         fast: FastPath,
         notify: Callable[[], None],
-        prepare: Callable[[list[Job]], Prepared[list[Outcome]] | None],
+        prepare: Callable[[list[Job]], Op[list[Outcome]] | None],
         combine: Callable[[list[Job]], list[Outcome]],
     ) -> None:
         self._hub = hub
@@ -61,14 +61,14 @@ class LoopCalls:
         #: The statement under way: how it is going, its jobs, what its rows mean, and until
         #: when (with what next delay) a dropped connection is ridden out.
         self._sending: (
-            tuple[Sending, list[Job], Prepared[list[Outcome]], float, float] | None
+            tuple[Sending, list[Job], Op[list[Outcome]], float, float] | None
         ) = None
         self._fairy: Any = None
         #: The socket registered with the hub, and whether for writing (else reading).
         self._watched: tuple[int, bool] | None = None
         #: A statement to send again once the backoff passed: its jobs, itself, the deadline,
         #: the next delay, and the hub's timer.
-        self._retry: tuple[list[Job], Prepared[list[Outcome]], float, float, Any] | None = None
+        self._retry: tuple[list[Job], Op[list[Outcome]], float, float, Any] | None = None
 
     def submit(self, key: Any, call: Callable[[], Any], **context: Any) -> None:
         self._waiting.append(Job(key, call, context))
@@ -138,8 +138,9 @@ class LoopCalls:
             self._send(jobs, prepared, time.monotonic() + RETRY_SECONDS, 0.05)
 
     def _send(
-        self, jobs: list[Job], prepared: Prepared[list[Outcome]], deadline: float, delay: float
+        self, jobs: list[Job], prepared: Op[list[Outcome]], deadline: float, delay: float
     ) -> None:
+        assert prepared.statement is not None  # the runner is handed sendable ops only
         try:
             if self._fairy is None:
                 self._fairy = self._fast.kept_connection()
@@ -157,7 +158,7 @@ class LoopCalls:
         self,
         jobs: list[Job],
         exc: BaseException,
-        again: tuple[Prepared[list[Outcome]], float, float] | None = None,
+        again: tuple[Op[list[Outcome]], float, float] | None = None,
     ) -> None:
         """Every call reports ``exc``; unless the connection dropped (or could not be made)
         and there is time left: then the statement goes out again after a backoff."""
@@ -208,6 +209,7 @@ class LoopCalls:
             self._fairy = None  # given back (or dropped) by the failure
             self._failed(jobs, sending.error, again=(prepared, deadline, delay))
         else:
+            assert prepared.finish is not None
             try:
                 outcomes = prepared.finish(sending.rows)
             except BaseException as exc:

@@ -17,8 +17,8 @@ from sqlalchemy import and_, any_, delete, exists, false, func, not_, or_, selec
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from ._core.store import Store
 from .results_store import ResultStore
-from .store import Store
 
 logger = logging.getLogger(__name__)
 

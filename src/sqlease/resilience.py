@@ -54,12 +54,8 @@ def retry_transient(fn: F, seconds: float = RETRY_SECONDS) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def retrying(*names: str) -> Callable[[type[Any]], type[Any]]:
-    """Class decorator: wrap the named methods with ``retry_transient``."""
-
-    def decorate(cls: type[Any]) -> type[Any]:
-        for name in names:
-            setattr(cls, name, retry_transient(getattr(cls, name)))
-        return cls
-
-    return decorate
+def transient(fn: F) -> F:
+    """Mark an operation as safe to repeat: it retries operational errors for up to
+    ``RETRY_SECONDS`` (see the module's docstring). A call given the caller's ``connection``
+    is not retried: the caller's transaction is theirs to retry."""
+    return retry_transient(fn)

@@ -18,8 +18,10 @@ from sqlalchemy import Connection, delete, func, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from .resilience import retrying
-from .store import Fence, Store
+from ._core.store import Store
+from ._db.driver import Lane
+from .resilience import transient
+from .types import Fence
 
 TERMINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
 #: PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; a result that fits travels with
@@ -47,18 +49,6 @@ class FenceRefused(Exception):
     """Internal: a fenced write found its lease gone (nothing was written)."""
 
 
-@retrying(
-    "put",
-    "get",
-    "mget",
-    "delete",
-    "expire",
-    "incr",
-    "cleanup",
-    "completed_messages",
-    "record_final",
-    "count",
-)
 class ResultStore:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -102,6 +92,7 @@ class ResultStore:
         )
         self._notify(conn, key)
 
+    @transient
     def put(
         self,
         key: str,
@@ -178,8 +169,9 @@ class ResultStore:
         if offer is not None and self.store.sql.result_put_offer is not None:
             statement = self.store.sql.result_put_offer
             params.update(offer)
-        assert self.store.fast is not None and statement is not None
-        (outcome,) = self.store.fast.rows(statement, params)
+        default = self.store.driver.lane(Lane.DEFAULT)
+        assert default is not None and statement is not None
+        (outcome,) = default.rows(statement, params)
         held, stored = outcome["held"], outcome["stored"]
         if fence is not None and not held:
             return "lease_lost"
@@ -190,6 +182,7 @@ class ResultStore:
             self.results.c.expires_at_ms.is_(None), self.results.c.expires_at_ms > self._now()
         )
 
+    @transient
     def get(self, key: str) -> bytes | None:
         with self.store._reading() as conn:
             value = conn.execute(
@@ -197,6 +190,7 @@ class ResultStore:
             ).scalar()
         return None if value is None else bytes(value)
 
+    @transient
     def mget(self, keys: Sequence[str]) -> list[bytes | None]:
         if not keys:
             return []
@@ -209,17 +203,20 @@ class ResultStore:
         found = {r.key: bytes(r.value) for r in rows}
         return [found.get(k) for k in keys]
 
+    @transient
     def delete(self, key: str) -> None:
         with self.store.engine.begin() as conn:
             conn.execute(delete(self.results).where(self.results.c.key == key))
             conn.execute(delete(self.counters).where(self.counters.c.key == key))
 
+    @transient
     def expire(self, key: str, seconds: float | None) -> None:
         expires = None if not seconds else self._now() + int(seconds * 1000)
         with self.store.engine.begin() as conn:
             for table in (self.results, self.counters):
                 conn.execute(update(table).where(table.c.key == key).values(expires_at_ms=expires))
 
+    @transient
     def incr(
         self,
         key: str,
@@ -305,6 +302,7 @@ class ResultStore:
                 settled.add((key, part))
         return settled
 
+    @transient
     def record_final(
         self,
         task_id: str,
@@ -332,6 +330,7 @@ class ResultStore:
             == "stored"
         )
 
+    @transient
     def cleanup(self) -> int:
         """Delete expired results and counters; returns how many rows went."""
         now = self._now()
@@ -346,6 +345,7 @@ class ResultStore:
                 removed += result.rowcount or 0
         return removed
 
+    @transient
     def completed_messages(self, message_ids: Iterable[int]) -> set[int]:
         """Which of these messages already have a final result stored under their lease
         (a result written, then the ack lost)."""
@@ -361,6 +361,7 @@ class ResultStore:
             ).fetchall()
         return {int(r.message_id) for r in rows}
 
+    @transient
     def count(self) -> int:
         with self.store._reading() as conn:
             return int(conn.execute(select(func.count()).select_from(self.results)).scalar_one())

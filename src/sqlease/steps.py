@@ -17,8 +17,9 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from .resilience import retrying
-from .store import Fence, Store
+from ._core.store import Store
+from .resilience import transient
+from .types import Fence
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,6 @@ class StepRecord:
     message_id: int | None = None
 
 
-@retrying("get", "all", "start", "finish", "mark_unknown")
 class StepStore:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -42,6 +42,7 @@ class StepStore:
     def _held(self, conn: Any, fence: Fence, task_id: str | None) -> bool:
         return self.store.holds_on(conn, fence, task_id)
 
+    @transient
     def get(self, task_id: str, name: str) -> StepRecord | None:
         s = self.steps
         with self.store._reading() as conn:
@@ -58,6 +59,7 @@ class StepStore:
             None if row.message_id is None else int(row.message_id),
         )
 
+    @transient
     def all(self, task_id: str) -> list[StepRecord]:
         s = self.steps
         with self.store._reading() as conn:
@@ -76,6 +78,7 @@ class StepStore:
             for r in rows
         ]
 
+    @transient
     def start(self, fence: Fence, task_id: str, name: str) -> bool:
         """Record the step as started by this delivery (fenced)."""
         now = self.store.now_ms()
@@ -102,6 +105,7 @@ class StepStore:
             self.store._event_on(conn, task_id, fence, "step_started", {"step": name}, now)
         return True
 
+    @transient
     def finish(
         self,
         fence: Fence,
@@ -133,6 +137,7 @@ class StepStore:
             self.store._event_on(conn, task_id, fence, f"step_{status}", {"step": name}, now)
         return True
 
+    @transient
     def mark_unknown(self, fence: Fence, task_id: str, name: str) -> bool:
         """Record that an interrupted step's outcome is unknown (fenced; for inspection)."""
         s = self.steps

@@ -40,6 +40,7 @@ import sqlalchemy.exc
 from kombu.transport import virtual
 from sqlalchemy.engine import URL
 
+from ._db.driver import Lane, Op
 from .background import BackgroundCalls, Job, Outcome
 from .chord_parts import chord_count_of
 from .delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY, fence_of
@@ -52,7 +53,7 @@ from .loop_calls import LoopCalls
 from .options import TransportOptions
 from .registry import CONNECT_RETRY_SECONDS, store_for
 from .results_store import ResultStore
-from .store import Fence, Message, NewMessage, Prepared, Store
+from .store import Fence, Message, NewMessage, Store
 from .urls import client_url, display_url, to_sqlalchemy_url
 from .wakeup import PostgresListener, SqliteWatcher, Waker
 
@@ -259,17 +260,19 @@ class Channel(virtual.Channel):
 
     def prepare_claim_with_acks(
         self, queues: list[str], limit: int, fences: list[Fence]
-    ) -> Prepared[tuple[set[int], list[Message], bool]] | None:
-        """``claim_with_acks`` as one statement to run (None where it is not one)."""
-        prepared = self.store.prepare_ack_and_claim(fences, queues, **self._claim_terms(limit))
-        if prepared is None:
+    ) -> Op[tuple[set[int], list[Message], bool]] | None:
+        """``claim_with_acks`` as one statement to send (None where it is not one)."""
+        op = self.store.ack_and_claim_op(fences, queues, **self._claim_terms(limit))
+        if op is None or not op.sendable:
             return None
+        combined = op.finish
+        assert combined is not None
 
         def finish(rows: list[dict[str, Any]]) -> tuple[set[int], list[Message], bool]:
-            acked, messages = prepared.finish(rows)
+            acked, messages = combined(rows)
             return acked, self._hold(messages), not fences and len(messages) < limit
 
-        return Prepared(prepared.statement, prepared.params, finish)
+        return Op(op.lane, op.statement, op.params, finish)
 
     def _claim_terms(self, limit: int) -> dict[str, Any]:
         transport = self.connection
@@ -1057,7 +1060,7 @@ class Transport(virtual.Transport):
 
     def _background_calls(self) -> BackgroundCalls | LoopCalls:
         if self._background is None:
-            fast = self.store.fast_leases
+            fast = self.store.driver.lane(Lane.LEASES)
             if fast is not None and NONBLOCKING and self._loop is not None:
                 # The loop sends the statements itself and reads their rows when they come.
                 self._background = LoopCalls(
@@ -1137,29 +1140,32 @@ class Transport(virtual.Transport):
             return [Outcome(job.key, error=exc, context=job.context) for job in jobs]
         return _outcomes(jobs, first, acked, claimed, short=short)
 
-    def _prepare_background(self, jobs: list[Job]) -> Prepared[list[Outcome]] | None:
+    def _prepare_background(self, jobs: list[Job]) -> Op[list[Outcome]] | None:
         """The same as one statement for the loop to send (None where it is not one)."""
         fences, first = _acks_and_first_claim(jobs)
         if first is None:
-            acks = self.store.prepare_ack(fences) if fences else None
-            if acks is None:
+            acks = self.store.ack_op(fences) if fences else None
+            if acks is None or not acks.sendable or acks.finish is None:
                 return None
-            return Prepared(
+            acked = acks.finish
+            return Op(
+                acks.lane,
                 acks.statement,
                 acks.params,
-                lambda rows: _outcomes(jobs, None, acks.finish(rows), [], short=False),
+                lambda rows: _outcomes(jobs, None, acked(rows), [], short=False),
             )
         channel: SqlChannel = first.key
         queues, limit = first.context["queues"], first.context["limit"]
         claim = channel.prepare_claim_with_acks(queues, limit, fences)
-        if claim is None:
+        if claim is None or claim.finish is None:
             return None
+        combined = claim.finish
 
         def finish(rows: list[dict[str, Any]]) -> list[Outcome]:
-            acked, claimed, short = claim.finish(rows)
+            acked, claimed, short = combined(rows)
             return _outcomes(jobs, first, acked, claimed, short=short)
 
-        return Prepared(claim.statement, claim.params, finish)
+        return Op(claim.lane, claim.statement, claim.params, finish)
 
     def _wake_from_background(self) -> None:
         # Called on the background thread: always write (the loop's _kicked flag is the loop

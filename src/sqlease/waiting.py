@@ -21,7 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from .errors import InvalidAnswer, LeaseLost, WaitingForPerson
 
 if TYPE_CHECKING:
-    from .store import Store
+    from ._core.store import Store
     from .types import Fence
 
 KINDS = {"input": "waiting_input", "approval": "waiting_approval"}

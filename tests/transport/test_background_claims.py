@@ -23,6 +23,7 @@ from kombu.message import Message
 
 import sqlease.transport as transport_module
 from sqlease import Store
+from sqlease._db.driver import Lane
 from sqlease.background import BackgroundCalls
 from sqlease.loop_calls import LoopCalls
 
@@ -100,12 +101,12 @@ def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
     worker, got = holding_eight(connect, hub, 12)
     assert worker.transport._background is None  # idle: the first claim ran in the loop
     store = worker.transport.store
-    assert store.fast_leases is not None
+    assert store.driver.lane(Lane.LEASES) is not None
     combined = threads_of(monkeypatch, store, "ack_and_claim")
     plain_acks = threads_of(monkeypatch, store, "ack")
-    prepared = threads_of(monkeypatch, store, "prepare_ack_and_claim")
-    sent = threads_of(monkeypatch, store.fast_leases, "send")
-    blocking = threads_of(monkeypatch, store.fast_leases, "rows")
+    prepared = threads_of(monkeypatch, store, "ack_and_claim_op")
+    sent = threads_of(monkeypatch, store.driver.lane(Lane.LEASES), "send")
+    blocking = threads_of(monkeypatch, store.driver.lane(Lane.LEASES), "rows")
     for message in got[:4]:
         message.ack()
     run_until(hub, lambda: len(got) == 12)
@@ -133,12 +134,14 @@ def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
         message.ack()
     run_until(hub, lambda: rows(db_store, "work") == 0)
     # The loop (or the thread) kept one connection for its statements, given back at close.
-    pool = store.fast_leases._engine.pool
+    pool = store.driver.lane(Lane.LEASES)._engine.pool
     assert worker.transport._background is not None
-    spares = store.fast_leases.spares_kept()  # kept by the engine for one-statement calls
+    spares = store.driver.lane(
+        Lane.LEASES
+    ).spares_kept()  # kept by the engine for one-statement calls
     assert pool.checkedout() >= 1 + spares  # type: ignore[attr-defined]
     worker.release()
-    assert pool.checkedout() == store.fast_leases.spares_kept()  # type: ignore[attr-defined]
+    assert pool.checkedout() == store.driver.lane(Lane.LEASES).spares_kept()  # type: ignore[attr-defined]
 
 
 def test_closing_while_a_background_claim_runs_gives_its_messages_back(
@@ -149,13 +152,13 @@ def test_closing_while_a_background_claim_runs_gives_its_messages_back(
     entered, gate = threading.Event(), threading.Event()
     if calls == "loop":
         # The statement goes out, but the loop does not get to read its rows before closing.
-        real_send = store.fast_leases.send
+        real_send = store.driver.lane(Lane.LEASES).send
 
         def sent(*args: Any, **kwargs: Any) -> Any:
             entered.set()
             return real_send(*args, **kwargs)
 
-        monkeypatch.setattr(store.fast_leases, "send", sent)
+        monkeypatch.setattr(store.driver.lane(Lane.LEASES), "send", sent)
         monkeypatch.setattr(LoopCalls, "_on_socket", lambda self: None)
     else:
         real = store.ack_and_claim

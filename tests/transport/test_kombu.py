@@ -31,6 +31,7 @@ from sqlalchemy.engine import make_url
 import sqlease
 from conftest import unique_prefix
 from sqlease import ConfigurationError, PayloadTooLarge, Store
+from sqlease._db.driver import Lane
 from sqlease.heartbeat import heartbeat
 from sqlease.transport import Transport, fence_of
 from sqlease.urls import client_url, to_sqlalchemy_url
@@ -1258,7 +1259,7 @@ def test_publish_sync_commit_reaches_the_store_and_loses_nothing(
     store = conn.default_channel.store
     assert store.publish_sync_commit is False
     if db_url.startswith("postgresql"):
-        assert store.fast_publish is store.fast_leases
+        assert store.driver.lane(Lane.PUBLISH) is store.driver.lane(Lane.LEASES)
     for n in range(3):
         publish(conn, "q", {"n": n})
     got = consume(conn, ["q"], 3)

@@ -16,10 +16,11 @@ from sqlalchemy import text
 
 from conftest import unique_prefix
 from sqlease import loop_calls
+from sqlease._db.driver import Lane, Op
 from sqlease.background import Job, Outcome
 from sqlease.fastpath import NONBLOCKING, FastPath
 from sqlease.loop_calls import LoopCalls
-from sqlease.store import Fence, NewMessage, Prepared, Store
+from sqlease.store import Fence, NewMessage, Store
 
 from .test_background_claims import hub, run_until
 
@@ -37,31 +38,35 @@ DIVISION_BY_ZERO = text("SELECT 1 / (SELECT count(*) FROM (SELECT 1 WHERE false)
 @pytest.fixture
 def store(pg_database_url: str) -> Store:
     store = Store(pg_database_url, table_prefix=unique_prefix())
-    assert store.fast_leases is not None
-    store.fast_leases._engine.dispose()  # process-wide: an earlier test may have killed it
+    assert store.driver.lane(Lane.LEASES) is not None
+    store.driver.lane(
+        Lane.LEASES
+    )._engine.dispose()  # process-wide: an earlier test may have killed it
     return store
 
 
-def acks(store: Store) -> Callable[[list[Job]], Prepared[list[Outcome]] | None]:
+def acks(store: Store) -> Callable[[list[Job]], Op[list[Outcome]] | None]:
     """Each job's context holds fences: all of them acked in one statement."""
 
-    def prepare(jobs: list[Job]) -> Prepared[list[Outcome]] | None:
+    def prepare(jobs: list[Job]) -> Op[list[Outcome]] | None:
         fences = [f for job in jobs for f in job.context["fences"]]
-        prepared = store.prepare_ack(fences)
-        if prepared is None:
+        prepared = store.ack_op(fences)
+        if prepared is None or not prepared.sendable or prepared.finish is None:
             return None
-        return Prepared(
+        acked = prepared.finish
+        return Op(
+            prepared.lane,
             prepared.statement,
             prepared.params,
-            lambda rows: [Outcome(j.key, value=prepared.finish(rows)) for j in jobs],
+            lambda rows: [Outcome(j.key, value=acked(rows)) for j in jobs],
         )
 
     return prepare
 
 
-def fails(store: Store) -> Callable[[list[Job]], Prepared[list[Outcome]]]:
-    def prepare(jobs: list[Job]) -> Prepared[list[Outcome]]:
-        return Prepared(DIVISION_BY_ZERO, {}, lambda rows: [Outcome(j.key) for j in jobs])
+def fails(store: Store) -> Callable[[list[Job]], Op[list[Outcome]]]:
+    def prepare(jobs: list[Job]) -> Op[list[Outcome]]:
+        return Op(Lane.LEASES, DIVISION_BY_ZERO, {}, lambda rows: [Outcome(j.key) for j in jobs])
 
     return prepare
 
@@ -84,12 +89,14 @@ def backend_pid(calls: LoopCalls) -> int:
 def test_the_loop_sends_the_statement_and_reads_its_rows_when_they_come(
     store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert store.fast_leases is not None
+    assert store.driver.lane(Lane.LEASES) is not None
     first, second, third = leased(store, 3)
     blocking: list[Any] = []
     monkeypatch.setattr(FastPath, "rows", lambda *a, **k: blocking.append(a))
     notified: list[int] = []
-    calls = LoopCalls(hub, store.fast_leases, lambda: notified.append(1), acks(store), never)
+    calls = LoopCalls(
+        hub, store.driver.lane(Lane.LEASES), lambda: notified.append(1), acks(store), never
+    )
     calls.submit("a", lambda: None, fences=[first])
     calls.submit("b", lambda: None, fences=[second, third])  # waits: one statement at a time
     assert calls.pending and calls.collect() == []
@@ -101,16 +108,16 @@ def test_the_loop_sends_the_statement_and_reads_its_rows_when_they_come(
     assert not calls.pending and blocking == []
     monkeypatch.undo()
     assert store.size("q") == 0 and store.get_message(first.message_id) is None
-    pool = store.fast_leases._engine.pool
-    spares = store.fast_leases.spares_kept()  # the engine's, for one-statement calls
+    pool = store.driver.lane(Lane.LEASES)._engine.pool
+    spares = store.driver.lane(Lane.LEASES).spares_kept()  # the engine's, for one-statement calls
     assert pool.checkedout() == 1 + spares  # type: ignore[attr-defined]  # kept between statements
     calls.stop()
     assert pool.checkedout() == spares  # type: ignore[attr-defined]
 
 
 def test_wait_idle_finishes_what_is_under_way_without_the_loop(store: Store, hub: Hub) -> None:
-    assert store.fast_leases is not None
-    calls = LoopCalls(hub, store.fast_leases, lambda: None, acks(store), never)
+    assert store.driver.lane(Lane.LEASES) is not None
+    calls = LoopCalls(hub, store.driver.lane(Lane.LEASES), lambda: None, acks(store), never)
     fences = leased(store, 2)
     calls.submit("a", lambda: None, fences=fences[:1])
     calls.submit("b", lambda: None, fences=fences[1:])
@@ -122,8 +129,8 @@ def test_wait_idle_finishes_what_is_under_way_without_the_loop(store: Store, hub
 def test_a_statement_error_is_the_outcome_and_the_connection_is_kept(
     store: Store, hub: Hub
 ) -> None:
-    assert store.fast_leases is not None
-    calls = LoopCalls(hub, store.fast_leases, lambda: None, fails(store), never)
+    assert store.driver.lane(Lane.LEASES) is not None
+    calls = LoopCalls(hub, store.driver.lane(Lane.LEASES), lambda: None, fails(store), never)
     calls.submit("a", lambda: None)
     calls.submit("b", lambda: None)
     run_until(hub, lambda: len(calls._done) == 2)
@@ -132,15 +139,15 @@ def test_a_statement_error_is_the_outcome_and_the_connection_is_kept(
     assert all(isinstance(o.error, sa_exc.DataError) for o in outcomes)
     assert calls._fairy is None  # given back on the failure, as the pinned path does
     calls.stop()
-    pool = store.fast_leases._engine.pool
-    assert pool.checkedout() == store.fast_leases.spares_kept()  # type: ignore[attr-defined]
+    pool = store.driver.lane(Lane.LEASES)._engine.pool
+    assert pool.checkedout() == store.driver.lane(Lane.LEASES).spares_kept()  # type: ignore[attr-defined]
 
 
 def test_a_dropped_connection_is_ridden_out_on_a_fresh_one(
     store: Store, hub: Hub, pg_database_url: str
 ) -> None:
-    assert store.fast_leases is not None
-    calls = LoopCalls(hub, store.fast_leases, lambda: None, acks(store), never)
+    assert store.driver.lane(Lane.LEASES) is not None
+    calls = LoopCalls(hub, store.driver.lane(Lane.LEASES), lambda: None, acks(store), never)
     first, second = leased(store, 2)
     calls.submit("a", lambda: None, fences=[first])
     run_until(hub, lambda: bool(calls._done))
@@ -161,7 +168,7 @@ def test_a_dropped_connection_is_ridden_out_on_a_fresh_one(
 def test_a_database_that_stays_away_fails_the_calls_after_the_retry_time(
     store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert store.fast_leases is not None
+    assert store.driver.lane(Lane.LEASES) is not None
     fences = leased(store, 2)
     monkeypatch.setattr(loop_calls, "RETRY_SECONDS", 0.3)
     tries: list[float] = []
@@ -170,8 +177,8 @@ def test_a_database_that_stays_away_fails_the_calls_after_the_retry_time(
         tries.append(time.monotonic())
         raise sa_exc.OperationalError("connect", {}, Exception("connection refused"))
 
-    monkeypatch.setattr(store.fast_leases, "kept_connection", refused)
-    calls = LoopCalls(hub, store.fast_leases, lambda: None, acks(store), never)
+    monkeypatch.setattr(store.driver.lane(Lane.LEASES), "kept_connection", refused)
+    calls = LoopCalls(hub, store.driver.lane(Lane.LEASES), lambda: None, acks(store), never)
     calls.submit("a", lambda: None, fences=fences[:1])
     calls.submit("b", lambda: None, fences=fences[1:])  # waits behind it, then the same
     run_until(hub, lambda: len(calls._done) == 2)
@@ -183,14 +190,14 @@ def test_a_database_that_stays_away_fails_the_calls_after_the_retry_time(
 
 
 def test_calls_that_are_not_one_statement_run_through_combine(store: Store, hub: Hub) -> None:
-    assert store.fast_leases is not None
+    assert store.driver.lane(Lane.LEASES) is not None
     ran: list[list[Any]] = []
 
     def combine(jobs: list[Job]) -> list[Outcome]:
         ran.append([j.key for j in jobs])
         return [Outcome(j.key, value="combined") for j in jobs]
 
-    calls = LoopCalls(hub, store.fast_leases, lambda: None, lambda jobs: None, combine)
+    calls = LoopCalls(hub, store.driver.lane(Lane.LEASES), lambda: None, lambda jobs: None, combine)
     calls.submit("a", lambda: None)
     assert ran == [["a"]] and [o.value for o in calls.collect()] == ["combined"]
     calls.stop()

@@ -34,9 +34,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "loop_calls",
         "background",
     ),
-    "facade": ("admin", "revokes", "transactions", "registry"),
+    "facade": ("store", "admin", "revokes", "transactions", "registry"),
     "core": (
-        "store",
+        "_core",
         "control",
         "results_store",
         "steps",

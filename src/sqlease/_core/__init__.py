@@ -1,0 +1,1 @@
+"""The lease domain: the store's operations by aggregate, on the database layer's driver."""

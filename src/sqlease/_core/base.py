@@ -1,0 +1,127 @@
+"""What every part of the lease store shares: the driver, the statements, time, events.
+
+The store's parts (messages, leases, transitions, offers, tasks, topology) are mixins over
+this base; ``sqlease.store.Store`` puts them together and sets the attributes declared here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+from sqlalchemy.engine import Engine
+
+from .._db.driver import Driver, event_params
+from ..resilience import transient
+from ..schema import Tables
+from ..types import Fence
+
+if TYPE_CHECKING:
+    from .._sql import Statements
+
+Clock = Callable[[], int]
+
+
+def due_ms(rows: list[dict[str, Any]]) -> int | None:
+    """The ``due`` column of an offer statement: milliseconds until the next delayed message."""
+    due = rows[0]["due"] if rows else None
+    return None if due is None else max(0, int(due))
+
+
+def by_owner(fences: Iterable[Fence]) -> dict[str, list[Fence]]:
+    groups: dict[str, list[Fence]] = defaultdict(list)
+    for fence in fences:
+        groups[fence.owner].append(fence)
+    return groups
+
+
+def dump(data: Any) -> str | None:
+    return None if data is None else json.dumps(data, sort_keys=True, default=str)
+
+
+class StoreBase:
+    """The state the store's parts share (set by ``Store.__init__``)."""
+
+    engine: Engine
+    driver: Driver
+    sql: Statements
+    tables: Tables
+    clock: Clock | None
+    max_attempts: int
+    max_payload_bytes: int
+    publish_sync_commit: bool
+    #: PostgreSQL channel that enqueue notifies and idle workers LISTEN on.
+    notify_channel: str
+
+    def _writing(self, statements: int = 2) -> AbstractContextManager[Connection]:
+        """A short write transaction (one statement needs no BEGIN/COMMIT on PostgreSQL)."""
+        return self.driver.writing(statements)
+
+    def _writing_hot(self, statements: int = 2) -> AbstractContextManager[Connection]:
+        """``_writing`` for the per-task operations (enqueue, claim, ack, take, renew)."""
+        return self.driver.writing_hot(statements)
+
+    def _reading(self) -> AbstractContextManager[Connection]:
+        """A read-only transaction (on SQLite a deferred one: no write lock)."""
+        return self.driver.reading()
+
+    def fork_section(self) -> AbstractContextManager[None]:
+        """On SQLite, a block a fork waits for (sqlease.fork_guard); elsewhere nothing."""
+        return self.driver.fork_section()
+
+    # ---- time --------------------------------------------------------------------------
+
+    def _now(self, now: int | None) -> int | None:
+        if now is not None:
+            return int(now)
+        return None if self.clock is None else int(self.clock())
+
+    @transient
+    def now_ms(self) -> int:
+        """The time the store compares leases against (the clock, else the database's)."""
+        if self.clock is not None:
+            return int(self.clock())
+        with self._reading() as conn:
+            value = conn.execute(self.sql.now, {"now": None}).scalar_one()
+        return int(value)
+
+    # ---- events ------------------------------------------------------------------------
+
+    def _insert_event(
+        self,
+        conn: Connection,
+        task_id: str | None,
+        message_id: int | None,
+        attempt: int | None,
+        kind: str,
+        data: str | None,
+        now: int | None,
+    ) -> None:
+        """Append one event (``data`` already JSON) inside the caller's transaction."""
+        conn.execute(
+            self.sql.event_insert, event_params(task_id, message_id, attempt, kind, data, now)
+        )
+
+    def _event_on(
+        self,
+        conn: Connection,
+        task_id: str | None,
+        fence: Fence | None,
+        kind: str,
+        data: Any,
+        now: int | None,
+    ) -> None:
+        """Append an event inside the caller's transaction."""
+        self._insert_event(
+            conn,
+            task_id,
+            None if fence is None else fence.message_id,
+            None if fence is None else fence.attempt,
+            kind,
+            dump(data),
+            now,
+        )

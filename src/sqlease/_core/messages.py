@@ -1,0 +1,191 @@
+"""Publishing and reading messages: enqueue, take (no-ack consumers), requeue, sizes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+
+from .._db.driver import Lane
+from ..errors import ConfigurationError, PayloadTooLarge
+from ..resilience import transient
+from ..types import Message, NewMessage
+from .base import StoreBase
+from .rows import row_to_message
+
+
+class Messages(StoreBase):
+    """Publishing and reading messages."""
+
+    def _check_new(self, msg: NewMessage) -> dict[str, Any]:
+        if not isinstance(msg.queue, str) or not msg.queue:
+            raise ConfigurationError(f"queue name must be a non-empty string, not {msg.queue!r}")
+        if not isinstance(msg.payload, str):
+            raise TypeError(f"payload must be str, not {type(msg.payload).__name__}")
+        size = len(msg.payload.encode("utf-8"))
+        if size > self.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"message for queue {msg.queue!r} is {size} bytes, over max_payload_bytes="
+                f"{self.max_payload_bytes}; it was not enqueued"
+            )
+        if not isinstance(msg.priority, int) or not -32768 <= msg.priority <= 32767:
+            raise ConfigurationError(f"priority must be a small integer, not {msg.priority!r}")
+        max_attempts = self.max_attempts if msg.max_attempts is None else msg.max_attempts
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
+        return {
+            "queue": msg.queue,
+            "payload": msg.payload,
+            "priority": msg.priority,
+            "delay_ms": max(0, int(msg.delay_ms)),
+            "run_id": msg.run_id,
+            "task_id": msg.task_id,
+            "max_attempts": max_attempts,
+            "record": bool(msg.record),
+        }
+
+    def enqueue(
+        self,
+        queue: str,
+        payload: str,
+        *,
+        priority: int = 0,
+        delay_ms: int = 0,
+        run_id: str | None = None,
+        task_id: str | None = None,
+        max_attempts: int | None = None,
+        record: bool = True,
+        now: int | None = None,
+        connection: Connection | None = None,
+    ) -> int:
+        """Add one message; returns its id. With ``connection`` it joins that transaction."""
+        ids = self.enqueue_many(
+            [NewMessage(queue, payload, priority, delay_ms, run_id, task_id, max_attempts, record)],
+            now=now,
+            connection=connection,
+        )
+        return ids[0]
+
+    @transient
+    def enqueue_many(
+        self,
+        messages: Sequence[NewMessage],
+        *,
+        now: int | None = None,
+        connection: Connection | None = None,
+    ) -> list[int]:
+        """Add messages in one transaction; returns their ids in order."""
+        rows = [self._check_new(m) for m in messages]
+        if not rows:
+            return []
+        if connection is not None:
+            return self._enqueue_on(connection, rows, self._now(now), handoff=False)
+        publish = self.driver.lane(Lane.PUBLISH)
+        if publish is not None and len(rows) == 1:  # one statement: autocommit
+            params = dict(rows[0], now=self._now(now), channel=self.notify_channel)
+            return [int(publish.rows(self.sql.enqueue, params)[0]["id"])]
+        with self.driver.publishing(len(rows)) as conn:
+            return self._enqueue_on(conn, rows, self._now(now))
+
+    def _enqueue_on(
+        self, conn: Connection, rows: list[dict[str, Any]], now: int | None, *, handoff: bool = True
+    ) -> list[int]:
+        ids: list[int] = []
+        statement = self.sql.enqueue if handoff else self.sql.enqueue_plain
+        for row in rows:
+            params = dict(row, now=now, channel=self.notify_channel)
+            message_id = int(conn.execute(statement, params).scalar_one())
+            ids.append(message_id)
+            self.driver.after_enqueue(conn, row, message_id, now)
+        return ids
+
+    @transient
+    def take(
+        self, queues: Sequence[str], *, limit: int = 1, now: int | None = None
+    ) -> list[Message]:
+        """Delete and return up to ``limit`` ready messages (for consumers that never ack)."""
+        if not queues or limit < 1:
+            return []
+        params = {
+            "queues": self.driver.queues_param(queues),
+            "limit": int(limit),
+            "now": self._now(now),
+        }
+        with self._writing_hot(statements=1) as conn:
+            rows = conn.execute(self.sql.take, params).fetchall()
+        taken = [row_to_message(r) for r in rows]
+        taken.sort(key=lambda m: (-m.priority, m.available_at_ms, m.id))
+        return taken
+
+    @transient
+    def next_due_in_ms(self, queues: Sequence[str], *, now: int | None = None) -> int | None:
+        """Milliseconds until the next scheduled message of ``queues`` becomes due, if any."""
+        if not queues:
+            return None
+        with self._reading() as conn:
+            value = conn.execute(
+                self.sql.next_due,
+                {"queues": self.driver.queues_param(queues), "now": self._now(now)},
+            ).scalar()
+        return None if value is None else max(0, int(value))
+
+    @transient
+    def requeue(
+        self,
+        message_id: int,
+        *,
+        delay_ms: int = 0,
+        max_attempts: int | None = None,
+        now: int | None = None,
+    ) -> bool:
+        """Make a parked or dead message claimable again with a fresh attempt budget. The
+        attempt counter keeps growing (it is the fence), the budget is counted from it."""
+        budget = self.max_attempts if max_attempts is None else max_attempts
+        if not isinstance(budget, int) or budget < 1:
+            raise ConfigurationError(f"max_attempts must be an integer >= 1, not {budget!r}")
+        now = self._now(now)
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                self.sql.requeue,
+                {
+                    "message_id": message_id,
+                    "delay_ms": max(0, delay_ms),
+                    "budget": budget,
+                    "now": now,
+                },
+            ).first()
+            if row is None:
+                return False
+            m = row._mapping
+            # A requeued message must run again, not be completed from a result one of its
+            # earlier deliveries stored (see the transport's lost-ack completion).
+            results = self.tables.results
+            conn.execute(
+                results.update().where(results.c.message_id == m["id"]).values(message_id=None)
+            )
+            self._insert_event(conn, m["task_id"], m["id"], m["attempt"], "requeued", None, now)
+        return True
+
+    @transient
+    def get_message(self, message_id: int) -> Message | None:
+        with self._reading() as conn:
+            row = conn.execute(self.sql.message_get, {"id": message_id}).first()
+        return None if row is None else row_to_message(row)
+
+    @transient
+    def size(self, queue: str, *, now: int | None = None) -> int:
+        """Messages ready to be delivered now (not leased, not scheduled for later)."""
+        with self._reading() as conn:
+            value = conn.execute(self.sql.size, {"queue": queue, "now": self._now(now)}).scalar()
+        return int(value or 0)
+
+    @transient
+    def purge(self, queue: str, *, now: int | None = None) -> int:
+        """Delete the queue's undelivered messages (leased ones are left to their holders)."""
+        now = self._now(now)
+        with self.engine.begin() as conn:
+            rows = conn.execute(self.sql.purge, {"queue": queue, "now": now}).fetchall()
+            for r in rows:
+                self._insert_event(conn, r.task_id, r.id, r.attempt, "purged", None, now)
+        return len(rows)

@@ -1,0 +1,53 @@
+"""Rows to values: the message and event shapes the statements return."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import Row
+
+from ..types import Message
+
+
+def expand_event_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Raw ``events`` rows, each PostgreSQL batch row (the ``claimed`` or ``acked`` events
+    of one statement, see ``docs/leases.md`` §3.7) expanded into one row per listed message,
+    as ``Store.events`` returns them. For tools and tests that read the table directly."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if row.get("task_ids") is None:
+            out.append(dict(row))
+            continue
+        for task_id, message_id, attempt in zip(
+            row["task_ids"], row["message_ids"], row["attempts"], strict=True
+        ):
+            out.append({**row, "task_id": task_id, "message_id": message_id, "attempt": attempt})
+    return out
+
+
+def row_to_message(row: Row[Any]) -> Message:
+    # By name only when selected (RowMapping.get on a missing key raises inside).
+    return message_from(row._mapping, has_last_error="last_error" in row._fields)
+
+
+def message_from(mapping: Mapping[Any, Any], *, has_last_error: bool) -> Message:
+    return Message(
+        id=int(mapping["id"]),
+        queue=mapping["queue"],
+        payload=mapping["payload"],
+        priority=int(mapping["priority"]),
+        available_at_ms=int(mapping["available_at_ms"]),
+        created_at_ms=int(mapping["created_at_ms"]),
+        run_id=mapping["run_id"],
+        task_id=mapping["task_id"],
+        state=mapping["state"],
+        reason=mapping["reason"],
+        lease_owner=mapping["lease_owner"],
+        lease_expires_at_ms=(
+            None if mapping["lease_expires_at_ms"] is None else int(mapping["lease_expires_at_ms"])
+        ),
+        attempt=int(mapping["attempt"]),
+        max_attempts=int(mapping["max_attempts"]),
+        last_error=mapping["last_error"] if has_last_error else None,
+    )

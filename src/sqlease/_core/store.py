@@ -1,0 +1,78 @@
+"""The lease store put together: every aggregate's operations on one driver."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import URL, Engine
+
+from .._db.connect import driver_for
+from .._sql import Statements, dialect_for
+from ..engine import get_engine
+from ..errors import ConfigurationError
+from ..resilience import RETRY_SECONDS, retry_transient
+from ..schema import build_tables, ensure_schema
+from .base import Clock
+from .leases import Leases
+from .messages import Messages
+from .offers import Offers
+from .tasks import Tasks
+from .topology import Topology
+from .transitions import Transitions
+
+
+class Store(Messages, Offers, Leases, Transitions, Tasks, Topology):
+    """Lease operations on one database (SQLite file or PostgreSQL) and table prefix.
+
+    The operations live in ``sqlease._core`` by aggregate (messages, leases, transitions,
+    offers, tasks, topology); this class puts them together on one driver."""
+
+    def __init__(
+        self,
+        url: str | URL | Engine,
+        *,
+        table_prefix: str = "sqlease_",
+        auto_migrate: bool = True,
+        max_attempts: int = 3,
+        max_payload_bytes: int = 16 * 1024 * 1024,
+        sqlite_synchronous: str = "NORMAL",
+        lease_sync_commit: bool = False,
+        publish_sync_commit: bool = True,
+        clock: Clock | None = None,
+        connect_retry_seconds: float = RETRY_SECONDS,
+    ) -> None:
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
+        if not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
+            raise ConfigurationError(
+                f"max_payload_bytes must be a positive integer, not {max_payload_bytes!r}"
+            )
+        self.engine = (
+            url
+            if isinstance(url, Engine)
+            else get_engine(url, sqlite_synchronous=sqlite_synchronous)
+        )
+        self.tables = build_tables(table_prefix)
+        self.dialect = dialect_for(self.engine.dialect.name)
+        self.sql = Statements(self.dialect, self.tables)
+        #: The database's driver: its lanes (which pool and commit level each hot statement
+        #: runs on), its capabilities and its dialect's differences.
+        self.driver = driver_for(
+            url,
+            self.engine,
+            self.sql,
+            lease_sync_commit=lease_sync_commit,
+            publish_sync_commit=publish_sync_commit,
+        )
+        self.publish_sync_commit = publish_sync_commit
+        self.max_attempts = max_attempts
+        self.max_payload_bytes = max_payload_bytes
+        self.clock = clock
+        self.notify_channel = f"{self.tables.prefix}wakeup"
+        # A pooled connection killed by a restart fails once: ride it out here too, for up to
+        # ``connect_retry_seconds`` (the transport keeps it short: Kombu retries connecting).
+        retry_transient(ensure_schema, connect_retry_seconds)(
+            self.engine, self.tables, auto_migrate=auto_migrate
+        )
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.driver.name == "postgresql"

@@ -1,0 +1,193 @@
+"""Fenced task state and the timeline: checkpoints, events, lease checks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Connection
+
+from ..resilience import transient
+from ..types import CasResult, Event, Fence, Outcome, TaskRecord
+from .base import StoreBase, dump
+
+
+class Tasks(StoreBase):
+    """Fenced task state and the timeline."""
+
+    @transient
+    def compare_and_set(
+        self,
+        fence: Fence,
+        task_id: str,
+        expected_revision: int,
+        *,
+        checkpoint: Mapping[str, Any] | None = None,
+        state: str | None = None,
+        reason: str | None = None,
+        lease_ms: int = 0,
+        event: str | None = "checkpoint",
+        event_data: Any = None,
+        run_id: str | None = None,
+        now: int | None = None,
+    ) -> CasResult:
+        """Write the task's checkpoint and/or state if this delivery still holds its lease
+        and the task is at ``expected_revision``. Renews the lease by ``lease_ms``."""
+        now = self._now(now)
+        checkpoint_text = None if checkpoint is None else json.dumps(dict(checkpoint))
+        with self.engine.begin() as conn:
+            held = conn.execute(
+                self.sql.hold,
+                {
+                    "message_id": fence.message_id,
+                    "attempt": fence.attempt,
+                    "owner": fence.owner,
+                    "lease_ms": int(lease_ms),
+                    "task_id": task_id,
+                    "now": now,
+                },
+            ).first()
+            if held is None:
+                return CasResult(Outcome.LEASE_LOST)
+            expires = int(held._mapping["lease_expires_at_ms"])
+            if held._mapping["run_id"] is not None:
+                conn.execute(
+                    self.sql.hold_run,
+                    {
+                        "run_id": held._mapping["run_id"],
+                        "message_id": fence.message_id,
+                        "lease_expires_at_ms": expires,
+                    },
+                )
+            conn.execute(self.sql.task_ensure, {"task_id": task_id, "run_id": run_id, "now": now})
+            revision = conn.execute(
+                self.sql.task_cas,
+                {
+                    "task_id": task_id,
+                    "expected": int(expected_revision),
+                    "state": state,
+                    "reason": reason,
+                    "checkpoint": checkpoint_text,
+                    "now": now,
+                },
+            ).scalar()
+            if revision is None:
+                return CasResult(Outcome.REVISION_CONFLICT, lease_expires_at_ms=expires)
+            if event is not None:
+                data = (
+                    event_data
+                    if event_data is not None
+                    else (
+                        {"revision": int(revision)}
+                        if checkpoint is None
+                        else {"revision": int(revision), "checkpoint": dict(checkpoint)}
+                    )
+                )
+                self._insert_event(
+                    conn, task_id, fence.message_id, fence.attempt, event, dump(data), now
+                )
+        return CasResult(Outcome.UPDATED, int(revision), expires)
+
+    @transient
+    def append_event(
+        self,
+        fence: Fence,
+        kind: str,
+        data: Any = None,
+        *,
+        task_id: str | None = None,
+        now: int | None = None,
+    ) -> bool:
+        """Append a timeline event under the lease; False (nothing written) if it is lost."""
+        now = self._now(now)
+        with self.engine.begin() as conn:
+            if not self.holds_on(conn, fence, task_id, now):
+                return False
+            self._insert_event(
+                conn, task_id, fence.message_id, fence.attempt, kind, dump(data), now
+            )
+        return True
+
+    @transient
+    def record_event(
+        self,
+        kind: str,
+        data: Any = None,
+        *,
+        task_id: str | None = None,
+        message_id: int | None = None,
+        attempt: int | None = None,
+        now: int | None = None,
+    ) -> None:
+        """Append an observation that needs no lease (e.g. ``lease_lost`` seen by a worker)."""
+        with self.engine.begin() as conn:
+            self._insert_event(conn, task_id, message_id, attempt, kind, dump(data), self._now(now))
+
+    def holds_on(
+        self,
+        conn: Connection,
+        fence: Fence,
+        task_id: str | None = None,
+        now: int | None = None,
+    ) -> bool:
+        """Inside the caller's transaction: does ``fence`` hold a live lease (for a delivery
+        of ``task_id``, when given)? Locks the message row until that transaction ends, so
+        no takeover can slip in before the caller's write."""
+        row = conn.execute(
+            self.sql.hold,
+            {
+                "message_id": fence.message_id,
+                "attempt": fence.attempt,
+                "owner": fence.owner,
+                "lease_ms": 0,
+                "task_id": task_id,
+                "now": self._now(now),
+            },
+        ).first()
+        return row is not None
+
+    @transient
+    def is_held(self, fence: Fence, *, now: int | None = None) -> bool:
+        """Does this delivery still hold its lease, by the database's answer?"""
+        with self.engine.begin() as conn:
+            return self.holds_on(conn, fence, None, now)
+
+    @transient
+    def get_task(self, task_id: str) -> TaskRecord | None:
+        with self._reading() as conn:
+            row = conn.execute(self.sql.task_get, {"task_id": task_id}).first()
+        if row is None:
+            return None
+        m = row._mapping
+        return TaskRecord(
+            task_id=m["task_id"],
+            state=m["state"],
+            reason=m["reason"],
+            checkpoint=json.loads(m["checkpoint"] or "{}"),
+            revision=int(m["revision"]),
+            run_id=m["run_id"],
+            created_at_ms=int(m["created_at_ms"]),
+            updated_at_ms=int(m["updated_at_ms"]),
+        )
+
+    @transient
+    def events(self, *, task_id: str | None = None, message_id: int | None = None) -> list[Event]:
+        if (task_id is None) == (message_id is None):
+            raise ValueError("pass exactly one of task_id or message_id")
+        stmt = self.sql.events_for_task if task_id is not None else self.sql.events_for_message
+        params = {"task_id": task_id} if task_id is not None else {"message_id": message_id}
+        with self._reading() as conn:
+            rows = conn.execute(stmt, params).fetchall()
+        return [
+            Event(
+                int(r.id),
+                r.task_id,
+                None if r.message_id is None else int(r.message_id),
+                None if r.attempt is None else int(r.attempt),
+                r.kind,
+                None if r.data is None else json.loads(r.data),
+                int(r.at_ms),
+            )
+            for r in rows
+        ]

@@ -1,0 +1,33 @@
+"""The driver for a database URL or engine."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy.engine import URL, Engine
+
+from .driver import Driver
+from .postgresql.driver import PostgresDriver
+from .sqlite.driver import SqliteDriver
+
+if TYPE_CHECKING:
+    from .._sql import Statements
+
+
+def driver_for(
+    url: str | URL | Engine,
+    engine: Engine,
+    sql: Statements,
+    *,
+    lease_sync_commit: bool = False,
+    publish_sync_commit: bool = True,
+) -> Driver:
+    """PostgreSQL (psycopg) or SQLite (sqlite3), by the engine's dialect."""
+    if engine.dialect.name == "postgresql":
+        return PostgresDriver(
+            url,
+            engine,
+            lease_sync_commit=lease_sync_commit,
+            publish_sync_commit=publish_sync_commit,
+        )
+    return SqliteDriver(url, engine, sql)

@@ -1,0 +1,1 @@
+"""PostgreSQL through psycopg 3."""

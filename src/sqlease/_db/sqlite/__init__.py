@@ -1,0 +1,1 @@
+"""SQLite through the standard library's sqlite3."""
