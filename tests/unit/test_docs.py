@@ -252,11 +252,12 @@ def commands(text: str) -> list[list[str]]:
     lines += [span.strip() for span in inline_code(text)]
     found = []
     for line in lines:
+        line = line.split(" #", 1)[0]  # a shell comment
         if ": " in line or "; " in line:
             continue  # a log message ("sqlease lease lost: …"), not a command
         match = COMMAND.match(line)
         if match:
-            found.append(match.group(1).split("#", 1)[0].split())
+            found.append(match.group(1).split())
     return found
 
 
