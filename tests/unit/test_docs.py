@@ -12,7 +12,8 @@ Fast, no database. What is checked:
   every flag written after a verb is one of that verb's flags;
 - ``docs/reference/python-api.md`` documents every name in ``sqlease.__all__``,
   ``transport-options.md`` every option, ``cli.md`` every verb and flag;
-- every relative link points to an existing file, and to an existing heading or anchor;
+- every relative link (CHANGELOG.md's too) points to an existing file, and to an existing
+  heading or anchor;
 - no page but CHANGELOG.md tells history (sessions, commits) or cites DESIGN.
 """
 
@@ -371,7 +372,7 @@ def links(text: str) -> list[str]:
 
 def all_links() -> list[tuple[str, str]]:
     found = set()
-    for path in doc_files():
+    for path in [*doc_files(), ROOT / "CHANGELOG.md"]:
         for target in links(text_of(path)):
             if not re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
                 found.add((rel(path), target))
