@@ -7,7 +7,8 @@ Fast, no database. What is checked:
 - the option table of ``docs/reference/transport-options.md`` lists exactly the options
   ``sqlease.options`` accepts; every option named elsewhere (keys of a
   ``broker_transport_options`` dict in a code block, ``broker_transport_options["…"]``,
-  ```name``` written as an option) is a real one;
+  ```name``` written as an option) is a real one, or another broker's option that the
+  reference lists as ignored;
 - every ``sqlease VERB`` (in code blocks and inline code) is a verb of the CLI's parser, and
   every flag written after a verb is one of that verb's flags;
 - ``docs/reference/python-api.md`` documents every name in ``sqlease.__all__``,
