@@ -1,6 +1,6 @@
 """Handoff (PostgreSQL): a publish leases its message to an idle worker's live offer and sends
 the leased row in its notification, so the worker starts it without a claim round trip
-(sqlease/handoff.py, docs/leases.md "Handoff")."""
+(sqlease/handoff.py, docs/explanation/leases.md, "Handoff")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """PostgreSQL wake-ups: what announces itself on the store's notification channel (workers
-LISTEN on it, see docs/transport.md, "Wake-ups")."""
+LISTEN on it, see docs/howto/postgresql.md)."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def refusal(original: BaseException, where: str) -> BaseException | None:
     elif isinstance(original, psycopg.errors.InsufficientPrivilege):
         error = PermissionDenied(
             f"the database role lacks a privilege sqlease needs: {text.strip()} (see "
-            "docs/reliability.md for the grants a worker role needs)"
+            "docs/explanation/reliability.md for the grants a worker role needs)"
         )
     else:
         return None

@@ -74,7 +74,7 @@ class DatabaseReadOnly(SqleaseError):
 
 
 class PermissionDenied(SqleaseError):
-    """The database role lacks a privilege sqlease needs (see docs/reliability.md for the
+    """The database role lacks a privilege sqlease needs (see docs/explanation/reliability.md for the
     grants a worker role needs)."""
 
 

@@ -3,7 +3,7 @@
 On SQLite the database work of an enqueue, claim or ack is a few tens of microseconds; the
 SQLAlchemy execution layer around it (pool checkout and checkin, events, compiled caches,
 result objects) cost two to three times that (an enqueue: 818 against 263 us of CPU,
-benchmarks in docs/performance.md, tenth session). In a worker these transactions run in the
+measured with benchmarks/store.py). In a worker these transactions run in the
 event loop, and every producer's ``delay()`` is one. So, like the PostgreSQL FastPath, the
 store runs them on the ``sqlite3`` connection underneath a pooled one, which the engine keeps
 between transactions (sqlease.spares), through ``Transaction``: the small part of

@@ -12,7 +12,7 @@ from ..types import Message
 
 def expand_event_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Raw ``events`` rows, each PostgreSQL batch row (the ``claimed`` or ``acked`` events
-    of one statement, see ``docs/leases.md`` §3.7) expanded into one row per listed message,
+    of one statement, see ``docs/explanation/leases.md``) expanded into one row per listed message,
     as ``Store.events`` returns them. For tools and tests that read the table directly."""
     out: list[dict[str, Any]] = []
     for row in rows:
