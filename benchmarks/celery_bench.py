@@ -48,8 +48,9 @@ def brokers(tmp: Path, prefix: str) -> list[Broker]:
     pg_host = PG.split("://", 1)[1]
     return [
         Broker("sqlease-pg", f"sqlease+{PG}", backend=f"sqlease+{PG}"),
-        # Publishes that do not wait for the WAL flush (an opt-in, see docs/reference/transport-options.md):
-        # its delay() and start latency; the drain is the default's.
+        # Publishes that do not wait for the WAL flush (an opt-in, publish_sync_commit in
+        # docs/reference/transport-options.md): its delay() and start latency; the drain is
+        # the default's.
         Broker("sqlease-pg-publish-nowait", f"sqlease+{PG}",
                options={"publish_sync_commit": False}),
         Broker("sqlease-sqlite", f"sqlease+sqlite:///{tmp}/bench.db",

@@ -10,7 +10,7 @@ poisoned ones, which ended ``attempts_exhausted``; nothing left leased or ready;
 kills, stalls, disconnects and restarts were survived.
 
     python benchmarks/chaos.py --db pg --short        # what CI runs (about a minute)
-    python benchmarks/chaos.py --db pg                # the long run for docs/explanation/reliability.md
+    python benchmarks/chaos.py --db pg                # the long run (explanation/reliability.md)
     python benchmarks/chaos.py --db sqlite --short    # one machine: worker kills only
 """
 

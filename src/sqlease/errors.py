@@ -74,8 +74,8 @@ class DatabaseReadOnly(SqleaseError):
 
 
 class PermissionDenied(SqleaseError):
-    """The database role lacks a privilege sqlease needs (see docs/explanation/reliability.md for the
-    grants a worker role needs)."""
+    """The database role lacks a privilege sqlease needs (docs/explanation/reliability.md lists
+    the grants a worker role needs)."""
 
 
 class PayloadTooLarge(SqleaseError, ValueError):

@@ -148,8 +148,8 @@ class E2E:
     def stall(self, worker: Worker, attempts: int = 40) -> None:
         """SIGSTOP ``worker``'s process group. On SQLite a process stopped inside a write
         transaction keeps the file's only write lock until it resumes, and no other worker
-        could take over (docs/howto/sqlite.md, "Limits and behaviour"): such a stop is undone and tried
-        again a moment later, so the test stalls the worker between transactions."""
+        could take over (docs/howto/sqlite.md, "Limits and behaviour"): such a stop is undone
+        and tried again a moment later, so the test stalls the worker between transactions."""
         for _ in range(attempts):
             os.killpg(worker.pid, signal.SIGSTOP)
             time.sleep(0.05)  # the signal has landed
