@@ -31,7 +31,7 @@ from .registry import store_for
 from .results_store import FenceRefused, ResultStore
 from .store import Fence
 from .urls import display_url, strip_prefix, to_sqlalchemy_url
-from .wakeup import PostgresListener, SqliteWatcher, Waker
+from .wakeup import PostgresListener, Waker
 
 logger = logging.getLogger(__name__)
 
@@ -323,10 +323,7 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
     def _waker(self) -> Waker:
         waker = getattr(self._local, "waker", None)
         if waker is None:
-            if self.sa_url.get_backend_name() == "postgresql":
-                waker = PostgresListener(self.sa_url, self.results.notify_channel)
-            else:
-                waker = SqliteWatcher(str(self.sa_url.database))
+            waker = self.results.store.driver.waker(self.results.notify_channel)
             self._local.waker = waker
         return waker
 

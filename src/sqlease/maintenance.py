@@ -14,8 +14,6 @@ import threading
 from typing import Any
 
 from sqlalchemy import and_, any_, delete, exists, false, func, not_, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ._core.store import Store
 from .results_store import ResultStore
@@ -34,7 +32,7 @@ BROADCAST_TTL_MS = 300_000
 
 def acquire(store: Store, owner: str, lease_ms: int, now: int) -> bool:
     locks = store.tables.locks
-    insert = pg_insert if store.is_postgresql else sqlite_insert
+    insert = store.driver.insert
     values = insert(locks).values(name=LOCK_NAME, owner=owner, expires_at_ms=now + lease_ms)
     stmt = values.on_conflict_do_update(
         index_elements=[locks.c.name],
@@ -99,7 +97,7 @@ def run_pass(store: Store, *, event_retention_ms: int, now: int | None = None) -
             ).rowcount
             or 0
         )
-        if store.is_postgresql:
+        if store.driver.caps.offers:
             offers = t.offers
             # The lock test runs last (SQL does not promise an order; a live worker's lock
             # only makes the test fail, it never waits).
@@ -130,7 +128,7 @@ def run_pass(store: Store, *, event_retention_ms: int, now: int | None = None) -
             # A batch event (PostgreSQL) stays while any task it lists is still queued.
             lists_active = (
                 exists().where(m.c.task_id == any_(ev.c.task_ids))
-                if store.is_postgresql
+                if store.driver.caps.batch_events
                 else false()
             )
             summary["events_expired"] = (

@@ -14,9 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, or_, select, text, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import Connection, delete, func, or_, select, update
 
 from ._core.store import Store
 from ._db.driver import Lane
@@ -55,7 +53,7 @@ class ResultStore:
         self.results = store.tables.results
         self.counters = store.tables.counters
         self.notify_channel = f"{store.tables.prefix}results"
-        self._insert = pg_insert if store.is_postgresql else sqlite_insert
+        self._insert = store.driver.insert
 
     def _now(self) -> int:
         return int(self.store.clock()) if self.store.clock else int(time.time() * 1000)
@@ -68,11 +66,7 @@ class ResultStore:
         self._notify(conn, key)
 
     def _notify(self, conn: Connection, key: str) -> None:
-        if self.store.is_postgresql:
-            conn.execute(
-                text("SELECT pg_notify(:channel, :key)"),
-                {"channel": self.notify_channel, "key": key[:7900]},
-            )
+        self.store.driver.notify(conn, self.notify_channel, key[:NOTIFY_LIMIT])
 
     # ---- values ----------------------------------------------------------------------
 
@@ -121,8 +115,8 @@ class ResultStore:
             "expires_at_ms": None if not expires_ms else now + expires_ms,
             "updated_at_ms": now,
         }
-        if self.store.is_postgresql:
-            return self._put_postgresql(row, fence, keep_success, _offer_params(offer, fence))
+        if self.store.driver.caps.one_statement:
+            return self._put_in_one_statement(row, fence, keep_success, _offer_params(offer, fence))
         insert = self._insert(self.results).values(**row)
         upsert = insert.on_conflict_do_update(
             index_elements=[self.results.c.key],
@@ -136,7 +130,7 @@ class ResultStore:
                 return "kept_success"
         return "stored"
 
-    def _put_postgresql(
+    def _put_in_one_statement(
         self,
         row: dict[str, Any],
         fence: Fence | None,

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ._core.store import Store
 from .resilience import transient
@@ -37,7 +35,7 @@ class StepStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.steps = store.tables.steps
-        self._insert = pg_insert if store.is_postgresql else sqlite_insert
+        self._insert = store.driver.insert
 
     def _held(self, conn: Any, fence: Fence, task_id: str | None) -> bool:
         return self.store.holds_on(conn, fence, task_id)

@@ -15,8 +15,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from .errors import InvalidAnswer, LeaseLost, WaitingForPerson
 
@@ -89,7 +87,7 @@ def _wait(
     if found is not None and found[0] == "answered":
         return found[1]
     waits = store.tables.waits
-    insert = pg_insert if store.is_postgresql else sqlite_insert
+    insert = store.driver.insert
     now = store.now_ms()
     stmt = (
         insert(waits)

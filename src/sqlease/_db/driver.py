@@ -22,13 +22,14 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Table
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import TextClause
 
 if TYPE_CHECKING:
     from ..fastpath import FastPath
     from ..types import Fence, Message
+    from ..wakeup import Waker
 
 T = TypeVar("T")
 
@@ -99,6 +100,8 @@ class Capabilities:
     offers: bool
     #: ``pg_notify`` wake-ups for waiting clients and idle workers
     notifications: bool
+    #: one timeline row lists every delivery of a statement (``task_ids`` and friends)
+    batch_events: bool
 
 
 class Driver(ABC):
@@ -153,6 +156,21 @@ class Driver(ABC):
     @abstractmethod
     def fork_section(self) -> AbstractContextManager[None]:
         """A block a fork of this process waits for (SQLite's mutexes), or nothing."""
+
+    # ---- dialect constructs ----------------------------------------------------------
+
+    @abstractmethod
+    def insert(self, table: Table) -> Any:
+        """The dialect's INSERT construct for ``table`` (with ``on_conflict_do_…``)."""
+
+    @abstractmethod
+    def notify(self, conn: Connection, channel: str, payload: str) -> None:
+        """Inside ``conn``'s transaction: wake the listeners of ``channel`` at commit."""
+
+    @abstractmethod
+    def waker(self, channel: str, *, lock_key: int | None = None) -> Waker:
+        """What an idle client waits on: a LISTEN connection on ``channel`` (holding the
+        advisory lock ``lock_key``, if given), or a watch of the database file."""
 
     # ---- binding ---------------------------------------------------------------------
 

@@ -13,18 +13,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Table, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Engine
 
 from ...engine import get_engine
 from ...fastpath import FastPath
 from ...types import Fence, Message
+from ...wakeup import PostgresListener, Waker
 from ..driver import Capabilities, Driver, Lane
+
+NOTIFY = text("SELECT pg_notify(:channel, :key)")
 
 
 class PostgresDriver(Driver):
     name = "postgresql"
-    caps = Capabilities(one_statement=True, offers=True, notifications=True)
+    caps = Capabilities(one_statement=True, offers=True, notifications=True, batch_events=True)
 
     def __init__(
         self,
@@ -83,6 +87,15 @@ class PostgresDriver(Driver):
 
     def fork_section(self) -> AbstractContextManager[None]:
         return nullcontext()
+
+    def insert(self, table: Table) -> Any:
+        return pg_insert(table)
+
+    def notify(self, conn: Connection, channel: str, payload: str) -> None:
+        conn.execute(NOTIFY, {"channel": channel, "key": payload})
+
+    def waker(self, channel: str, *, lock_key: int | None = None) -> Waker:
+        return PostgresListener(self.engine.url, channel, lock_key=lock_key)
 
     # PostgreSQL writes run locks and events inside the statements themselves.
 

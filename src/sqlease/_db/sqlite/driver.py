@@ -14,12 +14,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Table
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Engine
 
 from ...fork_guard import sqlite_section
 from ...sqlite_fast import SqliteFast
 from ...types import Fence, Message
+from ...wakeup import SqliteWatcher, Waker
 from ..driver import Capabilities, Driver, event_params
 
 if TYPE_CHECKING:
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
 class SqliteDriver(Driver):
     name = "sqlite"
-    caps = Capabilities(one_statement=False, offers=False, notifications=False)
+    caps = Capabilities(one_statement=False, offers=False, notifications=False, batch_events=False)
 
     def __init__(self, url: str | URL | Engine, engine: Engine, sql: Statements) -> None:
         super().__init__(engine)
@@ -55,6 +57,15 @@ class SqliteDriver(Driver):
 
     def fork_section(self) -> AbstractContextManager[None]:
         return sqlite_section()
+
+    def insert(self, table: Table) -> Any:
+        return sqlite_insert(table)
+
+    def notify(self, conn: Connection, channel: str, payload: str) -> None:
+        pass  # watchers see the commit change the file's data_version
+
+    def waker(self, channel: str, *, lock_key: int | None = None) -> Waker:
+        return SqliteWatcher(str(self.engine.url.database))
 
     def queues_param(self, queues: Sequence[str]) -> Any:
         return json.dumps(list(queues))  # json_each
