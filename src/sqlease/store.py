@@ -23,7 +23,7 @@ from sqlalchemy import Connection, Row
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.sql.elements import TextClause
 
-from ._sql import Statements, dialect_for
+from ._db.dialects import dialect_for
 from .engine import get_engine
 from .errors import ConfigurationError, PayloadTooLarge
 from .fastpath import FastPath
@@ -238,7 +238,7 @@ class Store:
             if not self.dialect.is_postgresql and not isinstance(url, Engine)
             else None
         )
-        self.sql = Statements(self.dialect, self.tables)
+        self.sql = self.dialect.statements(self.tables)
         self.max_attempts = max_attempts
         self.max_payload_bytes = max_payload_bytes
         self.clock = clock
