@@ -114,7 +114,7 @@ class ResultStore:
             "expires_at_ms": None if not expires_ms else now + expires_ms,
             "updated_at_ms": now,
         }
-        if self.store.is_postgresql:
+        if self.store.caps.result_put_in_one_statement:
             return self._put_postgresql(row, fence, keep_success, _offer_params(offer, fence))
         insert = self._insert(self.results).values(**row)
         upsert = insert.on_conflict_do_update(
@@ -159,7 +159,7 @@ class ResultStore:
             now=None if self.store.clock is None else row["updated_at_ms"],
         )
         statement = self.store.sql.result_put
-        if offer is not None and self.store.sql.result_put_offer is not None:
+        if offer is not None and self.store.caps.offers:
             statement = self.store.sql.result_put_offer
             params.update(offer)
         assert self.store.fast is not None and statement is not None

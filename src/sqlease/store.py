@@ -24,6 +24,7 @@ from sqlalchemy.engine import URL, Engine
 from sqlalchemy.sql.elements import TextClause
 
 from ._db.dialects import dialect_for
+from ._db.statements import Capabilities
 from .engine import get_engine
 from .errors import ConfigurationError, PayloadTooLarge
 from .fastpath import FastPath
@@ -198,6 +199,8 @@ class Store:
         )
         self.tables: Tables = build_tables(table_prefix)
         self.dialect = dialect_for(self.engine.dialect.name)
+        #: What the dialect does in one statement; where it cannot, Store runs several.
+        self.caps: Capabilities = self.dialect.caps
         #: PostgreSQL: the per-task statements bypass SQLAlchemy's execution layer, on an
         #: engine of their own whose sessions use generic plans (see engine.py). An engine
         #: passed in is used as it is.
@@ -406,7 +409,7 @@ class Store:
             params = dict(row, now=now, channel=self.notify_channel)
             message_id = int(conn.execute(statement, params).scalar_one())
             ids.append(message_id)
-            if not self.is_postgresql and row["record"]:
+            if not self.caps.bookkeeping_in_statement and row["record"]:
                 self._insert_event(conn, row["task_id"], message_id, 0, "enqueued", None, now)
         return ids
 
@@ -473,7 +476,7 @@ class Store:
         with self._writing_hot(statements=1) if conn is None else nullcontext(conn) as conn:
             rows = conn.execute(statement, params).fetchall()
             claimed = [_row_to_message(r) for r in rows]
-            if not self.is_postgresql:
+            if not self.caps.bookkeeping_in_statement:
                 self._claim_bookkeeping_sqlite(conn, claimed, owner, now)
         return claimed
 
@@ -673,10 +676,10 @@ class Store:
         if not queues:
             self.withdraw_offers(owner)
             return None
-        if self.sql.offer_and_next_due is None:
+        if not self.caps.offers:
             raise ConfigurationError("handoff offers need PostgreSQL")
         params = self._offer_params(queues, owner, lease_ms, lock_key, ttl_ms, seen, now)
-        assert self.fast_planned is not None
+        assert self.fast_planned is not None and self.sql.offer_and_next_due is not None
         rows = self.fast_planned.rows(self.sql.offer_and_next_due, params)
         return _due_ms(rows)
 
@@ -722,7 +725,7 @@ class Store:
         queues: the two run separately."""
         if (
             self.fast is None
-            or self.sql.ack_offer is None
+            or not self.caps.offers
             or not fences
             or not queues
             or any(f.owner != owner for f in fences)
@@ -742,7 +745,7 @@ class Store:
             **self._fence_params(fences),
             **self._offer_params(queues, owner, lease_ms, lock_key, ttl_ms, seen, now),
         }
-        assert self.fast_planned is not None
+        assert self.fast_planned is not None and self.sql.ack_offer is not None
         rows = self.fast_planned.rows(self.sql.ack_offer, params)
         acked = {int(i) for i in (rows[0]["acked_ids"] or [])} if rows else set()
         return acked, _due_ms(rows)
@@ -751,14 +754,17 @@ class Store:
         """Remove ``owner``'s offers: no publish hands it a message from now on. Offers a
         publish used stay (no publish takes them) until the worker has heard of their
         handoffs, unless ``handed_too`` (the worker is closing)."""
+        if not self.caps.offers:
+            return
         statement = self.sql.offer_withdraw_all if handed_too else self.sql.offer_withdraw
-        if self.fast is not None and statement is not None:
-            self.fast.rows(statement, {"owner": owner})
+        assert self.fast is not None and statement is not None
+        self.fast.rows(statement, {"owner": owner})
 
     def leased_to(self, owner: str) -> list[Fence]:
         """The fences of every message ``owner`` holds now, expired leases included."""
-        if self.sql.leased_to_owner is None:
+        if not self.caps.offers:  # only a handoff leases a message without a claim
             return []
+        assert self.sql.leased_to_owner is not None
         with self._reading() as conn:
             rows = conn.execute(self.sql.leased_to_owner, {"owner": owner}).fetchall()
         return [Fence(int(r.id), owner, int(r.attempt)) for r in rows]
@@ -802,7 +808,8 @@ class Store:
                 for row in rows:
                     m = row._mapping
                     held[int(m["id"])] = int(m["lease_expires_at_ms"])
-                    if self.sql.renew_runs is not None and m["run_id"] is not None:
+                    if not self.caps.bookkeeping_in_statement and m["run_id"] is not None:
+                        assert self.sql.renew_runs is not None
                         conn.execute(
                             self.sql.renew_runs,
                             {
@@ -837,7 +844,7 @@ class Store:
             params = {**self._fence_params(group), "owner": owner, "now": now}
             rows = [row._mapping for row in conn.execute(self.sql.ack, params).fetchall()]
             done.update(int(m["id"]) for m in rows)
-            if not self.is_postgresql:
+            if not self.caps.bookkeeping_in_statement:
                 self._after_transitions_sqlite(conn, rows, "acked", None, now)
         return done
 
@@ -905,7 +912,7 @@ class Store:
                 }
                 rows = [r._mapping for r in conn.execute(self.sql.transition, params).fetchall()]
                 changed.update(int(m["id"]) for m in rows)
-                if not self.is_postgresql:
+                if not self.caps.bookkeeping_in_statement:
                     self._after_transitions_sqlite(conn, rows, kind, data_text, now)
             if changed and also is not None:
                 also(conn)  # the caller's write, in the same transaction
