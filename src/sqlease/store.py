@@ -510,7 +510,9 @@ class Store:
         if prepared is not None:
             assert self.fast_leases is not None
             return prepared.finish(self.fast_leases.rows(prepared.statement, prepared.params))
-        if self.is_postgresql or not fences or not queues or limit < 1:
+        # The two operations: where ack_claim exists but did not apply (a fence of another
+        # owner), or where there is nothing to combine.
+        if self.caps.ack_claim_in_one_statement or not fences or not queues or limit < 1:
             acked = self.ack(fences, now=now) if fences else set()
             claimed = self.claim(
                 queues, owner, lease_ms=lease_ms, limit=limit, now=now, on_exhausted=on_exhausted
