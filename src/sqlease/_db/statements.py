@@ -58,7 +58,6 @@ class Statements:
     claim_single: TextClause
     #: SQLite: the run locks of a claim, written by the caller.
     claim_runs: TextClause | None
-    claim_events: TextClause | None
     #: PostgreSQL: the acks and the refill claim in one statement.
     ack_claim: TextClause | None
     ack_claim_single: TextClause | None
@@ -72,10 +71,9 @@ class Statements:
     #: The compare-and-set's lease check: locks and renews the message row.
     hold: TextClause
     hold_run: TextClause
+    #: The fencing predicate every fenced write matches, with the fence's id and attempt.
     held_predicate: str
     # ---- offers (PostgreSQL) ----
-    offer_ctes: str | None
-    next_due_of_queues: str | None
     offer_and_next_due: TextClause | None
     ack_offer: TextClause | None
     offer_withdraw: TextClause | None
