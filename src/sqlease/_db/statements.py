@@ -1,9 +1,9 @@
 """What a Store runs: the statements of one dialect and table prefix, and that dialect's
 capabilities.
 
-``Statements`` is built once per Store (``sqlease._db.dialects.statements_for``) and never
-changed; a hot call reads one attribute. A statement one dialect does without is None there;
-callers ask ``Capabilities`` instead of testing for None or for the dialect.
+``Statements`` is built once per Store (``Dialect.statements`` in ``sqlease._db.dialects``)
+and never changed; a hot call reads one attribute. A statement one dialect does without is
+None there; callers ask ``Capabilities`` instead of testing for None or for the dialect.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from sqlalchemy import TextClause
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    """What a dialect does in one statement, where the other needs several or cannot."""
+    """What a dialect can do, and does in one statement where the other needs several."""
 
     #: Idle workers' handoff offers: ``offer_and_next_due``, ``ack_offer``,
     #: ``offer_withdraw(_all)``, ``leased_to_owner``, ``result_put_offer``, and ``enqueue``
@@ -34,9 +34,9 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class Statements:
-    """The compiled statements for one dialect and table prefix.
+    """The statements for one dialect and table prefix.
 
-    Not slotted: ``vars()`` lists them (``compile_all``, the SQL snapshot test)."""
+    Not slotted, so that ``vars()`` lists them (the SQL snapshot test renders them so)."""
 
     # ---- messages ----
     #: Publish one message; on PostgreSQL it may be handed to an idle worker's offer.

@@ -13,12 +13,18 @@ from .dialect import NOW, each_queue
 HANDOFF_NOTIFY_BYTES = 7900
 
 
-def _enqueued_event(t: Tables) -> str:
-    """The ``enqueued`` event of the inserted row, if ``:record`` (the CTE left open)."""
+def _events(t: Tables, *, handed: bool) -> str:
+    """CTE ``e``: the ``enqueued`` event of the inserted row, if ``:record``; with
+    ``handed``, also the ``claimed`` event of a row a handoff leased."""
+    claimed = (
+        " UNION ALL SELECT task_id, id, 1, 'claimed', "
+        "json_build_object('owner', lease_owner, 'handoff', true)::text, "
+        f"{NOW} FROM ins WHERE lease_owner IS NOT NULL"
+    )
     return (
         f"e AS (INSERT INTO {t.events.name} (task_id, message_id, attempt, kind, data, at_ms) "
         f"SELECT task_id, id, 0, 'enqueued', NULL, {NOW} FROM ins "
-        "WHERE CAST(:record AS BOOLEAN)"
+        f"WHERE CAST(:record AS BOOLEAN){claimed if handed else ''})"
     )
 
 
@@ -29,7 +35,7 @@ def enqueue_plain(t: Tables) -> TextClause:
     return text(
         f"WITH ins AS (INSERT INTO {t.messages.name} ({c.INSERT_COLS}) "
         f"VALUES ({c.insert_values(NOW)}) RETURNING id, task_id, queue), "
-        f"{_enqueued_event(t)}) "
+        f"{_events(t, handed=False)} "
         "SELECT ins.id FROM ins CROSS JOIN "
         "(SELECT pg_notify(CAST(:channel AS TEXT), ins2.queue) FROM ins ins2) n"
     )
@@ -92,10 +98,7 @@ def enqueue(t: Tables) -> TextClause:
         "RETURNING id, task_id, queue, payload, priority, available_at_ms, "
         "created_at_ms, run_id, lease_owner, lease_expires_at_ms, attempt, "
         "max_attempts), "
-        f"{_enqueued_event(t)} "
-        f"UNION ALL SELECT task_id, id, 1, 'claimed', "
-        "json_build_object('owner', lease_owner, 'handoff', true)::text, "
-        f"{NOW} FROM ins WHERE lease_owner IS NOT NULL) "
+        f"{_events(t, handed=True)} "
         "SELECT ins.id FROM ins CROSS JOIN "
         "(SELECT pg_notify(CAST(:channel AS TEXT), CASE WHEN i.lease_owner IS NULL "
         f"THEN i.queue ELSE {_handed_note()} END) FROM ins i LEFT JOIN o ON true) n"
