@@ -1,5 +1,8 @@
-"""SQLite's statements: one module per aggregate, its constants in ``dialect.py``. SQLite has
-no offers and no one-statement result write (``Capabilities``): those fields are None."""
+"""SQLite's statements: one module per aggregate, its constants in ``dialect.py``.
+
+SQLite has no offers, no ack-and-claim statement and no one-statement result write
+(``Capabilities``): those fields are None. It has ``claim_runs`` and ``renew_runs``, the run
+locks its caller writes after a claim or a renewal."""
 
 from __future__ import annotations
 
@@ -15,7 +18,6 @@ __all__ = ["CAPABILITIES", "statements"]
 def statements(t: Tables) -> Statements:
     """Every statement for the tables ``t``, built once."""
     enqueue = messages.enqueue(t)
-    event_insert = c.event_insert(t, NOW)
     return Statements(
         enqueue=enqueue,
         enqueue_plain=enqueue,
@@ -47,7 +49,7 @@ def statements(t: Tables) -> Statements:
         task_ensure=c.task_ensure(t, NOW),
         task_cas=c.task_cas(t, NOW),
         task_get=c.task_get(t),
-        event_insert=event_insert,
+        event_insert=c.event_insert(t, NOW),
         events_for_task=events.events_for_task(t),
         events_for_message=events.events_for_message(t),
         result_put=None,
