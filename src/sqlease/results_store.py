@@ -377,7 +377,7 @@ def _offer_params(offer: Mapping[str, Any] | None, fence: Fence | None) -> dict[
         lease_ms, ttl_ms = int(offer["lease_ms"]), int(offer["ttl_ms"])
         lock_key = int(offer["lock_key"])
         # Per queue, the highest offer number of the handoffs the worker had heard of: only
-        # those used offers stand again (sqlease._sql.offer_writes).
+        # those used offers stand again (sqlease._db.postgresql.offers.offer_writes).
         heard = offer.get("seen") or {}
         seen = [int(heard.get(q, 0)) for q in queues]
     except (AttributeError, KeyError, TypeError, ValueError):

@@ -23,10 +23,10 @@ PREFIX = "sqlease_"
 
 
 def _statements(name: str) -> dict[str, str | None]:
-    from sqlease._sql import Statements, dialect_for
+    from sqlease._db.dialects import statements_for
     from sqlease.schema import build_tables
 
-    sql = Statements(dialect_for(name), build_tables(PREFIX))
+    sql = statements_for(name, build_tables(PREFIX))
     rendered: dict[str, str | None] = {}
     for attr, value in sorted(vars(sql).items()):
         if isinstance(value, TextClause):

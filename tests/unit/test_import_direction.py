@@ -49,7 +49,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "roles",
     ),
     "db": (
-        "_sql",
         "_db",
         "schema",
         "engine",

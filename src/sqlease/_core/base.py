@@ -21,7 +21,7 @@ from ..schema import Tables
 from ..types import Fence
 
 if TYPE_CHECKING:
-    from .._sql import Statements
+    from .._db.statements import Statements
 
 Clock = Callable[[], int]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy.engine import URL, Engine
 
 from .._db.connect import driver_for
-from .._sql import Statements, dialect_for
+from .._db.dialects import dialect_for
 from ..engine import get_engine
 from ..errors import ConfigurationError
 from ..resilience import RETRY_SECONDS, retry_transient
@@ -52,7 +52,7 @@ class Store(Messages, Offers, Leases, Transitions, Tasks, Topology):
         )
         self.tables = build_tables(table_prefix)
         self.dialect = dialect_for(self.engine.dialect.name)
-        self.sql = Statements(self.dialect, self.tables)
+        self.sql = self.dialect.statements(self.tables)
         #: The database's driver: its lanes (which pool and commit level each hot statement
         #: runs on), its capabilities and its dialect's differences.
         self.driver = driver_for(

@@ -11,7 +11,7 @@ from .postgresql.driver import PostgresDriver
 from .sqlite.driver import SqliteDriver
 
 if TYPE_CHECKING:
-    from .._sql import Statements
+    from .statements import Statements
 
 
 def driver_for(

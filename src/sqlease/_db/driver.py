@@ -26,6 +26,8 @@ from sqlalchemy import Connection, Table
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import TextClause
 
+from .statements import Capabilities
+
 if TYPE_CHECKING:
     from ..fastpath import FastPath
     from ..types import Fence, Message
@@ -87,21 +89,6 @@ class Op(Generic[T]):
     def sendable(self) -> bool:
         """One statement: the worker's event loop can send it without blocking."""
         return self.statement is not None
-
-
-@dataclass(frozen=True, slots=True)
-class Capabilities:
-    """What a dialect can do; the core asks these instead of the dialect's name."""
-
-    #: hot operations run as one autocommit statement each (claim with its run locks and
-    #: events, ack, ack + claim, publish with its handoff): PostgreSQL's data-modifying CTEs
-    one_statement: bool
-    #: idle workers' standing offers and handoffs in publish notifications (LISTEN/NOTIFY)
-    offers: bool
-    #: ``pg_notify`` wake-ups for waiting clients and idle workers
-    notifications: bool
-    #: one timeline row lists every delivery of a statement (``task_ids`` and friends)
-    batch_events: bool
 
 
 class Driver(ABC):

@@ -21,14 +21,15 @@ from ...engine import get_engine
 from ...fastpath import FastPath
 from ...types import Fence, Message
 from ...wakeup import PostgresListener, Waker
-from ..driver import Capabilities, Driver, Lane
+from ..driver import Driver, Lane
+from .dialect import CAPABILITIES
 
 NOTIFY = text("SELECT pg_notify(:channel, :key)")
 
 
 class PostgresDriver(Driver):
     name = "postgresql"
-    caps = Capabilities(one_statement=True, offers=True, notifications=True, batch_events=True)
+    caps = CAPABILITIES
 
     def __init__(
         self,

@@ -22,15 +22,16 @@ from ...fork_guard import sqlite_section
 from ...sqlite_fast import SqliteFast
 from ...types import Fence, Message
 from ...wakeup import SqliteWatcher, Waker
-from ..driver import Capabilities, Driver, event_params
+from ..driver import Driver, event_params
+from .dialect import CAPABILITIES
 
 if TYPE_CHECKING:
-    from ..._sql import Statements
+    from ..statements import Statements
 
 
 class SqliteDriver(Driver):
     name = "sqlite"
-    caps = Capabilities(one_statement=False, offers=False, notifications=False, batch_events=False)
+    caps = CAPABILITIES
 
     def __init__(self, url: str | URL | Engine, engine: Engine, sql: Statements) -> None:
         super().__init__(engine)

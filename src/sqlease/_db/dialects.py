@@ -1,0 +1,36 @@
+"""A dialect by its SQLAlchemy name: its capabilities and its statements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..schema import Tables
+from . import postgresql, sqlite
+from .statements import Capabilities, Statements
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    name: str
+    caps: Capabilities
+    #: The statements for a table prefix (build once and keep: see ``Statements``).
+    statements: Callable[[Tables], Statements]
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.name == "postgresql"
+
+
+POSTGRESQL = Dialect("postgresql", postgresql.CAPABILITIES, postgresql.statements)
+SQLITE = Dialect("sqlite", sqlite.CAPABILITIES, sqlite.statements)
+
+
+def dialect_for(name: str) -> Dialect:
+    """PostgreSQL for ``"postgresql"``, otherwise SQLite (the two dialects sqlease
+    supports)."""
+    return POSTGRESQL if name == "postgresql" else SQLITE
+
+
+def statements_for(dialect_name: str, tables: Tables) -> Statements:
+    return dialect_for(dialect_name).statements(tables)

@@ -1,0 +1,38 @@
+"""PostgreSQL: reading a task's or a message's events, batch rows expanded."""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+from ...schema import Tables
+from .. import sql_common as c
+
+
+def _expanded(t: Tables) -> str:
+    """The batch rows (one per claim or ack statement, ``batch_event``) as one row per
+    message."""
+    return (
+        "SELECT e.id, u.task_id, u.message_id, u.attempt, e.kind, e.data, e.at_ms "
+        f"FROM {t.events.name} e CROSS JOIN LATERAL "
+        "unnest(e.task_ids, e.message_ids, e.attempts) AS u(task_id, message_id, attempt) "
+    )
+
+
+def events_for_task(t: Tables) -> TextClause:
+    """A task's own rows and, expanded, the batch rows that list it (found through the GIN
+    index)."""
+    return text(
+        f"SELECT {c.EVENT_COLS} FROM {t.events.name} WHERE task_id = :task_id UNION ALL "
+        f"{_expanded(t)} WHERE e.task_ids @> ARRAY[CAST(:task_id AS TEXT)] "
+        "AND u.task_id = :task_id ORDER BY id, message_id"
+    )
+
+
+def events_for_message(t: Tables) -> TextClause:
+    """A message's batch rows are searched without an index (a diagnostic query: a delivery
+    is known by its task)."""
+    return text(
+        f"SELECT {c.EVENT_COLS} FROM {t.events.name} WHERE message_id = :message_id "
+        f"UNION ALL {_expanded(t)} WHERE e.message_ids @> ARRAY[CAST(:message_id AS BIGINT)] "
+        "AND u.message_id = :message_id ORDER BY id"
+    )

@@ -1,0 +1,269 @@
+"""The statements and fragments whose text is the same on both dialects.
+
+Where a dialect's own fragment goes into the text (its clock ``now``, its ``greatest``), the
+builder takes it as a parameter; each dialect's ``dialect.py`` holds its values.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+from ..schema import Tables
+
+#: The message columns a claim or a take returns, in order.
+SELECT_COLS = (
+    "id, queue, payload, priority, available_at_ms, created_at_ms, run_id, task_id, state, "
+    "reason, lease_owner, lease_expires_at_ms, attempt, max_attempts"
+)
+#: The columns of a new message, in the order of ``insert_values``.
+INSERT_COLS = (
+    "queue, payload, priority, available_at_ms, created_at_ms, run_id, task_id, "
+    "state, attempt, max_attempts"
+)
+EVENT_COLS = "id, task_id, message_id, attempt, kind, data, at_ms"
+#: Delivery order.
+ORDER = "ORDER BY m.priority DESC, m.available_at_ms, m.id"
+#: One queue (a Celery worker's usual case): plain equality, so PostgreSQL reads the claim
+#: index in delivery order and stops at LIMIT instead of sorting the backlog.
+QUEUE_EQ = "m.queue = :queue"
+
+
+# ---- fragments ---------------------------------------------------------------------------
+
+
+def insert_values(now: str) -> str:
+    return (
+        f":queue, :payload, :priority, {now} + :delay_ms, {now}, :run_id, :task_id, "
+        "'ready', 0, :max_attempts"
+    )
+
+
+def returning(prefix: str) -> str:
+    """``RETURNING`` the ``SELECT_COLS``; ``prefix`` qualifies them (``"m."``; SQLite's
+    RETURNING takes bare column names)."""
+    return "RETURNING " + ", ".join(prefix + c for c in SELECT_COLS.split(", "))
+
+
+def held(now: str) -> str:
+    """A message is held while it is ready, leased to ``:owner`` and the lease has not expired
+    by the database's clock (the attempt is checked by the caller's fence)."""
+    return f"m.state = 'ready' AND m.lease_owner = :owner AND m.lease_expires_at_ms > {now}"
+
+
+def fenced_join(now: str) -> str:
+    """A message ``m`` matched to its fence ``f``, if still held.
+
+    The fences drive the join: one primary-key probe per fence. (A further
+    ``m.id = ANY(:ids)`` made PostgreSQL scan the index for all ids and then rescan the
+    unnested fences for every row: 0.41 against 0.15 ms for an ack of 32.)"""
+    return f"m.id = f.id AND m.attempt = f.attempt AND {held(now)}"
+
+
+def ready(t: Tables, now: str, queue: str) -> str:
+    """Claimable in ``queue`` (a predicate on ``m.queue``): available now, not leased (or the
+    lease expired), and either without a run or the head of its run (its lowest unfinished
+    message), which keeps a run in order."""
+    return (
+        f"m.state = 'ready' AND {queue} AND m.available_at_ms <= {now} "
+        f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {now}) "
+        f"AND (m.run_id IS NULL OR m.id = (SELECT min(h.id) FROM {t.messages.name} h "
+        "WHERE h.run_id = m.run_id AND h.state IN ('ready', 'parked')))"
+    )
+
+
+def run_free(t: Tables, now: str) -> str:
+    """No other message of ``m``'s run holds the run's lease."""
+    return (
+        f"NOT EXISTS (SELECT 1 FROM {t.runs.name} r WHERE r.run_id = m.run_id "
+        f"AND r.lease_expires_at_ms > {now} AND r.message_id <> m.id)"
+    )
+
+
+def take_ready(now: str, queue: str) -> str:
+    """Takeable without an ack in ``queue``: due, unleased, outside any run."""
+    return (
+        f"m.state = 'ready' AND {queue} AND m.available_at_ms <= {now} "
+        f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {now}) "
+        "AND m.run_id IS NULL"
+    )
+
+
+def unleased(now: str) -> str:
+    return f"(lease_expires_at_ms IS NULL OR lease_expires_at_ms <= {now})"
+
+
+def transition_set(now: str) -> str:
+    """The SET list of a release, park or fail: lease cleared, optionally delayed;
+    ``:refund`` gives the delivery back to the attempt budget (the message was never started,
+    e.g. warm shutdown)."""
+    return (
+        "lease_owner = NULL, lease_expires_at_ms = NULL, "
+        f"available_at_ms = CASE WHEN :delay_ms > 0 THEN {now} + :delay_ms "
+        "ELSE available_at_ms END, "
+        "max_attempts = max_attempts + :refund, "
+        "state = CAST(:new_state AS TEXT), reason = CAST(:reason AS TEXT), "
+        "last_error = COALESCE(CAST(:error AS TEXT), last_error)"
+    )
+
+
+# ---- messages ----------------------------------------------------------------------------
+
+
+def take(t: Tables, taken_ids: str) -> TextClause:
+    """Delete and return the messages whose ids ``taken_ids`` selects."""
+    return text(f"DELETE FROM {t.messages.name} WHERE id IN ({taken_ids}) RETURNING {SELECT_COLS}")
+
+
+def size(t: Tables, now: str) -> TextClause:
+    return text(
+        f"SELECT count(*) FROM {t.messages.name} WHERE state = 'ready' AND queue = :queue "
+        f"AND available_at_ms <= {now} AND {unleased(now)}"
+    )
+
+
+def purge(t: Tables, now: str) -> TextClause:
+    """Ready (due, unleased) messages only, as RabbitMQ purges its ready messages: a
+    scheduled message (eta, countdown, retry) is, there, already held by a worker."""
+    return text(
+        f"DELETE FROM {t.messages.name} WHERE state = 'ready' AND queue = :queue "
+        f"AND {unleased(now)} AND available_at_ms <= {now} "
+        "RETURNING id, task_id, attempt"
+    )
+
+
+def requeue(t: Tables, now: str) -> TextClause:
+    return text(
+        f"UPDATE {t.messages.name} SET state = 'ready', reason = NULL, lease_owner = NULL, "
+        f"lease_expires_at_ms = NULL, available_at_ms = {now} + :delay_ms, "
+        "max_attempts = attempt + :budget "
+        "WHERE id = :message_id AND state IN ('parked', 'dead') "
+        "RETURNING id, task_id, attempt"
+    )
+
+
+def message_get(t: Tables) -> TextClause:
+    return text(f"SELECT {SELECT_COLS}, last_error FROM {t.messages.name} WHERE id = :id")
+
+
+def now_query(now: str) -> TextClause:
+    return text(f"SELECT {now}")
+
+
+# ---- leases ------------------------------------------------------------------------------
+
+
+def hold(t: Tables, now: str, *, greatest: str, row_prefix: str) -> TextClause:
+    """Locks and renews the message row of a fence (so no takeover can interleave) before a
+    compare-and-set writes the task row. ``row_prefix`` as in ``returning``."""
+    q = row_prefix
+    return text(
+        f"UPDATE {t.messages.name} AS m SET lease_expires_at_ms = "
+        f"{greatest}(m.lease_expires_at_ms, {now} + :lease_ms) "
+        f"WHERE m.id = :message_id AND m.attempt = :attempt AND {held(now)} "
+        "AND (CAST(:task_id AS TEXT) IS NULL OR m.task_id IS NULL "
+        "OR m.task_id = CAST(:task_id AS TEXT)) "
+        f"RETURNING {q}id, {q}lease_expires_at_ms, {q}run_id"
+    )
+
+
+def run_lease(t: Tables) -> TextClause:
+    """A run's lock follows its message's new lease expiry."""
+    return text(
+        f"UPDATE {t.runs.name} SET lease_expires_at_ms = :lease_expires_at_ms "
+        "WHERE run_id = :run_id AND message_id = :message_id"
+    )
+
+
+def release_run(t: Tables) -> TextClause:
+    return text(f"DELETE FROM {t.runs.name} WHERE run_id = :run_id AND message_id = :message_id")
+
+
+# ---- tasks -------------------------------------------------------------------------------
+
+
+def task_ensure(t: Tables, now: str) -> TextClause:
+    return text(
+        f"INSERT INTO {t.tasks.name} (task_id, state, checkpoint, revision, run_id, "
+        f"created_at_ms, updated_at_ms) VALUES (:task_id, NULL, '{{}}', 0, :run_id, "
+        f"{now}, {now}) ON CONFLICT (task_id) DO NOTHING"
+    )
+
+
+def task_cas(t: Tables, now: str) -> TextClause:
+    """Writes the task row only at the expected revision."""
+    return text(
+        f"UPDATE {t.tasks.name} SET state = COALESCE(CAST(:state AS TEXT), state), "
+        "reason = CASE WHEN CAST(:state AS TEXT) IS NULL THEN reason "
+        "ELSE CAST(:reason AS TEXT) END, "
+        "checkpoint = COALESCE(CAST(:checkpoint AS TEXT), checkpoint), "
+        "revision = revision + 1, "
+        f"updated_at_ms = {now} WHERE task_id = :task_id AND revision = :expected "
+        "RETURNING revision"
+    )
+
+
+def task_get(t: Tables) -> TextClause:
+    return text(
+        f"SELECT task_id, state, reason, checkpoint, revision, run_id, created_at_ms, "
+        f"updated_at_ms FROM {t.tasks.name} WHERE task_id = :task_id"
+    )
+
+
+# ---- events ------------------------------------------------------------------------------
+
+
+def event_insert(t: Tables, now: str) -> TextClause:
+    return text(
+        f"INSERT INTO {t.events.name} (task_id, message_id, attempt, kind, data, at_ms) "
+        f"VALUES (:task_id, :message_id, :attempt, :kind, CAST(:data AS TEXT), {now})"
+    )
+
+
+# ---- topology: bindings and queues -------------------------------------------------------
+
+
+def bind(t: Tables) -> TextClause:
+    return text(
+        f"INSERT INTO {t.bindings.name} (exchange, queue, routing_key, pattern) "
+        "VALUES (:exchange, :queue, :routing_key, :pattern) ON CONFLICT DO NOTHING"
+    )
+
+
+def unbind(t: Tables) -> TextClause:
+    return text(
+        f"DELETE FROM {t.bindings.name} WHERE exchange = :exchange AND queue = :queue "
+        "AND routing_key = :routing_key AND pattern = :pattern"
+    )
+
+
+def bindings_for(t: Tables) -> TextClause:
+    return text(
+        f"SELECT routing_key, pattern, queue FROM {t.bindings.name} "
+        "WHERE exchange = :exchange ORDER BY queue, routing_key"
+    )
+
+
+def declare_queue(t: Tables, now: str) -> TextClause:
+    return text(
+        f"INSERT INTO {t.queues.name} (name, created_at_ms) VALUES (:queue, {now}) "
+        "ON CONFLICT DO NOTHING"
+    )
+
+
+def has_queue(t: Tables) -> TextClause:
+    return text(f"SELECT 1 FROM {t.queues.name} WHERE name = :queue")
+
+
+def delete_queue(t: Tables) -> TextClause:
+    return text(f"DELETE FROM {t.queues.name} WHERE name = :queue")
+
+
+def delete_queue_bindings(t: Tables) -> TextClause:
+    return text(f"DELETE FROM {t.bindings.name} WHERE queue = :queue")
+
+
+def delete_queue_messages(t: Tables, now: str) -> TextClause:
+    return text(
+        f"DELETE FROM {t.messages.name} WHERE queue = :queue AND state = 'ready' "
+        f"AND {unleased(now)}"
+    )

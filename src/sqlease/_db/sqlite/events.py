@@ -1,0 +1,18 @@
+"""SQLite: reading a task's or a message's events (one row per message and event)."""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+from ...schema import Tables
+from .. import sql_common as c
+
+
+def events_for_task(t: Tables) -> TextClause:
+    return text(f"SELECT {c.EVENT_COLS} FROM {t.events.name} WHERE task_id = :task_id ORDER BY id")
+
+
+def events_for_message(t: Tables) -> TextClause:
+    return text(
+        f"SELECT {c.EVENT_COLS} FROM {t.events.name} WHERE message_id = :message_id ORDER BY id"
+    )

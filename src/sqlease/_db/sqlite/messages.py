@@ -1,0 +1,35 @@
+"""SQLite: publishing, taking, and the next due time."""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+from ...schema import Tables
+from .. import sql_common as c
+from .dialect import NOW, QUEUES_IN, in_json
+
+
+def enqueue(t: Tables) -> TextClause:
+    """Publish one message (its ``enqueued`` event is the caller's, in the same
+    transaction)."""
+    return text(
+        f"INSERT INTO {t.messages.name} ({c.INSERT_COLS}) VALUES ({c.insert_values(NOW)}) "
+        "RETURNING id"
+    )
+
+
+def take(t: Tables) -> TextClause:
+    return c.take(
+        t,
+        f"SELECT m.id FROM {t.messages.name} m WHERE {c.take_ready(NOW, QUEUES_IN)} "
+        f"{c.ORDER} LIMIT :limit",
+    )
+
+
+def next_due(t: Tables) -> TextClause:
+    """When the next delayed message of ``:queues`` is due, in milliseconds from now (lets an
+    idle worker sleep until exactly then instead of polling)."""
+    return text(
+        f"SELECT min(available_at_ms) - {NOW} FROM {t.messages.name} WHERE state = 'ready' "
+        f"AND {in_json('queue', 'queues')} AND available_at_ms > {NOW}"
+    )
