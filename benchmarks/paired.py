@@ -5,7 +5,8 @@ sqlease brokers (PostgreSQL, PostgreSQL ``publish-nowait``, SQLite) and its own
 ``benchmarks/store.py`` (claims + acks per second, SQLite and PostgreSQL); the order alternates
 (before/after, then after/before, ...), and the Redis and RabbitMQ baselines run once per round,
 between the two versions' celery_bench runs. Every benchmark subprocess makes fresh tables (a
-table prefix per process; store.py: a database ``sqlease_bench_<pid>``) and fresh SQLite files.
+table prefix per process; store.py: a database ``sqlease_bench_<pid>``) and fresh SQLite files
+(under the run's temporary directory, removed at the end).
 
 ``--before REF`` is checked out into a temporary ``git worktree`` (removed at the end);
 ``--after`` is a REF (the same) or a PATH with ``src/`` and ``benchmarks/``, copied at the start
@@ -70,7 +71,8 @@ class Version:
     def run(self, script: str, argv: list[str], log: Path, pythonpath: bool = True) -> int:
         bench = self.root / "benchmarks"
         path = [str(self.root / "src"), str(bench)] if pythonpath else [str(bench)]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+        # TMPDIR: the benchmarks' temporary directories (SQLite files) go with the run's.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), TMPDIR=str(log.parent))
         with log.open("a") as out:
             out.write(f"$ {script} {shlex.join(argv)}\n")
             out.flush()
@@ -159,8 +161,9 @@ def store(version: Version, args: argparse.Namespace, tmp: Path, tag: str) -> li
     if code or not out.exists():
         return failed(tag, code, tmp)
     data = json.loads(out.read_text())
-    if not Path(data["environment"]["sqlease_path"]).is_relative_to(version.root / "src"):
-        raise SystemExit(f"{tag}: store.py measured {data['environment']['sqlease_path']}")
+    measured = Path(data["environment"]["sqlease_path"])
+    if not measured.is_relative_to((version.root / "src").resolve()):
+        raise SystemExit(f"{tag}: store.py measured {measured}")
     return list(data["store_runs"])
 
 
