@@ -200,7 +200,8 @@ def report(rounds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str
     names = list(dict.fromkeys(k for p in per for v in ("before", "after") for k in p[v]))
     rows: list[dict[str, Any]] = []
     head = "".join(f"{f'round {i + 1}':>22}" for i in range(len(rounds)))
-    print(f"\n{'metric':<42}{head}{'median before':>15}{'median after':>14}{'ratio':>8}")
+    print(f"\n{'metric':<42}{head}{'median before':>15}{'median after':>14}{'ratio':>8}"
+          f"{'  (rounds: min-max)' if len(rounds) > 1 else ''}")
     for name in names:
         pairs = [(p["before"].get(name, (None,))[0], p["after"].get(name, (None,))[0])
                  for p in per]
@@ -211,12 +212,14 @@ def report(rounds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str
         for side in ("before", "after"):
             got = [x for x in row[side] if x is not None]
             row[f"median_{side}"] = statistics.median(got) if got else None
-        row["ratio"] = round(statistics.median(ratios), 3) if ratios else None
+        ratios = row["ratios"]
+        row["ratio"] = statistics.median(ratios) if ratios else None
         row["flag"] = row["ratio"] is not None and row["ratio"] < THRESHOLD
         rows.append(row)
         cells = "".join(f"{number(b) + ' -> ' + number(a):>22}" for b, a in pairs)
         print(f"{name:<42}{cells}{number(row['median_before']):>15}"
               f"{number(row['median_after']):>14}{number(row['ratio']):>8}"
+              f"{f'  ({min(ratios):.2f}-{max(ratios):.2f})' if len(ratios) > 1 else ''}"
               f"{'  <<' if row['flag'] else ''}")
     for name in dict.fromkeys(k for p in per for k in p["baselines"]):
         cells = "".join(f"{number(p['baselines'].get(name, (None,))[0]):>22}" for p in per)
