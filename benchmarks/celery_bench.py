@@ -10,7 +10,7 @@ backend on PostgreSQL beside Redis's.
 
 Completions are counted by UDP datagrams from the tasks (tests/benchmarks only).
 Usage: python benchmarks/celery_bench.py [--tasks 10000] [--rounds 3] [--only sqlease-pg,redis]
-[--quick]
+[--quick] [--output FILE.json]
 """
 
 from __future__ import annotations
@@ -142,7 +142,9 @@ def percentile(values: list[float], q: float) -> float:
 def run_broker(broker: Broker, tasks: int, counter: Counter, tmp: Path, prefix: str,
                quick: bool) -> dict[str, Any]:
     env = dict(os.environ, BENCH_BROKER=broker.url, BENCH_UDP=str(counter.port),
-               BENCH_PREFIX=prefix, PYTHONPATH=str(HERE),
+               BENCH_PREFIX=prefix,
+               # bench_app first, then the caller's path (e.g. benchmarks/paired.py's src/)
+               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
                BENCH_TRANSPORT_OPTIONS=json.dumps({**BASE_OPTIONS, **(broker.options or {})}))
     env.pop("BENCH_BACKEND", None)
     log = tmp / f"{broker.name}.log"
@@ -294,6 +296,8 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--only", default="")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="JSON file to write (default: results/celery-<date>[-quick].json)")
     # This machine's speed drifts by tens of percent within minutes, so one pass (brokers
     # one after the other) can favour whichever ran in a fast minute. Rounds run every broker
     # once each, in alternating order; each round's ratios compare neighbours in time, and
@@ -331,8 +335,8 @@ def main() -> int:
             print(json.dumps({"median": row}), flush=True)
     print(json.dumps({"ratios": ratios, "per_round": per_round}), flush=True)
     stamp = time.strftime("%Y-%m-%d")
-    path = HERE / "results" / f"celery-{stamp}{'-quick' if args.quick else ''}.json"
-    path.parent.mkdir(exist_ok=True)
+    path = args.output or HERE / "results" / f"celery-{stamp}{'-quick' if args.quick else ''}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(
         {"tasks": tasks, "rounds": args.rounds, "results": summary, "ratios": ratios,
          "ratios_per_round": per_round, "runs": [r for results in rounds for r in results]},
