@@ -16,6 +16,7 @@ from sqlease.handoff import Handoff, lock_key_for, split
 from sqlease.results_store import ResultStore
 from sqlease.store import Fence
 from sqlease.testing import FakeClock
+from sqlease.types import Outcome
 from sqlease.wakeup import PostgresListener
 
 pytestmark = [pytest.mark.pg, pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)]
@@ -23,6 +24,8 @@ pytestmark = [pytest.mark.pg, pytest.mark.parametrize("db_url", ["postgresql"], 
 OWNER = "host:1:worker-a"
 LEASE_MS = 5_000
 TTL_MS = 3_000
+
+STORED = Outcome.UPDATED  # what a result write answers when it wrote
 
 
 @pytest.fixture
@@ -286,21 +289,28 @@ def test_a_final_result_puts_back_its_workers_offer_only_under_its_lease(
     assert held is not None and held.lease_owner == OWNER  # handed over: the offer is used up
     assert offers_of(store) == {}
     # A stamp made before the worker heard of that handoff leaves the used offer alone.
-    assert results.put("k0", b"{}", state="SUCCESS", fence=held.fence, offer=STAMP) == "stored"
+    assert (
+        results.put("k0", b"{}", state="SUCCESS", fence=held.fence, offer=STAMP) is STORED
+    )
     assert offers_of(store) == {}
     stamp = {**STAMP, "seen": {"q": handed_seq(listener, held.id)}}
-    assert results.put("k1", b"{}", state="SUCCESS", fence=held.fence, offer=stamp) == "stored"
+    assert (
+        results.put("k1", b"{}", state="SUCCESS", fence=held.fence, offer=stamp) is STORED
+    )
     assert offers_of(store) == {(OWNER, "q"): clock() + TTL_MS}
     following = store.get_message(store.enqueue("q", "{}"))
     assert following is not None and following.lease_owner == OWNER  # the next is handed over
     assert offers_of(store) == {}
     stale = Fence(held.id, OWNER, held.attempt + 1)
-    assert results.put("k2", b"{}", state="SUCCESS", fence=stale, offer=stamp) == "lease_lost"
+    assert results.put("k2", b"{}", state="SUCCESS", fence=stale, offer=stamp) is Outcome.LEASE_LOST
     assert offers_of(store) == {}
     bad = {"queues": "q", "lease_ms": "soon"}
-    assert results.put("k3", b"{}", state="SUCCESS", fence=held.fence, offer=bad) == "stored"
+    assert results.put("k3", b"{}", state="SUCCESS", fence=held.fence, offer=bad) is STORED
     bad_seen = {**STAMP, "seen": ["q"]}
-    assert results.put("k4", b"{}", state="SUCCESS", fence=held.fence, offer=bad_seen) == "stored"
+    assert (
+        results.put("k4", b"{}", state="SUCCESS", fence=held.fence, offer=bad_seen)
+        is Outcome.UPDATED
+    )
     assert offers_of(store) == {}
 
 

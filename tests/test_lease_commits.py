@@ -24,6 +24,7 @@ from sqlease.fastpath import FastPath
 from sqlease.options import TransportOptions
 from sqlease.results_store import ResultStore
 from sqlease.store import NewMessage, Store
+from sqlease.types import Outcome
 
 SHOW = text("SELECT current_setting('synchronous_commit') AS sync")
 
@@ -111,7 +112,8 @@ def test_each_statement_runs_on_the_engine_its_durability_needs(
     acked, [second] = store.ack_and_claim([first.fence], ["q"], "w", lease_ms=60_000, limit=1)
     assert acked == {first.id}
     results = ResultStore(store)
-    assert results.put("celery-task-meta-t2", b"4", state="SUCCESS", fence=second.fence) == "stored"
+    stored = results.put("celery-task-meta-t2", b"4", state="SUCCESS", fence=second.fence)
+    assert stored is Outcome.UPDATED
     assert store.ack([second.fence]) == {second.id}
     assert on(store.sql.enqueue) == {"fast"}
     assert on(store.sql.result_put) == {"fast"}

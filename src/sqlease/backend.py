@@ -30,6 +30,7 @@ from .options import TransportOptions
 from .registry import store_for
 from .results_store import FenceRefused, ResultStore
 from .store import Fence
+from .types import Outcome
 from .urls import display_url, strip_prefix, to_sqlalchemy_url
 from .wakeup import PostgresListener, Waker
 
@@ -292,9 +293,9 @@ class SqleaseBackend(KeyValueStoreBackend):  # type: ignore[misc]
             keep_success=keep_success,
             offer=offer,
         )
-        if outcome == "lease_lost":
+        if outcome is Outcome.LEASE_LOST:
             self._local.refused = True
-        return outcome == "stored"
+        return outcome is Outcome.UPDATED
 
     def delete(self, key: Any) -> Any:
         self.results.delete(self._key(key))

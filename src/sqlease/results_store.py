@@ -19,7 +19,7 @@ from sqlalchemy import Connection, delete, func, or_, select, update
 from ._core.store import Store
 from ._db.driver import Lane
 from .resilience import transient
-from .types import Fence
+from .types import Fence, Outcome
 
 TERMINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
 #: PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; a result that fits travels with
@@ -98,11 +98,11 @@ class ResultStore:
         fence: Fence | None = None,
         keep_success: bool = False,
         offer: Mapping[str, Any] | None = None,
-    ) -> str:
+    ) -> Outcome:
         """Store ``value`` under ``key``; with a fence, only while its lease is held; with
         ``keep_success``, never over a stored SUCCESS (Celery's rule: a late duplicate must
-        not overwrite the result that stands). Returns ``stored``, ``lease_lost`` or
-        ``kept_success``. ``offer`` (PostgreSQL, fenced writes): the holder's handoff offer,
+        not overwrite the result that stands). Returns ``Outcome.UPDATED``, ``LEASE_LOST`` or
+        ``KEPT_SUCCESS``. ``offer`` (PostgreSQL, fenced writes): the holder's handoff offer,
         written in the same statement if the lease held (``sqlease.transport.OFFER_KEY``)."""
         now = self._now()
         row = {
@@ -125,10 +125,10 @@ class ResultStore:
         ).returning(self.results.c.key)
         with self.store.engine.begin() as conn:
             if fence is not None and not self._held(conn, fence, task_id):
-                return "lease_lost"
+                return Outcome.LEASE_LOST
             if conn.execute(upsert).first() is None:
-                return "kept_success"
-        return "stored"
+                return Outcome.KEPT_SUCCESS
+        return Outcome.UPDATED
 
     def _put_in_one_statement(
         self,
@@ -136,7 +136,7 @@ class ResultStore:
         fence: Fence | None,
         keep_success: bool,
         offer: dict[str, Any] | None = None,
-    ) -> str:
+    ) -> Outcome:
         # One statement in autocommit (one round trip, one commit): the lease check locks the
         # message row, the upsert writes only if it held, and the notification goes out with
         # the commit. The payload carries the value when it fits, so a waiting client need
@@ -168,8 +168,8 @@ class ResultStore:
         (outcome,) = default.rows(statement, params)
         held, stored = outcome["held"], outcome["stored"]
         if fence is not None and not held:
-            return "lease_lost"
-        return "stored" if stored else "kept_success"
+            return Outcome.LEASE_LOST
+        return Outcome.UPDATED if stored else Outcome.KEPT_SUCCESS
 
     def _live(self) -> Any:
         return or_(
@@ -321,7 +321,7 @@ class ResultStore:
                 state=status,
                 task_id=task_id,
             )
-            == "stored"
+            is Outcome.UPDATED
         )
 
     @transient

@@ -62,11 +62,16 @@ class NewMessage:
 
 
 class Outcome(StrEnum):
-    """The database's answer to a fenced compare-and-set."""
+    """The database's answer to a fenced write (a checkpoint's compare-and-set, a result)."""
 
+    #: written
     UPDATED = "updated"
+    #: not written: the task is no longer at the expected revision
     REVISION_CONFLICT = "revision_conflict"
+    #: not written: this delivery no longer holds its lease
     LEASE_LOST = "lease_lost"
+    #: not written: a SUCCESS result stands, and a late duplicate must not overwrite it
+    KEPT_SUCCESS = "kept_success"
 
 
 @dataclass(frozen=True)
