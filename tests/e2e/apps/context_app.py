@@ -132,7 +132,8 @@ if os.environ.get("E2E_DIE_BEFORE_COUNT"):
 if os.environ.get("E2E_DIE_AFTER_LAST_COUNT"):
     # Die in the moment after a chord's last part was counted and before Celery sends the
     # chord's callback: the part's redelivery finds its result stored and its count made.
-    from sqlease.backend import SqleaseBackend, _counting_part
+    from sqlease.backend import SqleaseBackend
+    from sqlease.backend._fencing import counting_part
 
     _incr = SqleaseBackend.incr
 
@@ -140,7 +141,7 @@ if os.environ.get("E2E_DIE_AFTER_LAST_COUNT"):
         value: int = _incr(self, key)
         marker = os.path.join(os.path.dirname(os.environ["E2E_RECORDS"]), "callback-lost")
         if value == int(os.environ["E2E_DIE_AFTER_LAST_COUNT"]) and not os.path.exists(marker):
-            effect(str(_counting_part.get()), "died_after_last_count", value, 0)
+            effect(str(counting_part.get()), "died_after_last_count", value, 0)
             open(marker, "w").close()
             kill_my_worker()
         return value

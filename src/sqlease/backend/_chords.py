@@ -1,0 +1,82 @@
+"""Native chords: an atomic SQL counter per chord, each part counted once, fenced by its
+delivery's lease."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.backends.base import KeyValueStoreBackend
+from kombu.utils.encoding import bytes_to_str
+
+from ..results_store import FenceRefused
+from ._fencing import REFUSED, counting_part, writing_under
+
+logger = logging.getLogger(__name__)
+
+
+class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
+    """Chord counting for the sqlease result backend (a mixin of it)."""
+
+    def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> Any:
+        fence = self._fence_for(request)
+        if fence is not None and getattr(request, REFUSED, False):
+            return None  # its result was refused: it must not count towards the chord
+        chord = getattr(request, "chord", None)
+        if self._counted_before(request):
+            # A duplicate of a part already counted (the same task delivered twice, e.g. a
+            # publish repeated by the app): Celery's base would restore the group first, which
+            # is deleted once the chord fired, and fail the chord's body with "GroupResult …
+            # no longer exists". The count it would add is refused anyway (``incr``).
+            logger.info(
+                "sqlease: chord part %s of group %s was counted already; not counted again",
+                request.id,
+                request.group,
+            )
+            return None
+        size = self._chord_size(request)
+        if size is not None and isinstance(chord, dict):
+            request.chord = dict(chord, chord_size=size)  # Celery's base reads it from here
+        token = writing_under.set((fence, str(request.id)) if fence else None)
+        part = counting_part.set(str(request.id))
+        try:
+            return super().on_chord_part_return(request, state, result, **kwargs)
+        except FenceRefused:
+            logger.warning("sqlease: chord part of task %s refused: its lease is gone", request.id)
+            return None
+        finally:
+            counting_part.reset(part)
+            writing_under.reset(token)
+            if size is not None:
+                request.chord = chord
+
+    def _counted_before(self, request: Any) -> bool:
+        """Was this chord part counted already, with nothing more to do for it? (A part
+        whose count may have been the chord's last, with the callback never sent, is not:
+        its redelivery must go on and send the callback.)"""
+        group, part = getattr(request, "group", None), getattr(request, "id", None)
+        if not group or not part or not getattr(request, "chord", None):
+            return False
+        pair = (self._key(self.get_key_for_chord(group)), str(part))
+        return pair in self.results.parts_settled([pair])
+
+    def set_chord_size(self, group_id: Any, chord_size: int) -> None:
+        """Celery calls this while publishing a chord's header, with the number of parts that
+        will report: a nested group counts each of its tasks, where the restored header
+        (Celery's fallback, ``len(deps)``) counts it once. Without it, a header such as
+        ``group(a, chain(b, group(c, d)))`` fires its body after two parts of three and then
+        joins a part that has not run. Stored in the results table under the chord counter's
+        own key, so it is expired and deleted with the counter."""
+        self._put(self.get_key_for_chord(group_id), str(int(chord_size)), None, fence=None)
+
+    def _chord_size(self, request: Any) -> int | None:
+        """The size stored by :meth:`set_chord_size` for this part's chord, unless the
+        request already carries one (None: Celery falls back to the restored header)."""
+        chord, group = getattr(request, "chord", None), getattr(request, "group", None)
+        if not group or not isinstance(chord, dict) or chord.get("chord_size") is not None:
+            return None
+        stored = self.get(self.get_key_for_chord(group))
+        try:
+            return None if stored is None else int(bytes_to_str(stored))
+        except ValueError:
+            return None

@@ -1,0 +1,17 @@
+"""What the backend's writes know of the delivery they are made for, across Celery's own logic
+(which calls back into the key/value primitives without passing it on)."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+
+from ..types import Fence
+
+#: The fence of the delivery whose result is being written, and its task id.
+writing_under: ContextVar[tuple[Fence, str] | None] = ContextVar(
+    "sqlease_writing_under", default=None
+)
+#: The chord part (task id) whose count is being written: counted once (ResultStore.incr).
+counting_part: ContextVar[str | None] = ContextVar("sqlease_counting_part", default=None)
+#: Set on a request whose result was refused (its lease was gone).
+REFUSED = "sqlease_refused"

@@ -1,0 +1,171 @@
+"""Waiting for results without polling: NOTIFY on PostgreSQL, the file's data_version on
+SQLite, the interval only a safety net; a result usually arrives inside its notification."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from celery import states
+from celery.backends.base import KeyValueStoreBackend
+from celery.exceptions import TimeoutError as CeleryTimeoutError
+from kombu.utils.encoding import bytes_to_str
+
+from ..wakeup import PostgresListener, Waker
+
+logger = logging.getLogger(__name__)
+
+#: How many published task ids a thread remembers for on_task_call / wait_for.
+FRESH_LIMIT = 1000
+
+
+class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
+    """``AsyncResult.get()`` / ``join`` for the sqlease result backend (a mixin of it)."""
+
+    def _waker(self) -> Waker:
+        waker = getattr(self._local, "waker", None)
+        if waker is None:
+            waker = self.results.store.driver.waker(self.results.notify_channel)
+            self._local.waker = waker
+        return waker
+
+    def _nap(
+        self, waker: Waker, interval: float, timeout: float | None, elapsed: float
+    ) -> list[str] | None:
+        """Sleep until a notification (PostgreSQL) or a commit to the file (SQLite), the
+        interval being only the safety net. Returns the notifications' payloads, if known."""
+        nap = max(interval, 1.0) if isinstance(waker, PostgresListener) else interval
+        if timeout is not None:
+            nap = min(nap, timeout - elapsed)
+        if isinstance(waker, PostgresListener):
+            return waker.wait_payloads(max(nap, 0.0))
+        waker.wait(max(nap, 0.0))
+        return None
+
+    def _ready_meta_from(self, payloads: list[str] | None, task_id: Any) -> Any:
+        """A final result carried by its notification (``<key>\\n<value>``), decoded and
+        cached as ``get_task_meta`` would; None when no payload holds one."""
+        if not payloads or self.content_encoding == "binary":
+            return None  # a binary serializer's value never travels as notification text
+        key = bytes_to_str(self.get_key_for_task(task_id))
+        for payload in reversed(payloads):  # the latest write wins
+            name, sep, value = payload.partition("\n")
+            if not sep or name != key:
+                continue
+            try:
+                meta = self.decode_result(value)
+            except Exception:  # not decodable here: read it back instead
+                return None
+            if meta.get("status") not in states.READY_STATES:
+                return None
+            if meta.get("status") == states.SUCCESS:
+                self._cache[task_id] = meta
+            return meta
+        return None
+
+    def on_task_call(self, producer: Any, task_id: Any) -> dict[str, Any]:
+        """Celery calls this before it publishes a task. In a thread that already waits for
+        results on PostgreSQL (it has a listener; a thread that never calls get() opens no
+        connection for this): make sure it is listening now, so every write of this task's
+        result, all later than this moment, is heard, and a get() can skip its first read."""
+        waker = getattr(self._local, "waker", None)
+        if isinstance(waker, PostgresListener) and waker.fileno() is not None:
+            fresh = self._fresh()
+            fresh[bytes_to_str(task_id)] = waker.generation
+            while len(fresh) > FRESH_LIMIT:
+                fresh.pop(next(iter(fresh)))
+        return {}
+
+    def _fresh(self) -> dict[str, int]:
+        fresh: dict[str, int] | None = getattr(self._local, "fresh", None)
+        if fresh is None:
+            fresh = self._local.fresh = {}
+        return fresh
+
+    def _heard_since_publish(self, waker: Waker, task_id: Any) -> bool:
+        """Was this thread listening, without a break, since before the task was published?
+        Then its result cannot be stored yet without a notification waiting for us."""
+        generation = self._fresh().pop(bytes_to_str(task_id), None)
+        return (
+            generation is not None
+            and isinstance(waker, PostgresListener)
+            and waker.connected
+            and waker.generation == generation
+        )
+
+    def wait_for(
+        self,
+        task_id: Any,
+        timeout: float | None = None,
+        interval: float = 0.5,
+        no_ack: bool = True,
+        on_interval: Any = None,
+    ) -> Any:
+        self._ensure_not_eager()
+        waker = self._waker()
+        # Skip the first read when it cannot find the result (see on_task_call).
+        look = not self._heard_since_publish(waker, task_id)
+        waker.fileno()  # listen before the first look, so no notification is missed
+        start = time.monotonic()
+        while True:
+            if look:
+                meta = self.get_task_meta(task_id)
+                if meta["status"] in states.READY_STATES:
+                    return meta
+            look = True
+            if on_interval:
+                on_interval()
+            elapsed = time.monotonic() - start
+            if timeout is not None and elapsed >= timeout:
+                raise CeleryTimeoutError("The operation timed out.")
+            payloads = self._nap(waker, interval, timeout, elapsed)
+            # The result usually arrives with its notification: no read back needed.
+            meta = self._ready_meta_from(payloads, task_id)
+            if meta is not None:
+                return meta
+
+    def get_many(
+        self,
+        task_ids: Any,
+        timeout: float | None = None,
+        interval: float = 0.5,
+        no_ack: bool = True,
+        on_message: Any = None,
+        on_interval: Any = None,
+        max_iterations: int | None = None,
+        READY_STATES: Any = states.READY_STATES,
+    ) -> Any:
+        interval = 0.5 if interval is None else interval
+        ids = set(task_ids)
+        for task_id in list(ids):
+            cached = self._cache.get(task_id)
+            if cached is not None and cached["status"] in READY_STATES:
+                ids.discard(task_id)
+                yield bytes_to_str(task_id), cached
+        waker = self._waker()
+        waker.fileno()
+        start = time.monotonic()
+        iterations = 0
+        while ids:
+            keys = list(ids)
+            found = self._mget_to_results(
+                self.mget([self.get_key_for_task(k) for k in keys]), keys, READY_STATES
+            )
+            self._cache.update(found)
+            ids.difference_update({bytes_to_str(v) for v in found})
+            for key, value in found.items():
+                if on_message is not None:
+                    on_message(value)
+                yield bytes_to_str(key), value
+            if not ids:
+                break
+            elapsed = time.monotonic() - start
+            if timeout is not None and elapsed >= timeout:
+                raise CeleryTimeoutError(f"Operation timed out ({timeout})")
+            if on_interval:
+                on_interval()
+            self._nap(waker, interval, timeout, elapsed)
+            iterations += 1
+            if max_iterations and iterations >= max_iterations:
+                break
