@@ -371,7 +371,7 @@ def main() -> int:
                 did_restart = True
     finally:
         chaos.stop_all()
-    from sqlease.engine import dispose_all
+    from sqlease._db.engine import dispose_all
 
     dispose_all()
     report = check(store, cfg, task_ids)

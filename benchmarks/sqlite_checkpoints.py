@@ -1,5 +1,5 @@
 """SQLite commit cost with checkpoints inside the commits (SQLite's default) and with them on
-sqlease's checkpoint thread (sqlease.sqlite_checkpoints), in one run.
+sqlease's checkpoint thread (sqlease._db.sqlite.checkpoints), in one run.
 
 Each mode: N single-row write transactions (BEGIN IMMEDIATE, INSERT of about 900 bytes,
 COMMIT) on a fresh WAL file with synchronous=NORMAL, as sqlease's engine sets it; reports
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlease.sqlite_checkpoints import Checkpointer
+from sqlease._db.sqlite.checkpoints import Checkpointer
 
 
 def run(path: Path, transactions: int, *, thread: bool) -> dict[str, Any]:

@@ -62,7 +62,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 
 import sqlease
 from sqlease import NewMessage, Store
-from sqlease.engine import dispose_all
+from sqlease._db.engine import dispose_all
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PG_URL = os.environ.get(

@@ -48,7 +48,7 @@ def pg_database_url() -> Iterator[str]:
     try:
         yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
     finally:
-        from sqlease.engine import dispose_all
+        from sqlease._db.engine import dispose_all
 
         dispose_all(close=True)
         with admin.connect() as conn:

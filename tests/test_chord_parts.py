@@ -1,4 +1,4 @@
-"""Recognising a chord part in a message as sqlease stores it (sqlease.chord_parts)."""
+"""Recognising a chord part in a message as sqlease stores it (sqlease._core.chord_parts)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 import sqlease  # noqa: F401  (registers the transport)
 from sqlease import Store
-from sqlease.chord_parts import chord_count_of
+from sqlease._core.chord_parts import chord_count_of
 
 
 def published(tmp_path: Path, build: str) -> list[str]:

@@ -92,7 +92,7 @@ def test_long_statements_are_converted_once_and_bind_their_parameters(
     """psycopg caches its placeholder conversion only for statements up to 4 KB; the busy
     worker's ack + claim is longer. The hot path converts each statement once, and the
     parameters still land in the right places."""
-    from sqlease import fastpath
+    from sqlease._db.postgresql import fastpath
 
     store = Store(pg_database_url, table_prefix=unique_prefix())
     assert len(str(store.sql.ack_claim_single)) > 4096
@@ -117,7 +117,7 @@ def test_psycopg_internals_that_changed_fall_back_to_its_public_path(
     """The cached conversion uses psycopg internals. This psycopg's must pass the import-time
     check; and if a later one's stop behaving at call time, each statement falls back to
     psycopg's own conversion instead of failing."""
-    from sqlease import fastpath
+    from sqlease._db.postgresql import fastpath
 
     assert fastpath._private_conversion_works()
 
@@ -240,7 +240,7 @@ def test_one_statement_calls_reuse_the_engines_spares_without_the_pool(
     ``delay()``, interleaved runs): the engine keeps a few connections in autocommit."""
     from sqlalchemy import event
 
-    from sqlease.spares import SPARES_PER_ENGINE
+    from sqlease._db.spares import SPARES_PER_ENGINE
 
     fast = fresh_store.driver.lane(Lane.DEFAULT)
     assert fast is not None

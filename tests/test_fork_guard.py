@@ -1,6 +1,6 @@
-"""Forks wait for other threads to leave SQLite (sqlease.fork_guard): a child forked while a
-heartbeat or maintenance thread is inside SQLite would inherit SQLite's mutexes locked and hang
-at its first SQLite call. Real threads and forks, short waits."""
+"""Forks wait for other threads to leave SQLite (sqlease._db.sqlite.fork_guard): a child forked
+while a heartbeat or maintenance thread is inside SQLite would inherit SQLite's mutexes locked
+and hang at its first SQLite call. Real threads and forks, short waits."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import unique_prefix
-from sqlease.fork_guard import ForkGuard, fork_guard
+from sqlease._db.sqlite.fork_guard import ForkGuard, fork_guard
 from sqlease.store import NewMessage, Store
 
 pytestmark = pytest.mark.timeout(60)
@@ -97,7 +97,7 @@ def test_the_wait_is_bounded_and_says_so(caplog: pytest.LogCaptureFixture) -> No
     thread.start()
     assert inside.wait(5)
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="sqlease.fork_guard"):
+    with caplog.at_level(logging.WARNING, logger="sqlease._db.sqlite.fork_guard"):
         guard._before_fork()
     waited = time.monotonic() - started
     guard._after_fork_in_parent()

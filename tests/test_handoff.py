@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from sqlease import Store
-from sqlease.handoff import Handoff, lock_key_for, split
-from sqlease.results_store import ResultStore
+from sqlease._core.handoff import Handoff, lock_key_for, split
+from sqlease._core.results import ResultStore
+from sqlease._db.wakeup import PostgresListener
 from sqlease.store import Fence
 from sqlease.testing import FakeClock
 from sqlease.types import Outcome
-from sqlease.wakeup import PostgresListener
 
 pytestmark = [pytest.mark.pg, pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)]
 
@@ -51,6 +52,24 @@ def offer(
         ttl_ms=TTL_MS,
         seen=seen,
     )
+
+
+def _wait_until_unlocked(store: Store, key: int, timeout: float = 10.0) -> None:
+    """The server ends a closed connection's session (and frees its advisory lock) a moment
+    after the client has closed it."""
+    deadline = time.monotonic() + timeout
+    query = text(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+        "AND classid = CAST(:high AS oid) AND objid = CAST(:low AS oid)"
+    )
+    # pg_locks splits a bigint key into classid (high) and objid (low 32 bits).
+    parts = {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF}
+    while True:
+        with store.engine.connect() as conn:
+            if not conn.execute(query, parts).scalar():
+                return
+        assert time.monotonic() < deadline, "the closed listener's lock was never freed"
+        time.sleep(0.01)
 
 
 def heard(listener: PostgresListener) -> list[str]:
@@ -90,6 +109,7 @@ def test_no_handoff_to_a_worker_whose_listening_connection_is_gone(
 ) -> None:
     offer(store)
     listener.close()  # as when the worker is killed: its connections close, the lock goes
+    _wait_until_unlocked(store, lock_key_for(OWNER))
     message_id = store.enqueue("q", "{}")
     row = store.get_message(message_id)
     assert row is not None and row.lease_owner is None

@@ -11,18 +11,18 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from conftest import unique_prefix
+from sqlease._core.results import ResultStore
 from sqlease._db.driver import Lane
-from sqlease.engine import (
+from sqlease._db.engine import (
     GENERIC_PLANS_OPTION,
     NO_FLUSH_WAIT_OPTION,
     SESSION_OPTIONS,
     get_engine,
     postgresql_connect_args,
 )
+from sqlease._db.postgresql.fastpath import FastPath
 from sqlease.errors import ConfigurationError
-from sqlease.fastpath import FastPath
 from sqlease.options import TransportOptions
-from sqlease.results_store import ResultStore
 from sqlease.store import NewMessage, Store
 from sqlease.types import Outcome
 

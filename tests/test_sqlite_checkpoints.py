@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import unique_prefix
-from sqlease.sqlite_checkpoints import Checkpointer, checkpointer
+from sqlease._db.sqlite.checkpoints import Checkpointer, checkpointer
 from sqlease.store import NewMessage, Store
 
 PAYLOAD = "x" * 3000  # about one page per message: a few hundred messages pass 1,000 pages
@@ -103,7 +103,7 @@ def test_an_unchanged_log_is_not_checkpointed_again(
     opened: list[str] = []
     real_connect = sqlite3.connect
     monkeypatch.setattr(
-        "sqlease.sqlite_checkpoints.sqlite3.connect",
+        "sqlease._db.sqlite.checkpoints.sqlite3.connect",
         lambda *a, **k: opened.append(a[0]) or real_connect(*a, **k),
     )
     own.run_once()

@@ -1,5 +1,5 @@
 """SQLite's per-task write transactions (enqueue, claim, ack, take, renew) run straight through
-sqlite3 (sqlease.sqlite_fast) and behave as SQLAlchemy's transactions did: atomic, the write
+sqlite3 (sqlease._db.sqlite.fast) and behave as SQLAlchemy's transactions did: atomic, the write
 lock taken up front, errors as SQLAlchemy's (a locked database is an OperationalError the store
 retries; a read-only file a DatabaseReadOnly), nothing left open. Every store test on SQLite
 runs through it too."""
@@ -17,9 +17,9 @@ from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
 
 from conftest import unique_prefix
-from sqlease.engine import get_engine
-from sqlease.spares import SPARES_PER_ENGINE
-from sqlease.sqlite_fast import Result, Row, SqliteFast
+from sqlease._db.engine import get_engine
+from sqlease._db.spares import SPARES_PER_ENGINE
+from sqlease._db.sqlite.fast import Result, Row, SqliteFast
 from sqlease.store import Store
 
 

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from kombu.transport import TRANSPORT_ALIASES
 
-from .aliases import ALIASES as _ALIASES
-from .aliases import TARGET as _TARGET
+from sqlease._aliases import ALIASES as _ALIASES
+from sqlease._aliases import TARGET as _TARGET
 
-for _alias in _ALIASES:  # "sqlease", and the full schemes for failover (see sqlease.aliases)
+for _alias in _ALIASES:  # "sqlease", and the full schemes for failover (see sqlease._aliases)
     TRANSPORT_ALIASES[_alias] = _TARGET
 
 try:
-    from . import celery_defaults as _celery_defaults  # noqa: F401  (registers the hooks)
+    from sqlease import _celery_defaults as _celery_defaults
 except ImportError:  # pragma: no cover - kombu without celery
     pass
 
@@ -62,94 +62,94 @@ _LAZY = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(["__version__", *_LAZY])
 
 if TYPE_CHECKING:  # what type checkers see; the same names as _EXPORTS (pinned by a test)
-    from .admin import (
+    from sqlease.admin import (
         Admin as Admin,
     )
-    from .admin import (
+    from sqlease.admin import (
         TaskSnapshot as TaskSnapshot,
     )
-    from .errors import (
+    from sqlease.errors import (
         AttemptsExhausted as AttemptsExhausted,
     )
-    from .errors import (
+    from sqlease.errors import (
         ConfigurationError as ConfigurationError,
     )
-    from .errors import (
+    from sqlease.errors import (
         ContextUnavailable as ContextUnavailable,
     )
-    from .errors import (
+    from sqlease.errors import (
         DatabaseReadOnly as DatabaseReadOnly,
     )
-    from .errors import (
+    from sqlease.errors import (
         DatabaseUnavailable as DatabaseUnavailable,
     )
-    from .errors import (
+    from sqlease.errors import (
         InvalidAnswer as InvalidAnswer,
     )
-    from .errors import (
+    from sqlease.errors import (
         InvalidTransition as InvalidTransition,
     )
-    from .errors import (
+    from sqlease.errors import (
         LeaseLost as LeaseLost,
     )
-    from .errors import (
+    from sqlease.errors import (
         OutcomeUnknown as OutcomeUnknown,
     )
-    from .errors import (
+    from sqlease.errors import (
         PayloadTooLarge as PayloadTooLarge,
     )
-    from .errors import (
+    from sqlease.errors import (
         PermissionDenied as PermissionDenied,
     )
-    from .errors import (
+    from sqlease.errors import (
         SchemaError as SchemaError,
     )
-    from .errors import (
+    from sqlease.errors import (
         SchemaMissing as SchemaMissing,
     )
-    from .errors import (
+    from sqlease.errors import (
         SchemaVersionMismatch as SchemaVersionMismatch,
     )
-    from .errors import (
+    from sqlease.errors import (
         SqleaseError as SqleaseError,
     )
-    from .errors import (
+    from sqlease.errors import (
         UnknownTask as UnknownTask,
     )
-    from .errors import (
+    from sqlease.errors import (
         WaitingForPerson as WaitingForPerson,
     )
-    from .store import (
+    from sqlease.store import (
         Store as Store,
     )
-    from .task_context import (
+    from sqlease.task_context import (
         TaskContext as TaskContext,
     )
-    from .task_context import (
+    from sqlease.task_context import (
         context as context,
     )
-    from .transactions import (
+    from sqlease.transactions import (
         transaction as transaction,
     )
-    from .types import (
+    from sqlease.types import (
         CasResult as CasResult,
     )
-    from .types import (
+    from sqlease.types import (
         Event as Event,
     )
-    from .types import (
+    from sqlease.types import (
         Fence as Fence,
     )
-    from .types import (
+    from sqlease.types import (
         Message as Message,
     )
-    from .types import (
+    from sqlease.types import (
         NewMessage as NewMessage,
     )
-    from .types import (
+    from sqlease.types import (
         Outcome as Outcome,
     )
-    from .types import (
+    from sqlease.types import (
         TaskRecord as TaskRecord,
     )
 

@@ -21,12 +21,12 @@ from typing import Any, NoReturn
 from sqlalchemy import Connection, and_, func, or_, select
 from sqlalchemy.engine import URL
 
-from .control import Control
-from .errors import InvalidAnswer, InvalidTransition, UnknownTask
-from .results_store import ResultStore
-from .steps import StepStore
-from .store import Event, Message, Store
-from .urls import strip_prefix
+from sqlease._core.control import Control
+from sqlease._core.results import ResultStore
+from sqlease._core.steps import StepStore
+from sqlease.errors import InvalidAnswer, InvalidTransition, UnknownTask
+from sqlease.store import Event, Message, Store
+from sqlease.urls import strip_prefix
 
 TASK_STATES = (
     "queued",
@@ -113,7 +113,7 @@ class Admin:
         ).first()
         if row is None:
             return None
-        from ._core.rows import row_to_message
+        from sqlease._core.rows import row_to_message
 
         return row_to_message(row)
 
@@ -224,7 +224,7 @@ class Admin:
             query = query.where(m.c.state == "parked")
         elif state in ("queued", "scheduled", "running"):
             query = query.where(m.c.state == "ready")
-        from ._core.rows import row_to_message
+        from sqlease._core.rows import row_to_message
 
         found: list[TaskSnapshot] = []
         with self.store._reading() as conn:

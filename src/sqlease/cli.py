@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import SqleaseError
+from sqlease.errors import SqleaseError
 
 
 def _url(args: argparse.Namespace) -> str:
@@ -118,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _admin(args: argparse.Namespace) -> Any:
-    from .admin import Admin
+    from sqlease.admin import Admin
 
     return Admin(_url(args), table_prefix=args.table_prefix)
 
@@ -130,14 +130,14 @@ def _out(args: argparse.Namespace, data: Any, human: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     command = args.command
     if command == "demo":
-        from .demo import run
+        from sqlease._demo import run
 
         return run(args.dir)
     if command == "migrate":
-        from .engine import get_engine
-        from .schema import build_tables
-        from .schema import migrate as do_migrate
-        from .urls import strip_prefix
+        from sqlease._db.engine import get_engine
+        from sqlease._db.schema import build_tables
+        from sqlease._db.schema import migrate as do_migrate
+        from sqlease.urls import strip_prefix
 
         version = do_migrate(get_engine(strip_prefix(_url(args))), build_tables(args.table_prefix))
         _out(args, {"schema_version": version}, f"schema at version {version}")
@@ -145,10 +145,10 @@ def _run(args: argparse.Namespace) -> int:
     if command == "grant":
         from sqlalchemy import text as sql_text
 
-        from .engine import get_engine
-        from .roles import worker_grants
-        from .schema import build_tables
-        from .urls import strip_prefix
+        from sqlease._db.engine import get_engine
+        from sqlease._db.roles import worker_grants
+        from sqlease._db.schema import build_tables
+        from sqlease.urls import strip_prefix
 
         statements = worker_grants(build_tables(args.table_prefix), args.role, schema=args.schema)
         if args.apply:
@@ -248,7 +248,7 @@ def _run(args: argparse.Namespace) -> int:
         admin.reject(args.task_id, args.reason)
         _out(args, {"rejected": args.task_id}, f"rejected {args.task_id}")
     elif command == "maintain":
-        from .maintenance import acquire, run_pass
+        from sqlease._core.maintenance import acquire, run_pass
 
         store = admin.store
         if not acquire(store, f"cli:{os.getpid()}", 300_000, store.now_ms()):

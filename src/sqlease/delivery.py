@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .types import Fence
+from sqlease.types import Fence
 
 ID_KEY = "sqlease_id"
 ATTEMPT_KEY = "sqlease_attempt"

@@ -16,7 +16,7 @@ a claim submitted after acks runs after them or with them.
 
 A statement whose connection dropped (server restart, ``pg_terminate_backend``) or could not
 be made is sent again on a fresh connection, after a backoff timed by the hub, for up to
-``RETRY_SECONDS``, as the store's blocking operations ride it out (sqlease.resilience): a
+``RETRY_SECONDS``, as the store's blocking operations ride it out (sqlease._db.retry): a
 repeated ack is refused as stale, never applied twice.
 
 Loop thread only: the hub's callbacks and the transport's calls all run there.
@@ -34,10 +34,10 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from ._db.driver import Op
-from .background import Job, Outcome
-from .fastpath import WAIT_READ, WAIT_WRITE, FastPath, Sending
-from .resilience import RETRY_SECONDS
+from sqlease._db.driver import Op
+from sqlease._db.postgresql.fastpath import WAIT_READ, WAIT_WRITE, FastPath, Sending
+from sqlease._db.retry import RETRY_SECONDS
+from sqlease.background import Job, Outcome
 
 logger = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigurationError
-from .schema import validate_prefix
+from sqlease._db.schema import validate_prefix
+from sqlease.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 

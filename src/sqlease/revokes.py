@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, or_, select
 
-from .control import Control
+from sqlease._core.control import Control
 
 if TYPE_CHECKING:
-    from .store import Store
+    from sqlease.store import Store
 
 logger = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ worker now holds. Each state change appends an event in the same transaction.
 
 from __future__ import annotations
 
-from ._core.rows import expand_event_rows
-from ._core.store import Store
-from .types import CasResult, Event, Fence, Message, NewMessage, Outcome, TaskRecord
+from sqlease._core.rows import expand_event_rows
+from sqlease._core.store import Store
+from sqlease.types import CasResult, Event, Fence, Message, NewMessage, Outcome, TaskRecord
 
 __all__ = [
     "CasResult",

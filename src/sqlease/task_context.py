@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from .errors import ContextUnavailable, LeaseLost, OutcomeUnknown
-from .steps import StepStore
-from .store import Fence, Outcome, Store
+from sqlease._core.steps import StepStore
+from sqlease.errors import ContextUnavailable, LeaseLost, OutcomeUnknown
+from sqlease.store import Fence, Outcome, Store
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def _store_for_app(app: Any) -> tuple[Store, int]:
         found = _stores.get(key)
         if found is not None:
             return found
-    from .transport import Transport
+    from sqlease.transport import Transport
 
     conn = app.connection_for_write()
     try:
@@ -256,7 +256,7 @@ class TaskContext:
         ``schema``, a JSON-Schema subset). Until there is one, the task is parked (no lease, no
         worker held) and stops here with ``WaitingForPerson``; the delivery after the answer
         runs the task again from its checkpoint and this call returns the answer."""
-        from .waiting import wait_for_input
+        from sqlease._core.waits import wait_for_input
 
         return wait_for_input(self.store, self.fence, self.task_id, prompt, schema=schema, key=key)
 
@@ -266,7 +266,7 @@ class TaskContext:
         """Like ``wait_for_input`` for a yes/no decision: returns ``{"approved": True, "note":
         …}`` after ``Admin.approve`` or ``{"approved": False, "reason": …}`` after
         ``Admin.reject``."""
-        from .waiting import wait_for_approval
+        from sqlease._core.waits import wait_for_approval
 
         return wait_for_approval(
             self.store, self.fence, self.task_id, summary, key=key, **details
@@ -285,7 +285,7 @@ def context() -> TaskContext:
     cached = getattr(request, "_sqlease_context", None)
     if isinstance(cached, TaskContext):
         return cached
-    from .delivery import LEASE_KEY, fence_of
+    from sqlease.delivery import LEASE_KEY, fence_of
 
     properties = getattr(request, "properties", None) or {}
     delivery_info = properties.get("delivery_info") or {}

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 from sqlalchemy.engine import URL
 
-from .errors import ConfigurationError
+from sqlease.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from .store import Store
+    from sqlease.store import Store
 
 _current: ContextVar[Connection | None] = ContextVar("sqlease_transaction", default=None)
 

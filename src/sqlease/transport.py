@@ -40,22 +40,22 @@ import sqlalchemy.exc
 from kombu.transport import virtual
 from sqlalchemy.engine import URL
 
-from ._db.driver import Lane, Op
-from .background import BackgroundCalls, Job, Outcome
-from .chord_parts import chord_count_of
-from .delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY, fence_of
-from .errors import ConfigurationError, DatabaseUnavailable
-from .fastpath import NONBLOCKING
-from .handoff import Handoff, lock_key_for
-from .handoff import split as split_notifications
-from .heartbeat import heartbeat
-from .loop_calls import LoopCalls
-from .options import TransportOptions
-from .registry import CONNECT_RETRY_SECONDS, store_for
-from .results_store import ResultStore
-from .store import Fence, Message, NewMessage, Store
-from .urls import client_url, display_url, to_sqlalchemy_url
-from .wakeup import PostgresListener, SqliteWatcher, Waker
+from sqlease._core.chord_parts import chord_count_of
+from sqlease._core.handoff import Handoff, lock_key_for
+from sqlease._core.handoff import split as split_notifications
+from sqlease._core.heartbeat import heartbeat
+from sqlease._core.results import ResultStore
+from sqlease._db.driver import Lane, Op
+from sqlease._db.postgresql.fastpath import NONBLOCKING
+from sqlease._db.wakeup import PostgresListener, SqliteWatcher, Waker
+from sqlease._registry import CONNECT_RETRY_SECONDS, store_for
+from sqlease.background import BackgroundCalls, Job, Outcome
+from sqlease.delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY, fence_of
+from sqlease.errors import ConfigurationError, DatabaseUnavailable
+from sqlease.loop_calls import LoopCalls
+from sqlease.options import TransportOptions
+from sqlease.store import Fence, Message, NewMessage, Store
+from sqlease.urls import client_url, display_url, to_sqlalchemy_url
 
 logger = logging.getLogger(__name__)
 
@@ -311,7 +311,7 @@ class Channel(virtual.Channel):
             return messages
         # A chord part whose result was stored but not yet counted runs again (its count is
         # idempotent), or its chord would never complete; so does the part whose count was
-        # the chord's last if the callback was never sent (sqlease.chord_parts).
+        # the chord's last if the callback was never sent (sqlease._core.chord_parts).
         parts = {m.id: chord_count_of(m.payload) for m in messages if m.id in done}
         settled = results.parts_settled(p for p in parts.values() if p is not None)
         done = {i for i, p in parts.items() if p is None or p in settled}
@@ -914,7 +914,7 @@ class Transport(virtual.Transport):
         """A pidbox broadcast being published: if it is a revoke (by ids or by stamped
         headers), also write it to the database (``sqlease.revokes``), so it survives worker
         restarts and reaches tasks no worker has received yet."""
-        from . import revokes
+        from sqlease import revokes
 
         revoke = revokes.parse(message)
         if revoke is not None:
@@ -927,7 +927,7 @@ class Transport(virtual.Transport):
         worker_state = sys.modules.get("celery.worker.state")
         if worker_state is None:
             return  # not a Celery worker: no revoked list to tell
-        from . import revokes
+        from sqlease import revokes
 
         if revokes.requested(self.store, task_id):
             logger.info("sqlease: task %s was revoked while another worker held it", task_id)
@@ -1250,7 +1250,7 @@ class Transport(virtual.Transport):
     def _caller_transaction(self) -> Any:
         """The caller's ``sqlease.transaction()`` connection, if any, checked before this
         process opens its own connections to the database."""
-        from .transactions import current_connection
+        from sqlease.transactions import current_connection
 
         conn = current_connection(self.url)
         if conn is None or self._store is not None:
@@ -1258,7 +1258,7 @@ class Transport(virtual.Transport):
         if not self.is_postgresql:
             # A SQLite writer holds the file's write lock: creating sqlease's tables (or
             # switching the file to WAL) from another connection now would wait it out.
-            from .schema import build_tables, read_version
+            from sqlease._db.schema import build_tables, read_version
 
             if read_version(conn, build_tables(self.options.table_prefix)) is None:
                 raise ConfigurationError(
@@ -1556,7 +1556,7 @@ class Transport(virtual.Transport):
     def _start_maintenance(self) -> None:
         # Only consuming workers run it (they register with an event loop); producers don't.
         if self._maintenance is None and self.options.maintenance_interval > 0:
-            from .maintenance import MaintenanceThread
+            from sqlease._core.maintenance import MaintenanceThread
 
             self._maintenance = MaintenanceThread(
                 self.store,

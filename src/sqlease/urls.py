@@ -9,8 +9,8 @@ import re
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from .aliases import FULL_SCHEMES
-from .errors import ConfigurationError
+from sqlease._aliases import FULL_SCHEMES
+from sqlease.errors import ConfigurationError
 
 PREFIX = "sqlease"
 DEFAULT_SQLITE_URL = "sqlite:///sqlease.db"

@@ -29,7 +29,7 @@ from typing import Any
 from kombu.transport import TRANSPORT_ALIASES
 
 TRANSPORT_ALIASES.setdefault("sqlease", "sqlease.transport:Transport")
-# The full schemes, for Kombu's failover to an alternate URL (a copy of sqlease.aliases).
+# The full schemes, for Kombu's failover to an alternate URL (a copy of sqlease._aliases).
 for _scheme in (
     "sqlease+sqlite",
     "sqlease+postgresql",
@@ -43,7 +43,7 @@ _WATCHED = "celery.app.base"
 
 def _register_defaults() -> None:
     try:
-        importlib.import_module("sqlease.celery_defaults")
+        importlib.import_module("sqlease._celery_defaults")
     except ImportError:  # pragma: no cover - kombu without celery
         pass
 
@@ -78,7 +78,7 @@ class _AfterCeleryLoads(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if _WATCHED in sys.modules:
     _register_defaults()
-elif "sqlease.celery_defaults" not in sys.modules:
+elif "sqlease._celery_defaults" not in sys.modules:
     sys.meta_path.insert(0, _AfterCeleryLoads())
 
 

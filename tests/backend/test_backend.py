@@ -14,8 +14,8 @@ from sqlalchemy import select
 
 from conftest import unique_prefix
 from sqlease import Store
+from sqlease._core.results import FenceRefused, ResultStore
 from sqlease.backend import SqleaseBackend
-from sqlease.results_store import FenceRefused, ResultStore
 from sqlease.testing import FakeClock
 from sqlease.transport import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OWNER_KEY
 

@@ -13,9 +13,9 @@ from celery.result import AsyncResult
 import sqlease
 from conftest import unique_prefix
 from sqlease import Admin, ContextUnavailable, LeaseLost, OutcomeUnknown, Store
-from sqlease.celery_defaults import uses_sqlease
+from sqlease._celery_defaults import uses_sqlease
+from sqlease._core.results import ResultStore
 from sqlease.errors import AttemptsExhausted, SchemaVersionMismatch, WaitingForPerson
-from sqlease.results_store import ResultStore
 from sqlease.transport import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OWNER_KEY
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from sqlease import Message, Store
-from sqlease.engine import dispose_all
+from sqlease._db.engine import dispose_all
 
 WAIT_S = 60.0  # no worker waits longer than this for the test to tell it to go
 

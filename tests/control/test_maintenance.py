@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sqlease import Store
-from sqlease.maintenance import BROADCAST_TTL_MS, acquire, run_pass
-from sqlease.results_store import ResultStore
-from sqlease.steps import StepStore
+from sqlease._core.maintenance import BROADCAST_TTL_MS, acquire, run_pass
+from sqlease._core.results import ResultStore
+from sqlease._core.steps import StepStore
 from sqlease.task_context import TaskContext
 from sqlease.testing import FakeClock
 
@@ -67,9 +67,9 @@ def test_pass_drops_the_handoff_offers_of_killed_workers_only(
     """A killed worker never withdraws its offers (used ones included). Once long expired and
     with the worker's listening connection gone (its advisory lock free), they are dropped;
     a live worker's are kept however old."""
-    from sqlease.handoff import lock_key_for
-    from sqlease.maintenance import DEAD_OFFER_AFTER_MS
-    from sqlease.wakeup import PostgresListener
+    from sqlease._core.handoff import lock_key_for
+    from sqlease._core.maintenance import DEAD_OFFER_AFTER_MS
+    from sqlease._db.wakeup import PostgresListener
 
     live = PostgresListener(store.engine.url, store.notify_channel, lock_key=lock_key_for("live"))
     assert live.fileno() is not None

@@ -27,8 +27,8 @@ from sqlease import (
     SchemaVersionMismatch,
     Store,
 )
-from sqlease.roles import worker_grants
-from sqlease.schema import CURRENT_VERSION
+from sqlease._db.roles import worker_grants
+from sqlease._db.schema import CURRENT_VERSION
 
 
 def test_newer_schema_is_refused(make_store: Any) -> None:
@@ -95,7 +95,7 @@ def pg_role(pg_database_url: str) -> Iterator[tuple[str, str]]:
     try:
         yield role, make_url(pg_database_url).set(username=role).render_as_string(False)
     finally:
-        from sqlease.engine import dispose_all
+        from sqlease._db.engine import dispose_all
 
         dispose_all(close=True)
         with admin.connect() as conn:
@@ -132,7 +132,7 @@ def test_role_without_grants_gets_a_clear_error(
     _, role_url = pg_role
     prefix = unique_prefix()
     Store(pg_database_url, table_prefix=prefix).enqueue("q", "{}")
-    with pytest.raises(PermissionDenied, match=r"docs/reliability\.md"):
+    with pytest.raises(PermissionDenied, match=r"docs/explanation/reliability\.md"):
         Store(role_url, table_prefix=prefix, auto_migrate=False).claim(["q"], "w", lease_ms=1000)
     assert Store(pg_database_url, table_prefix=prefix).size("q") == 1
 

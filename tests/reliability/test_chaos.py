@@ -46,7 +46,7 @@ def test_chaos_postgresql_with_kills_stalls_disconnects_and_a_restart(
         out = run_chaos("--db", "pg", pg_url=pg_database_url)
     finally:
         # The run restarted PostgreSQL: drop this process's pooled connections.
-        from sqlease.engine import dispose_all
+        from sqlease._db.engine import dispose_all
 
         dispose_all()
     assert '"restarts": 1' in out and '"lost": 0' in out and '"run_overlaps": 0' in out

@@ -31,8 +31,8 @@ from sqlalchemy.engine import make_url
 import sqlease
 from conftest import unique_prefix
 from sqlease import ConfigurationError, PayloadTooLarge, Store
+from sqlease._core.heartbeat import heartbeat
 from sqlease._db.driver import Lane
-from sqlease.heartbeat import heartbeat
 from sqlease.transport import Transport, fence_of
 from sqlease.urls import client_url, to_sqlalchemy_url
 

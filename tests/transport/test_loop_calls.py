@@ -17,8 +17,8 @@ from sqlalchemy import text
 from conftest import unique_prefix
 from sqlease import loop_calls
 from sqlease._db.driver import Lane, Op
+from sqlease._db.postgresql.fastpath import NONBLOCKING, FastPath
 from sqlease.background import Job, Outcome
-from sqlease.fastpath import NONBLOCKING, FastPath
 from sqlease.loop_calls import LoopCalls
 from sqlease.store import Fence, NewMessage, Store
 

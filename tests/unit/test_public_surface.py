@@ -87,7 +87,7 @@ def _typing_imports() -> dict[str, set[str]]:
             for stmt in node.body:
                 assert isinstance(stmt, ast.ImportFrom), ast.dump(stmt)
                 assert stmt.module is not None
-                names = found.setdefault(stmt.module, set())
+                names = found.setdefault(stmt.module.removeprefix("sqlease."), set())
                 for alias in stmt.names:
                     assert alias.asname == alias.name, "re-export as the same name"
                     names.add(alias.name)

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 from sqlalchemy.engine import Engine
 
-from .._db.driver import Driver, event_params
-from ..resilience import transient
-from ..schema import Tables
-from ..types import Fence
+from sqlease._db.driver import Driver, event_params
+from sqlease._db.retry import transient
+from sqlease._db.schema import Tables
+from sqlease.types import Fence
 
 if TYPE_CHECKING:
-    from .._db.statements import Statements
+    from sqlease._db.statements import Statements
 
 Clock = Callable[[], int]
 
@@ -70,7 +70,7 @@ class StoreBase:
         return self.driver.reading()
 
     def fork_section(self) -> AbstractContextManager[None]:
-        """On SQLite, a block a fork waits for (sqlease.fork_guard); elsewhere nothing."""
+        """On SQLite, a block a fork waits for (sqlease._db.sqlite.fork_guard); else nothing."""
         return self.driver.fork_section()
 
     # ---- time --------------------------------------------------------------------------

@@ -15,12 +15,12 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.sql.elements import TextClause
 
-from .._db.driver import Lane, Op
-from ..errors import ConfigurationError
-from ..resilience import transient
-from ..types import Fence, Message
-from .base import StoreBase, by_owner
-from .rows import message_from, row_to_message
+from sqlease._core.base import StoreBase, by_owner
+from sqlease._core.rows import message_from, row_to_message
+from sqlease._db.driver import Lane, Op
+from sqlease._db.retry import transient
+from sqlease.errors import ConfigurationError
+from sqlease.types import Fence, Message
 
 OnExhausted = Callable[[list[Message]], None] | None
 Acked = set[int]

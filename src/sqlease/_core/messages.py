@@ -7,12 +7,12 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from .._db.driver import Lane
-from ..errors import ConfigurationError, PayloadTooLarge
-from ..resilience import transient
-from ..types import Message, NewMessage
-from .base import StoreBase
-from .rows import row_to_message
+from sqlease._core.base import StoreBase
+from sqlease._core.rows import row_to_message
+from sqlease._db.driver import Lane
+from sqlease._db.retry import transient
+from sqlease.errors import ConfigurationError, PayloadTooLarge
+from sqlease.types import Message, NewMessage
 
 
 class Messages(StoreBase):

@@ -1,16 +1,16 @@
-"""Idle workers' standing offers (PostgreSQL handoff, see sqlease.handoff)."""
+"""Idle workers' standing offers (PostgreSQL handoff, see sqlease._core.handoff)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._db.driver import Lane
-from ..errors import ConfigurationError
-from ..resilience import transient
-from ..types import Fence
-from .base import due_ms
-from .leases import Leases
+from sqlease._core.base import due_ms
+from sqlease._core.leases import Leases
+from sqlease._db.driver import Lane
+from sqlease._db.retry import transient
+from sqlease.errors import ConfigurationError
+from sqlease.types import Fence
 
 
 class Offers(Leases):
@@ -30,7 +30,7 @@ class Offers(Leases):
         """An idle worker's standing offer to take the next message published to ``queues``
         (PostgreSQL): until ``ttl_ms`` from now, a publish to one of them that finds the offer
         leases the message to ``owner`` for ``lease_ms`` and hands it over in its notification
-        (``sqlease.handoff``). The offer counts only while a connection holds the advisory
+        (``sqlease._core.handoff``). The offer counts only while a connection holds the advisory
         lock ``lock_key``. Live offers for queues not listed are withdrawn.
 
         An offer a publish used stands again only once the worker has heard of that handoff:

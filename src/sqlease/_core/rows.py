@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Row
 
-from ..types import Message
+from sqlease.types import Message
 
 
 def expand_event_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

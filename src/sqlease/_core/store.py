@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from sqlalchemy.engine import URL, Engine
 
-from .._db.connect import driver_for
-from .._db.dialects import dialect_for
-from ..engine import get_engine
-from ..errors import ConfigurationError
-from ..resilience import RETRY_SECONDS, retry_transient
-from ..schema import build_tables, ensure_schema
-from .base import Clock
-from .leases import Leases
-from .messages import Messages
-from .offers import Offers
-from .tasks import Tasks
-from .topology import Topology
-from .transitions import Transitions
+from sqlease._core.base import Clock
+from sqlease._core.leases import Leases
+from sqlease._core.messages import Messages
+from sqlease._core.offers import Offers
+from sqlease._core.tasks import Tasks
+from sqlease._core.topology import Topology
+from sqlease._core.transitions import Transitions
+from sqlease._db.connect import driver_for
+from sqlease._db.dialects import dialect_for
+from sqlease._db.engine import get_engine
+from sqlease._db.retry import RETRY_SECONDS, retry_transient
+from sqlease._db.schema import build_tables, ensure_schema
+from sqlease.errors import ConfigurationError
 
 
 class Store(Messages, Offers, Leases, Transitions, Tasks, Topology):

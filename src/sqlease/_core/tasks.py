@@ -8,9 +8,9 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from ..resilience import transient
-from ..types import CasResult, Event, Fence, Outcome, TaskRecord
-from .base import StoreBase, dump
+from sqlease._core.base import StoreBase, dump
+from sqlease._db.retry import transient
+from sqlease.types import CasResult, Event, Fence, Outcome, TaskRecord
 
 
 class Tasks(StoreBase):

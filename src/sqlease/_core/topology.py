@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import Connection
 
-from ..resilience import transient
-from .base import StoreBase
+from sqlease._core.base import StoreBase
+from sqlease._db.retry import transient
 
 
 class Topology(StoreBase):

@@ -7,9 +7,9 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from ..resilience import transient
-from ..types import Fence
-from .base import StoreBase, by_owner, dump
+from sqlease._core.base import StoreBase, by_owner, dump
+from sqlease._db.retry import transient
+from sqlease.types import Fence
 
 
 class Transitions(StoreBase):

@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import URL, Engine
 
-from .driver import Driver
-from .postgresql.driver import PostgresDriver
-from .sqlite.driver import SqliteDriver
+from sqlease._db.driver import Driver
+from sqlease._db.postgresql.driver import PostgresDriver
+from sqlease._db.sqlite.driver import SqliteDriver
 
 if TYPE_CHECKING:
-    from .statements import Statements
+    from sqlease._db.statements import Statements
 
 
 def driver_for(

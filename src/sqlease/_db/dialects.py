@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..schema import Tables
-from . import postgresql, sqlite
-from .statements import Capabilities, Statements
+from sqlease._db import postgresql, sqlite
+from sqlease._db.schema import Tables
+from sqlease._db.statements import Capabilities, Statements
 
 
 @dataclass(frozen=True, slots=True)

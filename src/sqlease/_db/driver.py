@@ -26,12 +26,12 @@ from sqlalchemy import Connection, Table
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import TextClause
 
-from .statements import Capabilities
+from sqlease._db.statements import Capabilities
 
 if TYPE_CHECKING:
-    from ..fastpath import FastPath
-    from ..types import Fence, Message
-    from ..wakeup import Waker
+    from sqlease._db.postgresql.fastpath import FastPath
+    from sqlease._db.wakeup import Waker
+    from sqlease.types import Fence, Message
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ the file on SQLite, instead of sleeping between polls.
 
 from __future__ import annotations
 
-from ._backend import SqleaseBackend
+from sqlease.backend._backend import SqleaseBackend
 
 __all__ = ["SqleaseBackend"]
 

@@ -10,17 +10,17 @@ from celery import states
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
-from ..delivery import OFFER_KEY, fence_of
-from ..errors import ConfigurationError, DatabaseUnavailable
-from ..options import TransportOptions
-from ..registry import store_for
-from ..results_store import ResultStore
-from ..store import Fence
-from ..types import Outcome
-from ..urls import display_url, strip_prefix, to_sqlalchemy_url
-from ._chords import NativeChords
-from ._fencing import REFUSED, counting_part, writing_under
-from ._waits import PushedWaits
+from sqlease._core.results import ResultStore
+from sqlease._registry import store_for
+from sqlease.backend._chords import NativeChords
+from sqlease.backend._fencing import REFUSED, counting_part, writing_under
+from sqlease.backend._waits import PushedWaits
+from sqlease.delivery import OFFER_KEY, fence_of
+from sqlease.errors import ConfigurationError, DatabaseUnavailable
+from sqlease.options import TransportOptions
+from sqlease.store import Fence
+from sqlease.types import Outcome
+from sqlease.urls import display_url, strip_prefix, to_sqlalchemy_url
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class SqleaseBackend(PushedWaits, NativeChords):  # type: ignore[misc]
         self._local = threading.local()
 
     def _shares_broker_database(self) -> bool:
-        from ..celery_defaults import broker_urls, sqlease_transport_setting
+        from sqlease._celery_defaults import broker_urls, sqlease_transport_setting
 
         plain_sql_ok = sqlease_transport_setting(self.app)
         mine = self.sa_url.render_as_string(hide_password=False)

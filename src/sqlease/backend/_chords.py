@@ -9,8 +9,8 @@ from typing import Any
 from celery.backends.base import KeyValueStoreBackend
 from kombu.utils.encoding import bytes_to_str
 
-from ..results_store import FenceRefused
-from ._fencing import REFUSED, counting_part, writing_under
+from sqlease._core.results import FenceRefused
+from sqlease.backend._fencing import REFUSED, counting_part, writing_under
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 
-from ..types import Fence
+from sqlease.types import Fence
 
 #: The fence of the delivery whose result is being written, and its task id.
 writing_under: ContextVar[tuple[Fence, str] | None] = ContextVar(

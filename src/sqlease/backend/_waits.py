@@ -12,7 +12,7 @@ from celery.backends.base import KeyValueStoreBackend
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from kombu.utils.encoding import bytes_to_str
 
-from ..wakeup import PostgresListener, Waker
+from sqlease._db.wakeup import PostgresListener, Waker
 
 logger = logging.getLogger(__name__)
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ...schema import Tables
-from .. import sql_common as c
-from ..statements import Statements
-from . import events, leases, messages, offers, results
-from .dialect import CAPABILITIES, GREATEST, NOW, ROW_PREFIX
+from sqlease._db import sql_common as c
+from sqlease._db.postgresql import events, leases, messages, offers, results
+from sqlease._db.postgresql.dialect import CAPABILITIES, GREATEST, NOW, ROW_PREFIX
+from sqlease._db.schema import Tables
+from sqlease._db.statements import Statements
 
 __all__ = ["CAPABILITIES", "statements"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ...schema import Tables
-from ..statements import Capabilities
+from sqlease._db.schema import Tables
+from sqlease._db.statements import Capabilities
 
 CAPABILITIES = Capabilities(one_statement=True, offers=True, notifications=True, batch_events=True)
 

@@ -1,10 +1,10 @@
 """The PostgreSQL driver: psycopg pools per lane, one-statement hot operations.
 
-The per-task statements bypass SQLAlchemy's execution layer (sqlease.fastpath) on an engine of
-their own whose sessions use generic plans; the idle worker's offers run on the main engine,
-whose plans follow the values; claims and acks run on a pool whose commits do not wait for
-the WAL flush unless ``lease_sync_commit``; one-row publishes on that pool too when
-``publish_sync_commit`` is off. An engine a user passed in is used as it is, for every lane.
+The per-task statements bypass SQLAlchemy's execution layer (sqlease._db.postgresql.fastpath)
+on an engine of their own whose sessions use generic plans; the idle worker's offers run on
+the main engine, whose plans follow the values; claims and acks run on a pool whose commits
+do not wait for the WAL flush unless ``lease_sync_commit``; one-row publishes on that pool
+too when ``publish_sync_commit`` is off. An engine a user passed in serves every lane.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from sqlalchemy import Connection, Table, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Engine
 
-from ...engine import get_engine
-from ...fastpath import FastPath
-from ...types import Fence, Message
-from ...wakeup import PostgresListener, Waker
-from ..driver import Driver, Lane
-from .dialect import CAPABILITIES
+from sqlease._db.driver import Driver, Lane
+from sqlease._db.engine import get_engine
+from sqlease._db.postgresql.dialect import CAPABILITIES
+from sqlease._db.postgresql.fastpath import FastPath
+from sqlease._db.wakeup import PostgresListener, Waker
+from sqlease.types import Fence, Message
 
 NOTIFY = text("SELECT pg_notify(:channel, :key)")
 

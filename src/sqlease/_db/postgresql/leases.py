@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from sqlalchemy import TextClause, text
 
-from ...schema import Tables
-from .. import sql_common as c
-from .dialect import FENCES, GREATEST, JSON_OWNER, NOW, ROW_PREFIX, batch_event, each_queue
+from sqlease._db import sql_common as c
+from sqlease._db.postgresql.dialect import (
+    FENCES,
+    GREATEST,
+    JSON_OWNER,
+    NOW,
+    ROW_PREFIX,
+    batch_event,
+    each_queue,
+)
+from sqlease._db.schema import Tables
 
 
 def _candidates(t: Tables, queue: str) -> str:

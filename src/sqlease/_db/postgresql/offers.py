@@ -1,4 +1,4 @@
-"""PostgreSQL: an idle worker's handoff offers (``sqlease.handoff``), which a publish uses
+"""PostgreSQL: an idle worker's handoff offers (``sqlease._core.handoff``), which a publish uses
 to lease a message to that worker and hand it over in its notification."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from typing import Literal
 
 from sqlalchemy import TextClause, text
 
-from ...schema import Tables, offers_sequence
-from .dialect import NOW
-from .leases import ack_ctes
-from .messages import next_due_of_queues
+from sqlease._db.postgresql.dialect import NOW
+from sqlease._db.postgresql.leases import ack_ctes
+from sqlease._db.postgresql.messages import next_due_of_queues
+from sqlease._db.schema import Tables, offers_sequence
 
 
 def offer_writes(

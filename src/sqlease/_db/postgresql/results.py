@@ -1,14 +1,14 @@
 """PostgreSQL: a task result's write, one statement (SQLite runs the lease check and the upsert
-in one transaction instead, through SQLAlchemy's expressions in ``sqlease.results_store``)."""
+in one transaction instead, through SQLAlchemy's expressions in ``sqlease._core.results``)."""
 
 from __future__ import annotations
 
 from sqlalchemy import TextClause, text
 
-from ...schema import Tables, offers_sequence
-from .. import sql_common as c
-from .dialect import NOW
-from .offers import offer_writes
+from sqlease._db import sql_common as c
+from sqlease._db.postgresql.dialect import NOW
+from sqlease._db.postgresql.offers import offer_writes
+from sqlease._db.schema import Tables, offers_sequence
 
 _COLS = "key, value, state, task_id, message_id, attempt, expires_at_ms, updated_at_ms"
 

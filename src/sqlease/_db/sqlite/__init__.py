@@ -6,11 +6,11 @@ locks its caller writes after a claim or a renewal."""
 
 from __future__ import annotations
 
-from ...schema import Tables
-from .. import sql_common as c
-from ..statements import Statements
-from . import events, leases, messages
-from .dialect import CAPABILITIES, GREATEST, NOW, ROW_PREFIX
+from sqlease._db import sql_common as c
+from sqlease._db.schema import Tables
+from sqlease._db.sqlite import events, leases, messages
+from sqlease._db.sqlite.dialect import CAPABILITIES, GREATEST, NOW, ROW_PREFIX
+from sqlease._db.statements import Statements
 
 __all__ = ["CAPABILITIES", "statements"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..statements import Capabilities
+from sqlease._db.statements import Capabilities
 
 #: No offers (no LISTEN/NOTIFY to hand a message over); the lease statements leave the run
 #: locks and events to the caller, in the same transaction under the one write lock.

@@ -1,7 +1,7 @@
 """The SQLite driver: per-task transactions straight through sqlite3, bookkeeping beside them.
 
 Every hot operation is a short ``BEGIN IMMEDIATE`` transaction on a kept sqlite3 connection
-(sqlease.sqlite_fast) inside the fork guard; an engine a user passed in is used through
+(sqlease._db.sqlite.fast) inside the fork guard; an engine a user passed in is used through
 SQLAlchemy. SQLite has no data-modifying CTEs, so the run locks and timeline events that
 PostgreSQL writes inside a claim or transition statement are written here, in the same
 transaction, one ``executemany`` per table.
@@ -18,15 +18,15 @@ from sqlalchemy import Connection, Table
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Engine
 
-from ...fork_guard import sqlite_section
-from ...sqlite_fast import SqliteFast
-from ...types import Fence, Message
-from ...wakeup import SqliteWatcher, Waker
-from ..driver import Driver, event_params
-from .dialect import CAPABILITIES
+from sqlease._db.driver import Driver, event_params
+from sqlease._db.sqlite.dialect import CAPABILITIES
+from sqlease._db.sqlite.fast import SqliteFast
+from sqlease._db.sqlite.fork_guard import sqlite_section
+from sqlease._db.wakeup import SqliteWatcher, Waker
+from sqlease.types import Fence, Message
 
 if TYPE_CHECKING:
-    from ..statements import Statements
+    from sqlease._db.statements import Statements
 
 
 class SqliteDriver(Driver):

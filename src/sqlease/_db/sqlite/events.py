@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import TextClause, text
 
-from ...schema import Tables
-from .. import sql_common as c
+from sqlease._db import sql_common as c
+from sqlease._db.schema import Tables
 
 
 def events_for_task(t: Tables) -> TextClause:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from sqlalchemy import TextClause, text
 
-from ...schema import Tables
-from .. import sql_common as c
-from .dialect import FENCES, GREATEST, NOW, QUEUES_IN, ROW_PREFIX
+from sqlease._db import sql_common as c
+from sqlease._db.schema import Tables
+from sqlease._db.sqlite.dialect import FENCES, GREATEST, NOW, QUEUES_IN, ROW_PREFIX
 
 _EXHAUSTED = "attempt >= max_attempts"
 

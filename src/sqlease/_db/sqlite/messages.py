@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from sqlalchemy import TextClause, text
 
-from ...schema import Tables
-from .. import sql_common as c
-from .dialect import NOW, QUEUES_IN, in_json
+from sqlease._db import sql_common as c
+from sqlease._db.schema import Tables
+from sqlease._db.sqlite.dialect import NOW, QUEUES_IN, in_json
 
 
 def enqueue(t: Tables) -> TextClause:

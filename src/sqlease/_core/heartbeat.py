@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ._core.store import Store
-from .types import Fence
+from sqlease._core.store import Store
+from sqlease.types import Fence
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ result objects) cost two to three times that (an enqueue: 818 against 263 us of 
 measured with benchmarks/store.py). In a worker these transactions run in the
 event loop, and every producer's ``delay()`` is one. So, like the PostgreSQL FastPath, the
 store runs them on the ``sqlite3`` connection underneath a pooled one, which the engine keeps
-between transactions (sqlease.spares), through ``Transaction``: the small part of
+between transactions (sqlease._db.spares), through ``Transaction``: the small part of
 SQLAlchemy's Connection API that those operations use (``execute`` with one parameter dict or
 a list of them, and results' ``fetchall``, ``scalar_one``, ``scalar``, ``rowcount``, rows'
 ``_mapping``).
@@ -28,10 +28,10 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import ClauseElement
 
-from . import spares as spares_module
-from .engine import refusal
-from .fork_guard import sqlite_section
-from .spares import spares_of
+from sqlease._db import spares as spares_module
+from sqlease._db.engine import refusal
+from sqlease._db.spares import spares_of
+from sqlease._db.sqlite.fork_guard import sqlite_section
 
 #: Compiles statements with ``:name`` placeholders, which sqlite3 binds from a dict itself.
 _NAMED = sqlite_dialect.dialect(paramstyle="named")
@@ -139,7 +139,7 @@ class SqliteFast:
     def begin(self) -> Iterator[Transaction]:
         """``BEGIN IMMEDIATE`` (the write lock up front, as the engine's transactions take
         it), the block's statements, then COMMIT; ROLLBACK if the block raises."""
-        # A fork waits for it (sqlease.fork_guard).
+        # A fork waits for it (sqlease._db.sqlite.fork_guard).
         with sqlite_section(), self._transaction() as transaction:
             yield transaction
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import psycopg
 from sqlalchemy.engine import URL
 
-from .engine import CONNECT_TIMEOUT_S
+from sqlease._db.engine import CONNECT_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class PostgresListener:
         _listeners.add(self)
         self._channel = channel
         # Held by this connection while it lives: the worker's handoff offers count only
-        # while it is (see sqlease.handoff).
+        # while it is (see sqlease._core.handoff).
         self._lock_key = lock_key
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         #: Counts the connections made: while it is unchanged, no notification was missed.

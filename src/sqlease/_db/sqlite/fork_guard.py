@@ -11,7 +11,7 @@ So sqlease's SQLite work runs inside ``sqlite_section()``, and ``os.register_at_
 fork wait until no other thread is inside one and lets none enter until the fork is done. The
 wait is bounded (``WAIT_SECONDS``): a fork is never blocked for good by a thread stuck behind
 another process's write lock. (The checkpoint thread has its own guard, in
-sqlease.sqlite_checkpoints.)
+sqlease._db.sqlite.checkpoints.)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager, contextmanager
 # "before fork" hooks in reverse order, so ours runs first and waits for threads to leave
 # their sections while the checkpointer's locks (which a thread opening a connection inside
 # a section takes) are still free; the checkpointer's hook then waits for its own round.
-from . import sqlite_checkpoints  # noqa: F401
+from sqlease._db.sqlite import checkpoints as sqlite_checkpoints  # noqa: F401
 
 logger = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ import psycopg
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine
 
-from .errors import DatabaseReadOnly, PermissionDenied
-from .spares import drop_all as drop_all_spares
-from .sqlite_checkpoints import checkpointer
-from .urls import to_sqlalchemy_url
+from sqlease._db.spares import drop_all as drop_all_spares
+from sqlease._db.sqlite.checkpoints import checkpointer
+from sqlease.errors import DatabaseReadOnly, PermissionDenied
+from sqlease.urls import to_sqlalchemy_url
 
 _engines: dict[tuple[str, tuple[tuple[str, Any], ...]], Engine] = {}
 _lock = threading.Lock()
@@ -123,7 +123,7 @@ def _create_sqlite(url: URL, options: dict[str, Any]) -> Engine:
             cursor.execute(f"PRAGMA synchronous={synchronous}")
             cursor.execute("PRAGMA foreign_keys=ON")
             # Checkpoints run on a thread of their own, not in this connection's commits
-            # (sqlease.sqlite_checkpoints: a worker's event loop stalled 20-36 ms in them).
+            # (sqlease._db.sqlite.checkpoints: a worker's event loop stalled 20-36 ms in them).
             cursor.execute("PRAGMA wal_autocheckpoint=0")
             path = next(
                 (row[2] for row in cursor.execute("PRAGMA database_list") if row[1] == "main"),

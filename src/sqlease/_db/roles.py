@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
-from .errors import ConfigurationError
-from .schema import Tables
+from sqlease._db.schema import Tables
+from sqlease.errors import ConfigurationError
 
 _ROLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, or_, select, update
 
-from ._core.store import Store
-from ._db.driver import Lane
-from .resilience import transient
-from .types import Fence, Outcome
+from sqlease._core.store import Store
+from sqlease._db.driver import Lane
+from sqlease._db.retry import transient
+from sqlease.types import Fence, Outcome
 
 TERMINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
 #: PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; a result that fits travels with

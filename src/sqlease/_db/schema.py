@@ -34,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Engine
 
-from .errors import ConfigurationError, SchemaError, SchemaMissing, SchemaVersionMismatch
+from sqlease.errors import ConfigurationError, SchemaError, SchemaMissing, SchemaVersionMismatch
 
 _PREFIX_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
 

@@ -10,9 +10,9 @@ import threading
 
 from sqlalchemy.engine import URL
 
-from .options import TransportOptions
-from .resilience import RETRY_SECONDS
-from .store import Store
+from sqlease._db.retry import RETRY_SECONDS
+from sqlease.options import TransportOptions
+from sqlease.store import Store
 
 _stores: dict[tuple[str, TransportOptions], Store] = {}
 _stores_lock = threading.Lock()

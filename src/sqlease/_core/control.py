@@ -15,12 +15,12 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, case, delete, func, or_, select, update
 
-from ._core.rows import row_to_message
-from ._core.store import Store
-from .errors import InvalidAnswer, InvalidTransition
-from .results_store import ResultStore, exception_meta
-from .types import Message
-from .waiting import validate
+from sqlease._core.results import ResultStore, exception_meta
+from sqlease._core.rows import row_to_message
+from sqlease._core.store import Store
+from sqlease._core.waits import validate
+from sqlease.errors import InvalidAnswer, InvalidTransition
+from sqlease.types import Message
 
 Extra = Callable[[Connection, Message], None]
 

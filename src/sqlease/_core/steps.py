@@ -15,9 +15,9 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from ._core.store import Store
-from .resilience import transient
-from .types import Fence
+from sqlease._core.store import Store
+from sqlease._db.retry import transient
+from sqlease.types import Fence
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Any
 
 from sqlalchemy import and_, any_, delete, exists, false, func, not_, or_, select, update
 
-from ._core.store import Store
-from .results_store import ResultStore
+from sqlease._core.results import ResultStore
+from sqlease._core.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -198,8 +198,8 @@ class MaintenanceThread:
             self.run_once()
 
     def run_once(self) -> dict[str, Any] | None:
-        # On SQLite the whole pass is one section a fork waits for (sqlease.fork_guard): its
-        # statements run on this thread while the worker may fork a new pool process.
+        # On SQLite the whole pass is one section a fork waits for (sqlease._db.sqlite.fork_guard):
+        # its statements run on this thread while the worker may fork a new pool process.
         with self.store.fork_section():
             return self._run_once()
 

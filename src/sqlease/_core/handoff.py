@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .types import Message
+from sqlease.types import Message
 
 logger = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, select
 
-from .errors import InvalidAnswer, LeaseLost, WaitingForPerson
+from sqlease.errors import InvalidAnswer, LeaseLost, WaitingForPerson
 
 if TYPE_CHECKING:
-    from ._core.store import Store
-    from .types import Fence
+    from sqlease._core.store import Store
+    from sqlease.types import Fence
 
 KINDS = {"input": "waiting_input", "approval": "waiting_approval"}
 

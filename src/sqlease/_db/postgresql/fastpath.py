@@ -6,7 +6,7 @@ borrow a pooled connection from SQLAlchemy and run on the psycopg connection und
 Errors come out as SQLAlchemy's would (the same ``OperationalError`` for a dropped connection,
 which the store's retry rides out; the same sqlease errors for refusals), and a broken
 connection is invalidated so the pool replaces it. sqlease's own engines keep a few
-connections out of the pool between calls (sqlease.spares), already in autocommit.
+connections out of the pool between calls (sqlease._db.spares), already in autocommit.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import TextClause
 
-from . import spares as spares_module
-from .engine import refusal
-from .spares import spares_of
+from sqlease._db import spares as spares_module
+from sqlease._db.engine import refusal
+from sqlease._db.spares import spares_of
 
 TUPLES_OK = ExecStatus.TUPLES_OK
 
@@ -98,7 +98,7 @@ class FastPath:
     """Runs the store's own statements (``text()`` clauses) on one engine.
 
     ``spares``: keep a few connections checked out between calls, in autocommit
-    (sqlease.spares); only for sqlease's own engines, never for one a user passed in, whose
+    (sqlease._db.spares); only for sqlease's own engines, never for one a user passed in, whose
     pool may be small."""
 
     def __init__(self, engine: Engine, *, spares: bool = False) -> None:

@@ -1,4 +1,4 @@
-"""The Celery app that ``python -m sqlease demo`` runs (``celery -A sqlease.demo_app worker``)."""
+"""The Celery app that ``python -m sqlease demo`` runs (``celery -A sqlease._demo_app worker``)."""
 
 from __future__ import annotations
 
