@@ -1,21 +1,4 @@
-"""The Kombu transport: Celery's broker on SQL leases.
-
-``broker_url = "sqlease+postgresql://user@host/db"`` (or ``"sqlease+sqlite:///app.db"``, or
-``"sqlease://"`` for ``./sqlease.db``).
-
-Delivery is a lease: a consumer claims a batch of messages (up to its free prefetch credit) in
-one statement that writes owner, expiry and ``attempt + 1``; the process's heartbeat renews every
-lease it holds; ack, reject and restore are fenced SQL writes on ``(id, owner, attempt)``. A
-crashed worker's messages come back when their leases expire, and its late acks change nothing.
-
-Routing: direct, topic and fanout exchanges, with bindings persisted in SQL so that remote
-control (``celery inspect``), events and topic routing work across processes and machines.
-Consumers that never ack (pidbox, event receivers) delete on fetch.
-
-Wake-ups: PostgreSQL LISTEN/NOTIFY in the worker's event loop; SQLite watches the file's
-``data_version``; both keep a safety poll (``polling_interval``) and sleep exactly until the
-next scheduled (``eta``/``countdown``) message is due.
-"""
+"""The Kombu ``Transport``: options, owner, store, connect and close, publish, ``as_uri``."""
 
 from __future__ import annotations
 
@@ -40,21 +23,20 @@ import sqlalchemy.exc
 from kombu.transport import virtual
 from sqlalchemy.engine import URL
 
-from .background import BackgroundCalls, Job, Outcome
-from .chord_parts import chord_count_of
-from .delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY, fence_of
-from .errors import ConfigurationError, DatabaseUnavailable
-from .fastpath import NONBLOCKING
-from .handoff import Handoff, lock_key_for
-from .handoff import split as split_notifications
-from .heartbeat import heartbeat
-from .loop_calls import LoopCalls
-from .options import TransportOptions
-from .registry import CONNECT_RETRY_SECONDS, store_for
-from .results_store import ResultStore
-from .store import Fence, Message, NewMessage, Prepared, Store
-from .urls import client_url, display_url, to_sqlalchemy_url
-from .wakeup import PostgresListener, SqliteWatcher, Waker
+from ..background import BackgroundCalls, Job, Outcome
+from ..chord_parts import chord_count_of
+from ..delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY, fence_of
+from ..errors import ConfigurationError, DatabaseUnavailable
+from ..handoff import Handoff, lock_key_for
+from ..handoff import split as split_notifications
+from ..heartbeat import heartbeat
+from ..loop_calls import LoopCalls
+from ..options import TransportOptions
+from ..registry import CONNECT_RETRY_SECONDS, store_for
+from ..results_store import ResultStore
+from ..store import Fence, Message, NewMessage, Prepared, Store
+from ..urls import client_url, display_url, to_sqlalchemy_url
+from ..wakeup import PostgresListener, SqliteWatcher, Waker
 
 logger = logging.getLogger(__name__)
 
@@ -911,8 +893,8 @@ class Transport(virtual.Transport):
         """A pidbox broadcast being published: if it is a revoke (by ids or by stamped
         headers), also write it to the database (``sqlease.revokes``), so it survives worker
         restarts and reaches tasks no worker has received yet."""
-        from . import revokes
-        from .admin import Admin
+        from .. import revokes
+        from ..admin import Admin
 
         revoke = revokes.parse(message)
         if revoke is not None:
@@ -925,7 +907,7 @@ class Transport(virtual.Transport):
         worker_state = sys.modules.get("celery.worker.state")
         if worker_state is None:
             return  # not a Celery worker: no revoked list to tell
-        from . import revokes
+        from .. import revokes
 
         if revokes.requested(self.store, task_id):
             logger.info("sqlease: task %s was revoked while another worker held it", task_id)
@@ -1059,7 +1041,7 @@ class Transport(virtual.Transport):
     def _background_calls(self) -> BackgroundCalls | LoopCalls:
         if self._background is None:
             fast = self.store.fast_leases
-            if fast is not None and NONBLOCKING and self._loop is not None:
+            if fast is not None and sys.modules[__package__].NONBLOCKING and self._loop is not None:
                 # The loop sends the statements itself and reads their rows when they come.
                 self._background = LoopCalls(
                     self._loop,
@@ -1245,7 +1227,7 @@ class Transport(virtual.Transport):
     def _caller_transaction(self) -> Any:
         """The caller's ``sqlease.transaction()`` connection, if any, checked before this
         process opens its own connections to the database."""
-        from .transactions import current_connection
+        from ..transactions import current_connection
 
         conn = current_connection(self.url)
         if conn is None or self._store is not None:
@@ -1253,7 +1235,7 @@ class Transport(virtual.Transport):
         if not self.is_postgresql:
             # A SQLite writer holds the file's write lock: creating sqlease's tables (or
             # switching the file to WAL) from another connection now would wait it out.
-            from .schema import build_tables, read_version
+            from ..schema import build_tables, read_version
 
             if read_version(conn, build_tables(self.options.table_prefix)) is None:
                 raise ConfigurationError(
@@ -1551,7 +1533,7 @@ class Transport(virtual.Transport):
     def _start_maintenance(self) -> None:
         # Only consuming workers run it (they register with an event loop); producers don't.
         if self._maintenance is None and self.options.maintenance_interval > 0:
-            from .maintenance import MaintenanceThread
+            from ..maintenance import MaintenanceThread
 
             self._maintenance = MaintenanceThread(
                 self.store,

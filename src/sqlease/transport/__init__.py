@@ -1,0 +1,42 @@
+"""The Kombu transport: Celery's broker on SQL leases.
+
+``broker_url = "sqlease+postgresql://user@host/db"`` (or ``"sqlease+sqlite:///app.db"``, or
+``"sqlease://"`` for ``./sqlease.db``).
+
+Delivery is a lease: a consumer claims a batch of messages (up to its free prefetch credit) in
+one statement that writes owner, expiry and ``attempt + 1``; the process's heartbeat renews every
+lease it holds; ack, reject and restore are fenced SQL writes on ``(id, owner, attempt)``. A
+crashed worker's messages come back when their leases expire, and its late acks change nothing.
+
+Routing: direct, topic and fanout exchanges, with bindings persisted in SQL so that remote
+control (``celery inspect``), events and topic routing work across processes and machines.
+Consumers that never ack (pidbox, event receivers) delete on fetch.
+
+Wake-ups: PostgreSQL LISTEN/NOTIFY in the worker's event loop; SQLite watches the file's
+``data_version``; both keep a safety poll (``polling_interval``) and sleep exactly until the
+next scheduled (``eta``/``countdown``) message is due.
+"""
+
+from __future__ import annotations
+
+# ``NONBLOCKING`` is read from this package when a transport picks its runner, so that
+# ``sqlease.transport.NONBLOCKING = False`` (the benchmarks, the tests) puts a busy worker's
+# statements on a thread instead of the event loop.
+from ..delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY, fence_of
+from ..fastpath import NONBLOCKING
+from ..registry import CONNECT_RETRY_SECONDS, store_for
+from .transport import Channel, Transport
+
+__all__ = [
+    "ATTEMPT_KEY",
+    "CONNECT_RETRY_SECONDS",
+    "ID_KEY",
+    "LEASE_KEY",
+    "NONBLOCKING",
+    "OFFER_KEY",
+    "OWNER_KEY",
+    "Channel",
+    "Transport",
+    "fence_of",
+    "store_for",
+]
