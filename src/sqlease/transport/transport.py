@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -13,7 +12,6 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from queue import Empty
 from typing import Any
 
@@ -24,8 +22,7 @@ from kombu.transport import virtual
 from sqlalchemy.engine import URL
 
 from ..background import BackgroundCalls, Job, Outcome
-from ..chord_parts import chord_count_of
-from ..delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY, fence_of
+from ..delivery import fence_of
 from ..errors import ConfigurationError, DatabaseUnavailable
 from ..handoff import Handoff, lock_key_for
 from ..handoff import split as split_notifications
@@ -34,25 +31,17 @@ from ..loop_calls import LoopCalls
 from ..options import TransportOptions
 from ..registry import CONNECT_RETRY_SECONDS, store_for
 from ..results_store import ResultStore
-from ..store import Fence, Message, NewMessage, Prepared, Store
+from ..store import Fence, Message, Prepared, Store
 from ..urls import client_url, display_url, to_sqlalchemy_url
 from ..wakeup import PostgresListener, SqliteWatcher, Waker
+from .codec import decode, new_message
+from .completion import hold
+from .qos import QoS
 
 logger = logging.getLogger(__name__)
 
-
-def _ttl_ms(expiration: Any) -> int | None:
-    """The ``expiration`` property as milliseconds (Kombu sends a string of them); None
-    when there is none or it is not a number (a message is never dropped on a guess)."""
-    if expiration is None or isinstance(expiration, bool):
-        return None
-    try:
-        ttl = float(expiration)
-    except (TypeError, ValueError):
-        return None
-    if ttl != ttl or ttl < 0:  # NaN or negative: not a TTL
-        return None
-    return int(ttl)
+# The name ``QoS`` is the Channel's class attribute inside its body: annotations use this one.
+SqlQoS = QoS
 
 
 #: Most messages one claim statement takes (the prefetch credit usually bounds it first).
@@ -74,83 +63,15 @@ NOACK_INTERVAL = 0.01
 #: The key of ack writes on the transport's background thread (claims are keyed by channel).
 ACKS: Any = object()
 
-def _eta_delay_ms(headers: dict[str, Any]) -> int:
-    eta = headers.get("eta")
-    if not eta:
-        return 0
-    try:
-        when = eta if isinstance(eta, datetime) else datetime.fromisoformat(str(eta))
-    except ValueError:
-        logger.warning("ignoring unparseable eta header %r: delivering now", eta)
-        return 0
-    return max(0, int((when.timestamp() - time.time()) * 1000))
-
-
-#: The message properties AMQP defines (RabbitMQ sends these and drops any other key a
-#: ``publish(**properties)`` carried) and those Kombu's virtual transports add.
-_KNOWN_PROPERTIES = frozenset(
-    {
-        "content_type",
-        "content_encoding",
-        "application_headers",
-        "delivery_mode",
-        "priority",
-        "correlation_id",
-        "reply_to",
-        "expiration",
-        "message_id",
-        "timestamp",
-        "type",
-        "user_id",
-        "app_id",
-        "cluster_id",
-        "delivery_info",
-        "delivery_tag",
-        "body_encoding",
-    }
-)
-
-
-def _without_foreign_properties(queue: str, message: dict[str, Any], error: Exception) -> str:
-    """The JSON of a message that did not serialize, without the properties that are not
-    AMQP's and cannot be stored (e.g. a ``before_task_publish`` handler that passes its
-    ``**kwargs``, the signal object among them, on to ``producer.publish``): RabbitMQ drops
-    those keys too. Anything else that cannot be stored is the publisher's error."""
-    properties = message.get("properties") or {}
-    foreign = [k for k in properties if k not in _KNOWN_PROPERTIES and not _storable(properties[k])]
-    if foreign:
-        kept = {k: v for k, v in properties.items() if k not in foreign}
-        try:
-            payload = json.dumps({**message, "properties": kept})
-        except (TypeError, ValueError) as exc:
-            error = exc
-        else:
-            logger.warning(
-                "sqlease: message for queue %r: dropped message properties %s, which are not "
-                "AMQP properties and cannot be stored as JSON (RabbitMQ drops them too)",
-                queue,
-                ", ".join(repr(k) for k in foreign),
-            )
-            return payload
-    raise ConfigurationError(
-        f"message for queue {queue!r} cannot be stored as JSON: {error}"
-    ) from error
-
-
-def _storable(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
 
 class Channel(virtual.Channel):
     """A virtual channel whose deliveries are SQL leases."""
 
+    QoS = QoS
     supports_fanout = True
     do_restore = True
     connection: Transport
+    qos: SqlQoS
 
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
@@ -264,166 +185,7 @@ class Channel(virtual.Channel):
 
     def _hold(self, messages: list[Message]) -> list[Message]:
         """The heartbeat keeps the leases of what will be delivered from now on."""
-        transport = self.connection
-        messages = self._skip_completed(messages)
-        beat = heartbeat()
-        for message in messages:
-            beat.hold(
-                self.store,
-                message.fence,
-                lease_ms=transport.options.lease_ms,
-                interval=transport.options.heartbeat_seconds,
-                task_id=message.task_id,
-            )
-        return messages
-
-    def _skip_completed(self, messages: list[Message]) -> list[Message]:
-        """Invariant 9: a redelivered message whose final result was already stored under
-        its own lease (the result was written, then the ack was lost) is acked now instead of
-        running the task body again."""
-        redelivered = [m for m in messages if m.attempt > 1 and m.task_id is not None]
-        if not redelivered:
-            return messages
-        results = self.connection.results
-        done = results.completed_messages(m.id for m in redelivered)
-        if not done:
-            return messages
-        # A chord part whose result was stored but not yet counted runs again (its count is
-        # idempotent), or its chord would never complete; so does the part whose count was
-        # the chord's last if the callback was never sent (sqlease.chord_parts).
-        parts = {m.id: chord_count_of(m.payload) for m in messages if m.id in done}
-        settled = results.parts_settled(p for p in parts.values() if p is not None)
-        done = {i for i, p in parts.items() if p is None or p in settled}
-        for message_id, part in parts.items():
-            if message_id not in done and part is not None:
-                logger.warning(
-                    "sqlease: chord part %s (message %s) stored its result, but its worker "
-                    "died before counting it or before sending the chord's callback; running "
-                    "it again (counted once)",
-                    part[1],
-                    message_id,
-                )
-        if not done:
-            return messages
-        finished = [m for m in messages if m.id in done]
-        acked = self.store.ack([m.fence for m in finished])
-        for message in finished:
-            logger.info(
-                "sqlease: task %s (message %s) already has its final result; acked without "
-                "running it again",
-                message.task_id,
-                message.id,
-            )
-            self.store.record_event(
-                "completed_from_stored_outcome",
-                None,
-                task_id=message.task_id,
-                message_id=message.id,
-                attempt=message.attempt,
-            )
-        return [m for m in messages if m.id not in acked]
-
-    def _decode(
-        self, message: Message, *, leased: bool, offer: dict[str, Any] | None = None
-    ) -> dict[str, Any] | None:
-        """The Kombu payload of a claimed row, stamped with its lease; None if the row is
-        not a readable message (it is then failed ``undecodable`` and kept for inspection)."""
-        try:
-            payload = json.loads(message.payload)
-            properties = payload["properties"]
-            delivery_info = properties.setdefault("delivery_info", {})
-            if not isinstance(delivery_info, dict):
-                raise TypeError("properties.delivery_info is not an object")
-            # The body must decode too, or Kombu would fail on it later, outside our reach.
-            self.decode_body(payload.get("body"), properties.get("body_encoding"))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            logger.error(
-                "sqlease: message %s in queue %r is not a readable Kombu message (%s); "
-                "it is kept as failed 'undecodable' for inspection",
-                message.id,
-                message.queue,
-                error,
-            )
-            self._not_delivered(message, "undecodable", error, leased=leased)
-            if leased and message.task_id is not None:
-                self.connection.record_failure(
-                    message.task_id,
-                    "ContentDisallowed",
-                    [f"undecodable message: {error}"],
-                    "kombu.exceptions",
-                )
-            return None
-        if self._expired(message, payload, properties, leased=leased):
-            return None
-        properties["delivery_tag"] = f"{message.id}.{message.attempt}"
-        delivery_info["redelivered"] = message.attempt > 1
-        if leased and message.attempt > 1 and message.task_id is not None:
-            self.connection.forward_revoke(message.task_id)
-        if leased:
-            delivery_info.update(
-                {
-                    ID_KEY: message.id,
-                    ATTEMPT_KEY: message.attempt,
-                    OWNER_KEY: message.lease_owner,
-                    LEASE_KEY: self.connection.options.lease_ms,
-                }
-            )
-            if offer is not None:
-                delivery_info[OFFER_KEY] = offer
-        payload["redelivered"] = message.attempt > 1
-        return payload
-
-    def _expired(
-        self, message: Message, payload: dict[str, Any], properties: dict[str, Any], *, leased: bool
-    ) -> bool:
-        """Kombu's per-message TTL (``publish(expiration=…)``, the AMQP ``expiration``
-        property): a message still queued that long after it became deliverable is not
-        delivered (counted from its publish or eta, or an operator's requeue). It
-        is kept as failed ``expired`` (listable, requeueable), as RabbitMQ would have
-        dropped it. Celery task messages with an ``expires`` header are left to the worker,
-        which revokes them itself (REVOKED result, ``task_revoked`` signal, ``task-revoked``
-        event), as on Redis."""
-        ttl_ms = _ttl_ms(properties.get("expiration"))
-        if ttl_ms is None:
-            return False
-        headers = payload.get("headers")
-        if isinstance(headers, dict) and headers.get("task") and headers.get("expires"):
-            return False
-        if message.lease_expires_at_ms is not None and leased:
-            # When it was leased: at the claim, or at the publish for a handoff (so a TTL
-            # of 0 delivers to a consumer that is waiting, and to no one else, as AMQP does).
-            delivered_at = message.lease_expires_at_ms - self.connection.options.lease_ms
-        else:
-            delivered_at = self.store.now_ms()
-        # Counted from when it became deliverable: its publish (or eta), or its last
-        # requeue by an operator, which gives an expired message a fresh TTL.
-        waited = delivered_at - message.available_at_ms
-        if waited <= ttl_ms:
-            return False
-        detail = f"message TTL of {ttl_ms} ms passed before delivery ({waited} ms queued)"
-        logger.info(
-            "sqlease: message %s in queue %r expired: %s; kept as failed 'expired'",
-            message.id,
-            message.queue,
-            detail,
-        )
-        self._not_delivered(message, "expired", detail, leased=leased)
-        return True
-
-    def _not_delivered(self, message: Message, reason: str, error: str, *, leased: bool) -> None:
-        """A fetched message that will not reach the consumer: a leased one is kept as failed
-        ``reason``; one deleted on fetch (no-ack) leaves its payload in the timeline."""
-        if leased:
-            heartbeat().drop([message.fence])
-            self.store.fail(message.fence, reason, error=error)
-        else:
-            self.store.record_event(
-                reason,
-                {"error": error, "payload": message.payload[:1000]},
-                task_id=message.task_id,
-                message_id=message.id,
-            )
+        return hold(self.connection, messages)
 
     def take_noack(self, callback: Any) -> int:
         """Deliver one delete-on-fetch batch of the no-ack queues (remote control, events)
@@ -447,7 +209,7 @@ class Channel(virtual.Channel):
         if len(taken) == TAKE_BATCH:
             transport._more = True
         for message in taken:
-            payload = self._decode(message, leased=False)
+            payload = decode(transport, message, self.decode_body, leased=False)
             if payload is not None:
                 callback(payload, message.queue)
                 delivered += 1
@@ -497,15 +259,7 @@ class Channel(virtual.Channel):
         return self._deliver_claimed(claimed, callback, offer=offer)
 
     def _refill_later(self) -> bool:
-        """While messages are still buffered, wait until half of the prefetch credit is free
-        before claiming: one claim (one commit) then fetches several, instead of one commit
-        per finished task; the other half keeps the pool busy while the claim runs. (Against
-        a quarter: about a fifth more tasks/s draining no-op tasks, prefork -c 2, prefetch 8.)
-        An idle consumer (nothing held) claims at once."""
-        pcount = self.qos.prefetch_count
-        if not pcount or pcount < 8:
-            return False
-        return self.unacked_count() > 0 and self.qos.can_consume_max_estimate() < pcount // 2
+        return self.qos.refill_later()
 
     def _deliver_claimed(
         self, claimed: list[Message], callback: Any, *, offer: dict[str, Any] | None = None
@@ -513,7 +267,9 @@ class Channel(virtual.Channel):
         delivered = 0
         for index, message in enumerate(claimed):
             try:
-                payload = self._decode(message, leased=True, offer=offer)
+                payload = decode(
+                    self.connection, message, self.decode_body, leased=True, offer=offer
+                )
                 if payload is not None:
                     callback(payload, message.queue)
                     delivered += 1
@@ -538,7 +294,7 @@ class Channel(virtual.Channel):
             claimed, _ = self._claim([queue], 1)
             if not claimed:
                 raise Empty()
-            payload = self._decode(claimed[0], leased=True)
+            payload = decode(self.connection, claimed[0], self.decode_body, leased=True)
             if payload is not None:
                 return payload
 
@@ -549,7 +305,7 @@ class Channel(virtual.Channel):
                 taken = self.store.take([queue], limit=1)
                 if not taken:
                     break
-                payload = self._decode(taken[0], leased=False)
+                payload = decode(self.connection, taken[0], self.decode_body, leased=False)
         else:
             try:
                 payload = self._get(queue)
@@ -565,11 +321,7 @@ class Channel(virtual.Channel):
     # ---- acknowledgement (fenced) --------------------------------------------------------
 
     def _fence_for_tag(self, delivery_tag: str) -> Fence | None:
-        try:
-            message = self.qos.get(delivery_tag)
-        except KeyError:
-            return None
-        return fence_of(message.delivery_info)
+        return self.qos.fence_for(delivery_tag)
 
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
         fence = self._fence_for_tag(delivery_tag)
@@ -584,15 +336,11 @@ class Channel(virtual.Channel):
             super().basic_ack(delivery_tag, multiple=multiple)
 
     def _in_a_run(self, delivery_tag: str) -> bool:
-        try:
-            message = self.qos.get(delivery_tag)
-        except KeyError:
-            return False
-        return bool((message.headers or {}).get("run_id"))
+        return self.qos.in_a_run(delivery_tag)
 
     def unacked_count(self) -> int:
         """Deliveries this channel holds: prefetched or running, not yet acked."""
-        return len(self.qos._delivered) - len(self.qos._dirty)
+        return self.qos.unacked_count()
 
     def _report_refused_ack(self, fence: Fence) -> None:
         # Never raised into Celery: the delivery that holds the message now is the one that
@@ -848,46 +596,8 @@ class Transport(virtual.Transport):
     def publish(self, items: Iterable[tuple[str, dict[str, Any]]]) -> None:
         """Store Kombu messages (one transaction)."""
         connection = self._caller_transaction()  # before the store is touched
-        batch = [self._new_message(queue, message) for queue, message in items]
+        batch = [new_message(queue, message) for queue, message in items]
         self.store.enqueue_many(batch, connection=connection)
-
-    def _new_message(self, queue: str, message: dict[str, Any]) -> NewMessage:
-        headers = message.get("headers") or {}
-        properties = message.get("properties") or {}
-        try:
-            priority = int(properties.get("priority") or 0)
-        except (TypeError, ValueError):
-            priority = 0
-        priority = max(0, min(9, priority))
-        run_id = headers.get("run_id")
-        task_id = headers.get("id")
-        max_attempts = headers.get("max_attempts")
-        if max_attempts is not None and (
-            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-        ):
-            raise ConfigurationError(
-                f"header 'max_attempts' must be an integer >= 1, not {max_attempts!r}"
-            )
-        expiration = properties.get("expiration")
-        if expiration is not None and _ttl_ms(expiration) is None:
-            raise ConfigurationError(
-                f"property 'expiration' must be a TTL in milliseconds (a number >= 0, as Kombu's "
-                f"publish(expiration=seconds) sends it), not {expiration!r}"
-            )
-        try:
-            payload = json.dumps(message)
-        except (TypeError, ValueError) as exc:
-            payload = _without_foreign_properties(queue, message, exc)
-        return NewMessage(
-            queue=queue,
-            payload=payload,
-            priority=priority,
-            delay_ms=_eta_delay_ms(headers),
-            run_id=None if run_id is None else str(run_id),
-            task_id=None if task_id is None else str(task_id),
-            max_attempts=max_attempts,
-            record=task_id is not None,
-        )
 
     def durable_revoke(self, message: dict[str, Any]) -> None:
         """A pidbox broadcast being published: if it is a revoke (by ids or by stamped
@@ -1318,10 +1028,8 @@ class Transport(virtual.Transport):
             return False
         acking = {f"{f.message_id}.{f.attempt}" for f in besides}
         for channel in self.channels:
-            if isinstance(channel, Channel):
-                qos = channel.qos
-                if any(t not in qos._dirty and t not in acking for t in qos._delivered):
-                    return False
+            if isinstance(channel, Channel) and channel.qos.holds_besides(acking):
+                return False
         return not _celery_holds_tasks()
 
     def _can_offer(self) -> bool:
