@@ -195,8 +195,8 @@ def test_a_background_claim_without_acks_reports_the_queue_drained(
     worker, got = holding_eight(connect, hub, 10)
     transport, channel = worker.transport, worker.default_channel
     transport.claim_in_background(channel, ["work"], 4)
-    run_until(hub, lambda: not channel._claiming)
-    assert len(got) == 10 and channel._drained
+    run_until(hub, lambda: not channel.drain.claiming)
+    assert len(got) == 10 and channel.drain.drained
     got[0].ack()
     transport.flush_acks()  # written on the thread, reported in the loop
     assert transport._pending_acks == []
@@ -204,6 +204,6 @@ def test_a_background_claim_without_acks_reports_the_queue_drained(
     got[1].ack()
     assert transport._pending_acks  # deferred: goes with the next claim
     transport.claim_in_background(channel, ["work"], 4)
-    run_until(hub, lambda: not channel._claiming)
-    assert len(got) == 10 and not channel._drained
+    run_until(hub, lambda: not channel.drain.claiming)
+    assert len(got) == 10 and not channel.drain.drained
     worker.release()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import sys
@@ -36,6 +35,7 @@ from ..urls import client_url, display_url, to_sqlalchemy_url
 from ..wakeup import PostgresListener, SqliteWatcher, Waker
 from .codec import decode, new_message
 from .completion import hold
+from .drain import ChannelDrain, DrainState
 from .qos import QoS
 
 logger = logging.getLogger(__name__)
@@ -55,10 +55,6 @@ ACK_BATCH = 32
 #: SQLite: the longest an idle worker waits between looks at the file's ``data_version`` (a
 #: read of a counter in shared memory, about 20 microseconds): new work starts within this.
 SQLITE_IDLE_CHECK = 0.005
-#: SQLite: the longest a consumer that never acks (remote control, events) waits between looks
-#: while its queues are empty. (PostgreSQL looks when a notification names one of its queues,
-#: and at the safety poll.)
-NOACK_INTERVAL = 0.01
 
 #: The key of ack writes on the transport's background thread (claims are keyed by channel).
 ACKS: Any = object()
@@ -75,17 +71,8 @@ class Channel(virtual.Channel):
 
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
-        self._noack_queues: set[str] = set()
-        self._next_take = 0.0
-        # PostgreSQL: the last claim came back short, so the queues had nothing more ready.
-        # Until something can have changed that (a notification naming them, an ack in a
-        # run, a release, a due time, the safety poll), an ack need not be followed by a
-        # claim that would find nothing.
-        self._drained = False
-        self._due_checked = False
-        # A claim for this channel is running on the transport's background thread.
-        self._claiming = False
-        self._closing = False
+        #: What this channel knows of its queues (sqlease.transport.drain).
+        self.drain = ChannelDrain()
 
     @property
     def store(self) -> Store:
@@ -93,8 +80,8 @@ class Channel(virtual.Channel):
 
     def close(self) -> None:
         if not self.closed:
-            self._closing = True
-            if self._claiming and self.connection is not None:
+            self.drain.close()
+            if self.drain.claiming and self.connection is not None:
                 # Its messages are given back (attempt refunded) before the channel's
                 # unacked ones are restored, so a warm shutdown leaves no lease behind.
                 self.connection.finish_background_claims()
@@ -119,11 +106,7 @@ class Channel(virtual.Channel):
     def basic_consume(
         self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any
     ) -> Any:
-        self._drained = False
-        if no_ack:
-            self._noack_queues.add(queue)
-        else:
-            self._noack_queues.discard(queue)
+        self.drain.consume(queue, no_ack=no_ack)
         self.connection.wake_soon()
         return super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
 
@@ -135,7 +118,7 @@ class Channel(virtual.Channel):
             self.connection.withdraw_offers()
         result = super().basic_cancel(consumer_tag)
         if queue is not None and queue not in self._active_queues:
-            self._noack_queues.discard(queue)
+            self.drain.cancel(queue)
         return result
 
     def _claim(self, queues: list[str], limit: int) -> tuple[list[Message], bool]:
@@ -190,24 +173,16 @@ class Channel(virtual.Channel):
     def take_noack(self, callback: Any) -> int:
         """Deliver one delete-on-fetch batch of the no-ack queues (remote control, events)
         if it is time to look at them; how many were delivered."""
-        noack = [q for q in self._active_queues if q in self._noack_queues]
-        if not noack or time.monotonic() < self._next_take:
+        part = self.drain
+        noack = [q for q in self._active_queues if q in part.noack_queues]
+        if not noack or not part.may_take():
             return 0
         transport = self.connection
         delivered = 0
         taken = self.store.take(noack, limit=TAKE_BATCH)
-        # Remote control and event queues are quiet: while a worker drains a backlog,
-        # do not look at them on every fetch. PostgreSQL names the queue in its
-        # notification, so it looks again when one names them (or at the safety poll);
-        # SQLite looks at most every NOACK_INTERVAL.
-        if taken:
-            self._next_take = 0.0
-        elif transport.is_postgresql:
-            self._next_take = math.inf
-        else:
-            self._next_take = time.monotonic() + NOACK_INTERVAL
+        part.took(len(taken), postgresql=transport.is_postgresql)
         if len(taken) == TAKE_BATCH:
-            transport._more = True
+            transport.drain.wake()
         for message in taken:
             payload = decode(transport, message, self.decode_body, leased=False)
             if payload is not None:
@@ -223,17 +198,11 @@ class Channel(virtual.Channel):
         callback = callback or self.connection._deliver
         transport = self.connection
         delivered = self.take_noack(callback)
-        acked = [q for q in self._active_queues if q not in self._noack_queues]
-        if acked and self._claiming:
-            pass  # the claim running in the background delivers when it is done
-        elif acked and (not self.qos.can_consume() or self._refill_later()):
-            transport._starved = True
-        elif acked and self._drained and transport.is_postgresql:
-            if not self._due_checked:
-                # Instead of the claim, the cheaper look at when the next delayed task is due.
-                self._due_checked = True
-                transport._found_nothing = True
-        elif acked:
+        noack = self.drain.noack_queues
+        acked = [q for q in self._active_queues if q not in noack]
+        if acked and transport.drain.should_claim(
+            self.drain, self.qos, postgresql=transport.is_postgresql
+        ):
             credit = self.qos.can_consume_max_estimate() if self.qos.prefetch_count else None
             limit = min(credit or CLAIM_BATCH, CLAIM_BATCH)
             if transport.can_claim_in_background(self):
@@ -248,13 +217,7 @@ class Channel(virtual.Channel):
     def after_claim(self, claimed: list[Message], short: bool, limit: int, callback: Any) -> int:
         """Note what a claim of ``limit`` found, and deliver it."""
         transport = self.connection
-        self._drained = short
-        self._due_checked = False
-        if len(claimed) == limit:
-            transport._more = True
-        elif not claimed:
-            transport._found_nothing = True
-            self._due_checked = True
+        transport.drain.claimed(self.drain, len(claimed), limit, short=short)
         offer = transport.offer_with_result(claimed)
         return self._deliver_claimed(claimed, callback, offer=offer)
 
@@ -547,9 +510,7 @@ class Transport(virtual.Transport):
         self._results: ResultStore | None = None
         self._waker: Waker | None = None
         self._declared: set[str] = set()
-        self._more = True
-        self._found_nothing = False
-        self._starved = False
+        self.drain = DrainState()
         self._loop: Any = None
         self._loop_thread = 0
         self._pending_acks: list[tuple[Fence, Any]] = []
@@ -696,8 +657,8 @@ class Transport(virtual.Transport):
             self._offer_queues = set(queues)
             self._offered = True
             for channel in self.channels:
-                if isinstance(channel, Channel) and channel._drained:
-                    channel._due_checked = True  # the due time came with the acks
+                if isinstance(channel, Channel):
+                    channel.drain.due_read()  # the due time came with the acks
             self._set_due_timer(None if due_ms is None else due_ms / 1000.0)
             self._after_acks(pending, acked)
             return
@@ -728,7 +689,7 @@ class Transport(virtual.Transport):
         if acked and self._loop is not None:
             # An ack frees prefetch credit and may unblock the next task of a run: look for
             # work in the next iteration rather than at the next poll.
-            self._more = True
+            self.drain.wake()
             self._kick()
 
     # ---- claims off the event loop's thread (PostgreSQL, while tasks run) ----------------
@@ -805,7 +766,7 @@ class Transport(virtual.Transport):
         """Submit the channel's refill claim, with the acks waiting to be written: the acks of
         the tasks whose completion freed the credit go with it, in one statement."""
         pending = self._take_pending_acks()
-        channel._claiming = True
+        channel.drain.claim_started()
         self._background_calls().submit(
             channel,
             lambda: channel._claim(queues, limit),
@@ -877,19 +838,19 @@ class Transport(virtual.Transport):
                 self._after_acks(outcome.context["pending"], outcome.acked)
             if outcome.key is not ACKS:
                 channel: SqlChannel = outcome.key
-                channel._claiming = False
+                channel.drain.claim_finished()
             if outcome.error is not None:
                 error = error or outcome.error
             if outcome.key is ACKS or outcome.error is not None:
                 continue
             claimed, short = outcome.value
-            if error is not None or channel.closed or channel._closing or self._loop is None:
+            if error is not None or channel.closed or channel.drain.closing or self._loop is None:
                 self._give_back(claimed)
                 continue
-            self._found_nothing = False
+            self.drain.begin_pass()
             if channel.after_claim(claimed, short, outcome.context["limit"], self._deliver):
                 self._kick()  # let the pool pick the new jobs up in the next iteration
-            elif self._found_nothing:
+            elif self.drain.found_nothing:
                 self._schedule_due()
         if error is not None:
             if isinstance(error, self.connection_errors):
@@ -920,7 +881,7 @@ class Transport(virtual.Transport):
                     exc_info=outcome.error,
                 )
             if outcome.key is not ACKS:
-                outcome.key._claiming = False
+                outcome.key.drain.claim_finished()
                 if outcome.error is None:
                     self._give_back(outcome.value[0])
 
@@ -983,15 +944,16 @@ class Transport(virtual.Transport):
         return self._waker
 
     def wake_soon(self) -> None:
-        self._more = True
+        self.drain.wake()
 
     def _active_ack_queues(self, *, with_credit: bool = False) -> list[str]:
         queues: set[str] = set()
         for channel in self.channels:
             if isinstance(channel, Channel) and channel._consumers:
-                if with_credit and (channel._closing or not channel.qos.can_consume()):
+                noack = channel.drain.noack_queues
+                if with_credit and (channel.drain.closing or not channel.qos.can_consume()):
                     continue
-                queues.update(q for q in channel._active_queues if q not in channel._noack_queues)
+                queues.update(q for q in channel._active_queues if q not in noack)
         return sorted(queues)
 
     def _next_due_delay(self, *, offer: bool = False) -> float | None:
@@ -1024,7 +986,7 @@ class Transport(virtual.Transport):
         """No delivery held on any channel (but ``besides``, being acked), no claim under way,
         and, in a Celery worker, no task received and not finished (one acked early is still
         running, or waiting for a pool process)."""
-        if any(isinstance(c, Channel) and c._claiming for c in self.channels):
+        if any(isinstance(c, Channel) and c.drain.claiming for c in self.channels):
             return False
         acking = {f"{f.message_id}.{f.attempt}" for f in besides}
         for channel in self.channels:
@@ -1112,9 +1074,9 @@ class Transport(virtual.Transport):
             # It came because the queues were idle: nothing more to claim until something
             # notifies them (unless something just did); after its ack, the idle look offers
             # again.
-            if not notified or notified.isdisjoint(channel._active_queues):
-                channel._drained = True
-            channel._due_checked = False
+            channel.drain.handed_off(
+                named=bool(notified and not notified.isdisjoint(channel._active_queues))
+            )
             offer = self.offer_with_result(held)
             delivered += channel._deliver_claimed(held, self._deliver, offer=offer)
         if delivered:
@@ -1137,9 +1099,9 @@ class Transport(virtual.Transport):
             if (
                 isinstance(channel, Channel)
                 and not channel.closed
-                and not channel._closing
+                and not channel.drain.closing
                 and queue in channel._active_queues
-                and queue not in channel._noack_queues
+                and queue not in channel.drain.noack_queues
             ):
                 return channel
         return None
@@ -1159,20 +1121,17 @@ class Transport(virtual.Transport):
     def _drain_ready(self) -> bool:
         """Deliver until nothing more is ready or credit runs out; True if anything came."""
         got = self._take_noack_first() > 0
+        drain = self.drain
         for _ in range(50):  # bounded, so the event loop stays responsive
-            self._more = False
-            self._starved = False
+            drain.begin_round()
             assert self.cycle is not None
             try:
                 self.cycle.get(self._deliver)
             except Empty:
-                if self._starved:
-                    # Work may be waiting but the prefetch credit is used up: look again as
-                    # soon as an ack frees some (the event loop's next tick).
-                    self._more = True
+                drain.round_found_nothing()
                 break
             got = True
-            if not self._more:
+            if not drain.more:
                 break
         return got
 
@@ -1308,18 +1267,14 @@ class Transport(virtual.Transport):
         quiet-interval throttle, and drained queues claimed from again. ``queues``: the ones
         notified (None: any of them)."""
         for channel in self.channels:
-            if not isinstance(channel, Channel):
-                continue
-            if queues is None or not queues.isdisjoint(channel._noack_queues):
-                channel._next_take = 0.0
-            if queues is None or not queues.isdisjoint(channel._active_queues):
-                channel._drained = False
+            if isinstance(channel, Channel):
+                channel.drain.notified(queues, channel._active_queues)
 
     def look_again(self) -> None:
         """Messages may have become ready (released, or the next of a run after an ack)."""
         for channel in self.channels:
             if isinstance(channel, Channel):
-                channel._drained = False
+                channel.drain.look_again()
 
     def _on_readable(self) -> None:
         waker = self.waker
@@ -1339,7 +1294,7 @@ class Transport(virtual.Transport):
                         # Named task queues are claimed from in the next iteration.
                         self._look_everywhere(queues)
                         self._take_noack_now()
-                        self._more = True
+                        self.drain.wake()
                     with self._errors_logged("taking handed-off messages"):
                         self._accept_handoffs(handoffs, queues)
                     return
@@ -1351,7 +1306,7 @@ class Transport(virtual.Transport):
         else:
             waker.ready()
             self._look_everywhere()
-        self._more = True
+        self.drain.wake()
         self._drain_in_loop()
 
     def _on_tick(self) -> None:
@@ -1359,16 +1314,16 @@ class Transport(virtual.Transport):
             self.deliver_background_claims()
         if len(self._pending_acks) >= ACK_BATCH:
             self.flush_acks()
-        if self._more:
+        if self.drain.more:
             self._drain_in_loop()
 
     def _drain_in_loop(self) -> None:
         with self._errors_logged("fetching messages"):
-            self._found_nothing = False
+            self.drain.begin_pass()
             got = self._drain_ready()
             if got:
                 self._kick()  # let the pool pick the new jobs up in the next iteration
-            elif self._found_nothing:  # a claim ran and found nothing due
+            elif self.drain.found_nothing:  # a claim ran and found nothing due
                 self._schedule_due()
 
     def _schedule_due(self) -> None:
@@ -1388,7 +1343,7 @@ class Transport(virtual.Transport):
     def _on_due(self) -> None:
         self._due_entry = None
         self.look_again()
-        self._more = True
+        self.drain.wake()
         self._drain_in_loop()
 
     def _schedule_poll(self, delay: float) -> None:
@@ -1405,7 +1360,7 @@ class Transport(virtual.Transport):
             if self.is_postgresql:
                 if self._reader_fd is None:
                     self._add_reader()
-                self._more = True
+                self.drain.wake()
                 self._look_everywhere()
                 next_delay = self.polling_interval
             else:
@@ -1413,7 +1368,7 @@ class Transport(virtual.Transport):
                 if changed:
                     self._look_everywhere()
                 if changed or now - self._last_full_poll >= self.polling_interval:
-                    self._more = True
+                    self.drain.wake()
                     self._last_full_poll = now
                 if changed:
                     self._idle_delay = 0.002
@@ -1422,7 +1377,7 @@ class Transport(virtual.Transport):
                         max(self._idle_delay * 2, 0.002), SQLITE_IDLE_CHECK, self.polling_interval
                     )
                 next_delay = self._idle_delay
-            if self._more:
+            if self.drain.more:
                 self._drain_in_loop()
         finally:
             if self._loop is not None:
