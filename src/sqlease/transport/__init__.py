@@ -25,7 +25,8 @@ from __future__ import annotations
 from ..delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY, fence_of
 from ..fastpath import NONBLOCKING
 from ..registry import CONNECT_RETRY_SECONDS, store_for
-from .transport import Channel, Transport
+from .channel import Channel
+from .transport import Transport
 
 __all__ = [
     "ATTEMPT_KEY",
