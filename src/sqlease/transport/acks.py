@@ -49,7 +49,7 @@ class AckBatcher:
             return False
         pending = self.pending
         pending.append(fence)
-        if len(pending) == 1 and transport.unacked_total() <= 1:
+        if len(pending) == 1 and self._unacked_total() <= 1:
             # Nothing else is running or buffered: no ack could join this one, so write it
             # now (and keep the next task's start free of it).
             self.flush()
@@ -61,6 +61,11 @@ class AckBatcher:
             self._timer = loop.hub.call_later(ACK_DELAY, self.flush)
             loop.kick()  # so the hub recomputes its poll timeout with this timer
         return True
+
+    def _unacked_total(self) -> int:
+        """Deliveries not yet acked on the transport's channels (the one being acked
+        included)."""
+        return sum(c.qos.unacked_count() for c in self._transport.sql_channels())
 
     def take(self) -> list[Fence]:
         """The acks waiting to be written, for a write to take with it (their timer stops)."""

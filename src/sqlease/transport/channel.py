@@ -14,6 +14,7 @@ from ..heartbeat import heartbeat
 from ..store import Message, Store
 from .acks import report_refused_ack
 from .codec import decode
+from .control import durable_revoke
 from .drain import ChannelDrain
 from .qos import QoS
 
@@ -95,7 +96,7 @@ class Channel(virtual.Channel):
         self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any
     ) -> None:
         if exchange.endswith(".pidbox"):
-            self.connection.durable_revoke(message)
+            durable_revoke(self.connection, message)
         queues = sorted({queue for _, _, queue in self.get_table(exchange)})
         if queues:
             self.connection.publish([(queue, message) for queue in queues])
@@ -244,10 +245,6 @@ class Channel(virtual.Channel):
                     report_refused_ack(self.store, fence)
         finally:
             super().basic_ack(delivery_tag, multiple=multiple)
-
-    def unacked_count(self) -> int:
-        """Deliveries this channel holds: prefetched or running, not yet acked."""
-        return self.qos.unacked_count()
 
     def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:
         fence = self.qos.fence_for(delivery_tag)

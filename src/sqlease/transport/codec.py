@@ -17,6 +17,8 @@ from ..delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY
 from ..errors import ConfigurationError
 from ..heartbeat import heartbeat
 from ..store import Message, NewMessage
+from .completion import record_failure
+from .control import forward_revoke
 
 if TYPE_CHECKING:
     from .transport import Transport
@@ -198,7 +200,7 @@ def decode(
         _not_delivered(transport, message, "expired", expired, leased=leased)
         return None
     if leased and message.attempt > 1 and message.task_id is not None:
-        transport.forward_revoke(message.task_id)
+        forward_revoke(transport, message.task_id)
     stamp(
         message, payload, properties, delivery_info, lease_ms=lease_ms, leased=leased, offer=offer
     )
@@ -215,7 +217,8 @@ def _unreadable(transport: Transport, message: Message, error: str, *, leased: b
     )
     _not_delivered(transport, message, "undecodable", error, leased=leased)
     if leased and message.task_id is not None:
-        transport.record_failure(
+        record_failure(
+            transport,
             message.task_id,
             "ContentDisallowed",
             [f"undecodable message: {error}"],

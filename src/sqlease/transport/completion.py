@@ -1,11 +1,13 @@
-"""What a claim brought, made ready for delivery: a redelivered message whose result was
-already stored (its ack was lost) is completed instead of run again (chord parts aside), and the
-heartbeat keeps the leases of the rest."""
+"""Final outcomes the transport writes itself. What a claim brought is made ready for delivery:
+a redelivered message whose result was already stored (its ack was lost) is completed instead of
+run again (chord parts aside), and the heartbeat keeps the leases of the rest. A task that will
+not run (attempts exhausted, undecodable) gets its FAILURE result, so that clients waiting on it
+are answered."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..chord_parts import chord_count_of
 from ..heartbeat import heartbeat
@@ -85,3 +87,35 @@ def _complete(transport: Transport, messages: list[Message], done: set[int]) -> 
             attempt=message.attempt,
         )
     return [m for m in messages if m.id not in acked]
+
+
+def record_exhausted(transport: Transport, messages: list[Message]) -> None:
+    """Exhausted tasks get a FAILURE result (AttemptsExhausted), so that clients waiting
+    on them are answered instead of waiting forever."""
+    for message in messages:
+        logger.error(
+            "sqlease: task %s (message %s) failed attempts_exhausted after %d deliveries; "
+            "kept for inspection ('sqlease show %s', 'sqlease requeue %s')",
+            message.task_id,
+            message.id,
+            message.attempt,
+            message.task_id,
+            message.task_id,
+        )
+        if message.task_id is not None:
+            record_failure(
+                transport, message.task_id, "AttemptsExhausted", [message.task_id, message.attempt]
+            )
+
+
+def record_failure(
+    transport: Transport,
+    task_id: str,
+    exc_type: str,
+    args: list[Any],
+    module: str = "sqlease.errors",
+) -> None:
+    try:
+        transport.results.record_final(task_id, "FAILURE", exc_type, args, module)
+    except Exception:
+        logger.warning("sqlease: could not record the failure of task %s", task_id, exc_info=True)

@@ -17,6 +17,7 @@ from ..wakeup import PostgresListener
 from .completion import hold
 
 if TYPE_CHECKING:
+    from .channel import Channel
     from .transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ class Handoffs:
                     continue
                 message = row
             self._offer_queues.discard(message.queue)  # a publish used that queue's offer up
-            channel = transport.channel_for(message.queue)
+            channel = self._channel_for(message.queue)
             if channel is None:
                 transport.store.release([message.fence], refund=True)
                 continue
@@ -189,6 +190,13 @@ class Handoffs:
             offer = self.offer_with_result(held)
             delivered += channel.deliver_claimed(held, transport._deliver, offer=offer)
         return delivered
+
+    def _channel_for(self, queue: str) -> Channel | None:
+        """An open channel consuming ``queue`` with acks."""
+        for channel in self._transport.sql_channels():
+            if channel.consumes(queue):
+                return channel
+        return None
 
     def after_listening(self, generation: int) -> None:
         """On a new listening connection (a reconnect): the handoffs of used offers whose
@@ -212,8 +220,8 @@ class Handoffs:
         delivered (its notification not yet read), instead of leaving it to lease expiry."""
         if not self.offered:
             return
-        store, owner = self._transport.store, self._transport.owner
         try:
+            store, owner = self._transport.store, self._transport.owner
             store.withdraw_offers(owner, handed_too=True)
             self._offer_queues = set()
             leftover = store.leased_to(owner)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import time
 import uuid
 from collections.abc import Iterable
@@ -31,6 +30,7 @@ from ..wakeup import PostgresListener, SqliteWatcher, Waker
 from .acks import AckBatcher
 from .channel import Channel
 from .codec import new_message
+from .completion import record_exhausted
 from .drain import DrainState
 from .handoff import Handoffs
 from .loop import EventLoop
@@ -141,57 +141,9 @@ class Transport(virtual.Transport):
         batch = [new_message(queue, message) for queue, message in items]
         self.store.enqueue_many(batch, connection=connection)
 
-    def durable_revoke(self, message: dict[str, Any]) -> None:
-        """A pidbox broadcast being published: if it is a revoke (by ids or by stamped
-        headers), also write it to the database (``sqlease.revokes``), so it survives worker
-        restarts and reaches tasks no worker has received yet."""
-        from .. import revokes
-        from ..admin import Admin
-
-        revoke = revokes.parse(message)
-        if revoke is not None:
-            revokes.apply(self.store, Admin(self.url, store=self.store), revoke)
-
-    def forward_revoke(self, task_id: str) -> None:
-        """A task delivered again (its earlier worker died or gave it back): if a revoke
-        reached it while that worker held it, put it in this worker's revoked list, so Celery
-        discards it (REVOKED result, ack, ``task-revoked`` event) instead of running it."""
-        worker_state = sys.modules.get("celery.worker.state")
-        if worker_state is None:
-            return  # not a Celery worker: no revoked list to tell
-        from .. import revokes
-
-        if revokes.requested(self.store, task_id):
-            logger.info("sqlease: task %s was revoked while another worker held it", task_id)
-            worker_state.revoked.add(task_id)
-
     def record_exhausted(self, messages: list[Message]) -> None:
-        """Exhausted tasks get a FAILURE result (AttemptsExhausted), so that clients waiting
-        on them are answered instead of waiting forever."""
-        for message in messages:
-            logger.error(
-                "sqlease: task %s (message %s) failed attempts_exhausted after %d deliveries; "
-                "kept for inspection ('sqlease show %s', 'sqlease requeue %s')",
-                message.task_id,
-                message.id,
-                message.attempt,
-                message.task_id,
-                message.task_id,
-            )
-            if message.task_id is not None:
-                self.record_failure(
-                    message.task_id, "AttemptsExhausted", [message.task_id, message.attempt]
-                )
-
-    def record_failure(
-        self, task_id: str, exc_type: str, args: list[Any], module: str = "sqlease.errors"
-    ) -> None:
-        try:
-            self.results.record_final(task_id, "FAILURE", exc_type, args, module)
-        except Exception:
-            logger.warning(
-                "sqlease: could not record the failure of task %s", task_id, exc_info=True
-            )
+        """The store's ``on_exhausted`` for this transport's claims (see .completion)."""
+        record_exhausted(self, messages)
 
     def caller_transaction(self) -> Any:
         """The caller's ``sqlease.transaction()`` connection, if any, checked before this
@@ -257,24 +209,10 @@ class Transport(virtual.Transport):
         queues: set[str] = set()
         for channel in self.channels:
             if isinstance(channel, Channel) and channel.consuming:
-                if with_credit and (
-                    not channel.accepts_deliveries() or not channel.qos.can_consume()
-                ):
+                if with_credit and (channel.drain.closing or not channel.qos.can_consume()):
                     continue
                 queues.update(channel.acked_queues())
         return sorted(queues)
-
-    def channel_for(self, queue: str) -> SqlChannel | None:
-        """An open channel consuming ``queue`` with acks."""
-        for channel in self.channels:
-            if isinstance(channel, Channel) and channel.consumes(queue):
-                return channel
-        return None
-
-    def unacked_total(self) -> int:
-        """Deliveries not yet acked on this connection's channels (the one being acked
-        included)."""
-        return sum(c.qos.unacked_count() for c in self.channels if isinstance(c, Channel))
 
     def notified(self, queues: set[str] | None) -> None:
         """Something was published to ``queues`` (None: to any of them): no-ack queues are
