@@ -131,7 +131,10 @@ class Channel(virtual.Channel):
         transport = self.connection
         delivered = 0
         taken = self.store.take(noack, limit=TAKE_BATCH)
-        part.took(len(taken), postgresql=transport.is_postgresql)
+        if taken:
+            part.took_some()
+        else:
+            part.took_none(postgresql=transport.is_postgresql)
         if len(taken) == TAKE_BATCH:
             transport.drain.wake()
         for message in taken:
@@ -150,9 +153,7 @@ class Channel(virtual.Channel):
         callback = callback or transport._deliver
         delivered = self.take_noack(callback)
         acked = self.acked_queues()
-        if acked and transport.drain.should_claim(
-            self.drain, self.qos, postgresql=transport.is_postgresql
-        ):
+        if acked and transport.drain.should_claim(self.drain, self.qos, transport):
             credit = self.qos.can_consume_max_estimate() if self.qos.prefetch_count else None
             limit = min(credit or CLAIM_BATCH, CLAIM_BATCH)
             refill = transport.refill

@@ -21,7 +21,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .transport import Transport
 
 #: SQLite: the longest a consumer that never acks (remote control, events) waits between looks
 #: while its queues are empty. (PostgreSQL looks when a notification names one of its queues,
@@ -69,14 +72,16 @@ class ChannelDrain:
         """Time to look at the no-ack queues."""
         return time.monotonic() >= self.next_take
 
-    def took(self, count: int, *, postgresql: bool) -> None:
-        """A look at the no-ack queues took ``count``. Remote control and event queues are
+    def took_some(self) -> None:
+        """A look at the no-ack queues took messages: look again at the next fetch."""
+        self.next_take = 0.0
+
+    def took_none(self, *, postgresql: bool) -> None:
+        """A look at the no-ack queues found nothing. Remote control and event queues are
         quiet: while a worker drains a backlog, do not look at them on every fetch.
         PostgreSQL names the queue in its notification, so it looks again when one names
         them (or at the safety poll); SQLite looks at most every NOACK_INTERVAL."""
-        if count:
-            self.next_take = 0.0
-        elif postgresql:
+        if postgresql:
             self.next_take = math.inf
         else:
             self.next_take = time.monotonic() + NOACK_INTERVAL
@@ -136,7 +141,7 @@ class DrainState:
         if self.starved:
             self.more = True
 
-    def should_claim(self, part: ChannelDrain, qos: Any, *, postgresql: bool) -> bool:
+    def should_claim(self, part: ChannelDrain, qos: Any, transport: Transport) -> bool:
         """Whether a channel with consumed (acked) queues claims now. Not while its claim runs
         in the background (that delivers when it is done), nor without credit or while the
         refill waits for more (starved); and not from drained queues (PostgreSQL), where the
@@ -146,7 +151,7 @@ class DrainState:
         if not qos.can_consume() or qos.refill_later():
             self.starved = True
             return False
-        if part.drained and postgresql:
+        if part.drained and transport.is_postgresql:
             if not part.due_checked:
                 part.due_checked = True
                 self.found_nothing = True

@@ -204,8 +204,8 @@ class Transport(virtual.Transport):
         return [c for c in self.channels if isinstance(c, Channel)]
 
     def consumed_queues(self, *, with_credit: bool = False) -> list[str]:
-        """The queues consumed with acks on any channel (``with_credit``: on channels open
-        and with prefetch credit)."""
+        """The queues consumed with acks on any channel (``with_credit``: only on channels
+        not closing and with prefetch credit)."""
         queues: set[str] = set()
         for channel in self.channels:
             if isinstance(channel, Channel) and channel.consuming:
