@@ -15,6 +15,15 @@ Consumers that never ack (pidbox, event receivers) delete on fetch.
 Wake-ups: PostgreSQL LISTEN/NOTIFY in the worker's event loop; SQLite watches the file's
 ``data_version``; both keep a safety poll (``polling_interval``) and sleep exactly until the
 next scheduled (``eta``/``countdown``) message is due.
+
+Modules, by role (the model is Kombu's redis transport: QoS, poller, channel, transport):
+``transport`` (``Transport``: options, owner, store, connect and close, publish), ``channel``
+(``Channel``: publish, consume, fenced ack/reject/restore, queues and bindings), ``qos``
+(unacked bookkeeping), ``codec`` (Kombu message <-> stored row), ``drain`` (when to look and
+whether to claim), ``acks`` (ack batching), ``refill`` (claims while busy), ``runners`` (every
+claim and ack call into the store, and the runner that sends them off the loop), ``handoff``
+(offers and handoffs), ``loop`` (the event-loop glue), ``completion`` (final outcomes the
+transport writes), ``control`` (revokes across processes).
 """
 
 from __future__ import annotations
