@@ -130,7 +130,7 @@ class Channel(virtual.Channel):
             return 0
         transport = self.connection
         delivered = 0
-        taken = self.store.take(noack, limit=TAKE_BATCH)
+        taken = transport.leases.take(noack, TAKE_BATCH)
         if taken:
             part.took_some()
         else:
@@ -215,7 +215,7 @@ class Channel(virtual.Channel):
         if no_ack:
             payload = None
             while payload is None:
-                taken = self.store.take([queue], limit=1)
+                taken = self.connection.leases.take([queue], 1)
                 if not taken:
                     break
                 payload = decode(self.connection, taken[0], self.decode_body, leased=False)

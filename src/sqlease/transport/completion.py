@@ -71,7 +71,7 @@ def _complete(transport: Transport, messages: list[Message], done: set[int]) -> 
     """Ack the messages ``done`` (their results are stored); the others, to deliver."""
     store = transport.store
     finished = [m for m in messages if m.id in done]
-    acked = store.ack([m.fence for m in finished])
+    acked = transport.leases.ack([m.fence for m in finished])
     for message in finished:
         logger.info(
             "sqlease: task %s (message %s) already has its final result; acked without "

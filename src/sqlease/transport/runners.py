@@ -1,7 +1,7 @@
-"""The transport's hot statements (claims, acks, the idle worker's offers) and the runner that
-sends a busy worker's claims and acks without blocking its event loop.
+"""The transport's hot statements (claims, takes, acks, the idle worker's offers) and the
+runner that sends a busy worker's claims and acks without blocking its event loop.
 
-Every call the transport makes to the store's claim and ack operations is in ``Leases``: run
+Every call the transport makes to the store's claim, take and ack operations is in ``Leases``: run
 now (``claim``, ``ack``, …) or, where it is one statement, prepared for the event loop to send
 (``prepare``). Two runners, one protocol: ``LoopCalls`` (sqlease.loop_calls) sends the prepared
 statement from the event loop itself and reads its rows when the socket is readable;
@@ -95,6 +95,10 @@ class Leases:
             "limit": limit,
             "on_exhausted": transport.record_exhausted,
         }
+
+    def take(self, queues: list[str], limit: int) -> list[Message]:
+        """Delete on fetch (consumers that never ack): up to ``limit`` messages."""
+        return self._transport.store.take(queues, limit=limit)
 
     def ack(self, fences: list[Fence]) -> set[int]:
         return self._transport.store.ack(fences)
