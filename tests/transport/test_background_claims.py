@@ -99,7 +99,7 @@ def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
     connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch, calls: str
 ) -> None:
     worker, got = holding_eight(connect, hub, 12)
-    assert worker.transport._background is None  # idle: the first claim ran in the loop
+    assert worker.transport.refill.runner is None  # idle: the first claim ran in the loop
     store = worker.transport.store
     assert store.driver.lane(Lane.LEASES) is not None
     combined = threads_of(monkeypatch, store, "ack_and_claim")
@@ -112,14 +112,14 @@ def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
     run_until(hub, lambda: len(got) == 12)
     loop_thread = threading.get_ident()
     if calls == "loop":
-        assert isinstance(worker.transport._background, LoopCalls)
+        assert isinstance(worker.transport.refill.runner, LoopCalls)
         # Prepared and sent by the loop itself, which never waited for a statement's rows.
         assert sent and all(thread == loop_thread for thread, _ in sent)
         assert store.sql.ack_claim_single in [statement for _, statement in sent]
         assert blocking == []
         combined = [(thread, fences) for thread, fences in prepared if fences]
     else:
-        assert isinstance(worker.transport._background, BackgroundCalls)
+        assert isinstance(worker.transport.refill.runner, BackgroundCalls)
         assert sent == []
         assert combined and all(thread != loop_thread for thread, _ in combined)
     acked_with_claims = {f.message_id for _, fences in combined for f in fences}
@@ -134,11 +134,11 @@ def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
         message.ack()
     run_until(hub, lambda: rows(db_store, "work") == 0)
     # The loop (or the thread) kept one connection for its statements, given back at close.
-    pool = store.driver.lane(Lane.LEASES)._engine.pool
-    assert worker.transport._background is not None
-    spares = store.driver.lane(
-        Lane.LEASES
-    ).spares_kept()  # kept by the engine for one-statement calls
+    fast = store.driver.lane(Lane.LEASES)
+    assert fast is not None
+    pool = fast._engine.pool
+    assert worker.transport.refill.runner is not None
+    spares = fast.spares_kept()  # kept by the engine for one-statement calls
     assert pool.checkedout() >= 1 + spares  # type: ignore[attr-defined]
     worker.release()
     assert pool.checkedout() == store.driver.lane(Lane.LEASES).spares_kept()  # type: ignore[attr-defined]
@@ -197,16 +197,16 @@ def test_a_background_claim_without_acks_reports_the_queue_drained(
     never taken as drained: it may not have seen them free a run's next message."""
     worker, got = holding_eight(connect, hub, 10)
     transport, channel = worker.transport, worker.default_channel
-    transport.claim_in_background(channel, ["work"], 4)
-    run_until(hub, lambda: not channel._claiming)
-    assert len(got) == 10 and channel._drained
+    transport.refill.claim_in_background(channel, ["work"], 4)
+    run_until(hub, lambda: not channel.drain.claiming)
+    assert len(got) == 10 and channel.drain.drained
     got[0].ack()
-    transport.flush_acks()  # written on the thread, reported in the loop
-    assert transport._pending_acks == []
-    run_until(hub, lambda: not transport._background.pending)
+    transport.acks.flush()  # written on the thread, reported in the loop
+    assert transport.acks.pending == []
+    run_until(hub, lambda: not transport.refill.runner.pending)
     got[1].ack()
-    assert transport._pending_acks  # deferred: goes with the next claim
-    transport.claim_in_background(channel, ["work"], 4)
-    run_until(hub, lambda: not channel._claiming)
-    assert len(got) == 10 and not channel._drained
+    assert transport.acks.pending  # deferred: goes with the next claim
+    transport.refill.claim_in_background(channel, ["work"], 4)
+    run_until(hub, lambda: not channel.drain.claiming)
+    assert len(got) == 10 and not channel.drain.drained
     worker.release()

@@ -76,8 +76,8 @@ def test_an_idle_consumer_gets_a_published_message_without_claiming(
         "queues": ["work"],
         "lease_ms": transport.options.lease_ms,
         "lock_key": transport.lock_key,
-        "ttl_ms": transport._offer_ttl_ms(),
-        "seen": {"work": transport._handoffs_heard["work"]},  # this handoff, heard
+        "ttl_ms": transport.handoffs.offer_ttl_ms(),
+        "seen": {"work": transport.handoffs.heard["work"]},  # this handoff, heard
     }
     assert offered_queues(db_store, transport.owner) == set()  # the offer was used up
     kinds = [e.kind for e in db_store.events(message_id=msg_id(message))]
@@ -147,8 +147,8 @@ def test_a_consumer_that_holds_a_message_withdraws_its_offer(
     publish(connect(), "work", {"n": 1})
     run_until(hub, lambda: len(got) == 1)  # handed over: the offer is used up
     for _ in range(3):  # safety polls while the message is held: no new offer
-        polls = worker.transport._poll_entry
-        run_until(hub, lambda p=polls: worker.transport._poll_entry is not p)
+        polls = worker.transport.loop.poll_timer
+        run_until(hub, lambda p=polls: worker.transport.loop.poll_timer is not p)
         assert offered_queues(db_store, owner) == set()
     publish(connect(), "work", {"n": 2})  # not handed over: ready for any worker
     [other] = db_store.claim(["work"], "other", lease_ms=5_000)
@@ -176,8 +176,8 @@ def test_the_ack_that_leaves_a_consumer_idle_carries_its_next_offer(
     assert [[f.message_id for f in fences] for _, fences in combined] == [[msg_id(got[0])]]
     assert offered_queues(db_store, transport.owner) == {"work"}
     for _ in range(3):  # what the loop's next iterations run: they look no further
-        transport._on_self_pipe()
-        transport._on_tick()
+        transport.loop.on_self_pipe()
+        transport.loop.on_tick()
     assert offers == [] and plain_acks == [] and claims == []
     publish(connect(), "work", {"n": 2})
     run_until(hub, lambda: len(got) == 2)
@@ -199,7 +199,7 @@ def test_a_remote_control_message_notified_with_a_handoff_is_delivered_first(
     publish(producer, "ctl", {"revoke": "x"})
     publish(producer, "work", {"n": 1})  # handed over
     time.sleep(0.3)  # both notifications are waiting on the LISTEN socket
-    transport._on_readable()
+    transport.loop.on_readable()
     assert [m.payload for m in got] == [{"revoke": "x"}, {"n": 1}]
     got[1].ack()
 
@@ -231,8 +231,8 @@ def test_an_idle_look_before_the_handoff_is_read_does_not_offer_again(
     run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
     producer = connect()
     publish(producer, "work", {"n": 1})  # handed over; the loop has not read it yet
-    assert transport._holds_nothing()
-    transport._next_due_delay(offer=True)  # the idle look, as the safety poll runs it
+    assert transport.handoffs.holds_nothing()
+    transport.next_due_delay(offer=True)  # the idle look, as the safety poll runs it
     publish(producer, "work", {"n": 2})
     second = [m for m in _work_rows(db_store) if m.lease_owner is None]
     assert len(second) == 1  # ready for any worker, not handed to this busy one
@@ -262,7 +262,7 @@ def test_after_relistening_the_offers_used_meanwhile_are_made_afresh(
     run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
     publish(connect(), "work", {"n": 1})  # handed over, never read
     assert offered_queues(db_store, transport.owner) == set()
-    transport._remove_reader()  # the listening connection breaks, its notification lost
+    transport.loop.remove_reader()  # the listening connection breaks, its notification lost
     transport.waker._drop()
     run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
     assert got == []

@@ -748,7 +748,7 @@ def _wait_for_notification(transport: Any) -> None:
     fd = transport.waker.fileno()
     assert fd is not None
     assert select.select([fd], [], [], 5)[0], "no notification within 5 s"
-    transport._on_readable()
+    transport.loop.on_readable()
 
 
 @pytest.mark.pg
@@ -767,7 +767,7 @@ def test_a_notification_wakes_only_the_queues_it_names(
     _consuming(worker.default_channel, "ctl", got, no_ack=True)
     takes = _calls_of(monkeypatch, transport.store, "take")
     assert transport.waker.fileno() is not None  # listening before anything is published
-    transport._on_readable()  # the first look: everything, then quiet
+    transport.loop.on_readable()  # the first look: everything, then quiet
     assert takes == [(["ctl"],)] and got == []
     publish(producer, "work", {"n": 1})
     _wait_for_notification(transport)
@@ -794,8 +794,8 @@ def test_a_drained_queue_is_not_claimed_from_again_until_something_can_be_ready(
     assert transport.waker.fileno() is not None  # listening before anything is published
 
     def look() -> None:  # what an ack or a tick does in the worker's loop
-        transport._more = True
-        transport._drain_in_loop()
+        transport.drain.wake()
+        transport.loop.drain()
 
     look()
     assert len(claims) == 1 and not delivered

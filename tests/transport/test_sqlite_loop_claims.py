@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kombu.asynchronous import Hub
 
-import sqlease.transport as transport_module
+import sqlease.transport.acks as acks_module
 from sqlease import Store
 
 from .test_background_claims import Connect, holding_eight, hub, run_until, threads_of
@@ -26,20 +26,20 @@ def test_the_refill_claim_writes_the_waiting_acks_in_its_transaction(
     connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The acks' own timer must not write them first: only the claim may.
-    monkeypatch.setattr(transport_module, "ACK_DELAY", 30.0)
+    monkeypatch.setattr(acks_module, "ACK_DELAY", 30.0)
     worker, got = holding_eight(connect, hub, 12)
     store = worker.transport.store
     combined = threads_of(monkeypatch, store, "ack_and_claim")
     plain_acks = threads_of(monkeypatch, store, "ack")
     for message in got[:4]:
         message.ack()
-    assert len(worker.transport._pending_acks) == 4  # deferred
+    assert len(worker.transport.acks.pending) == 4  # deferred
     run_until(hub, lambda: len(got) == 12)
     assert [sorted(f.message_id for f in fences) for _, fences in combined] == [
         sorted(msg_id(m) for m in got[:4])
     ]
     assert plain_acks == []
-    assert worker.transport._pending_acks == []
+    assert worker.transport.acks.pending == []
     assert rows(db_store, "work") == 8
     assert sorted(m.id for m in leased_rows(db_store)) == sorted(msg_id(m) for m in got[4:])
     worker.release()
@@ -48,7 +48,7 @@ def test_the_refill_claim_writes_the_waiting_acks_in_its_transaction(
 def test_a_failed_combined_claim_keeps_its_acks_for_the_next_write(
     connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(transport_module, "ACK_DELAY", 30.0)
+    monkeypatch.setattr(acks_module, "ACK_DELAY", 30.0)
     worker, got = holding_eight(connect, hub, 12)
     store = worker.transport.store
     real = store.ack_and_claim
@@ -67,8 +67,8 @@ def test_a_failed_combined_claim_keeps_its_acks_for_the_next_write(
     with pytest.raises(RuntimeError, match="injected"):
         channel.drain_events()
     # Nothing was written, and nothing is lost: the acks wait again, and their timer is set.
-    assert len(worker.transport._pending_acks) == 4
-    assert worker.transport._ack_timer is not None
+    assert len(worker.transport.acks.pending) == 4
+    assert worker.transport.acks.timer_set
     assert rows(db_store, "work") == 12
     run_until(hub, lambda: len(got) == 12)
     assert rows(db_store, "work") == 8

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from sqlease.types import Fence, Message
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 def event_params(
@@ -89,6 +90,12 @@ class Op(Generic[T]):
     def sendable(self) -> bool:
         """One statement: the worker's event loop can send it without blocking."""
         return self.statement is not None
+
+    def then(self, after: Callable[[T], U]) -> Op[U]:
+        """The same work, ``after`` applied to what it means."""
+        first = self.finish
+        finish: Callable[[Any], U] = after if first is None else (lambda done: after(first(done)))
+        return Op(self.lane, self.statement, self.params, finish, self.body, self.statements)
 
 
 class Driver(ABC):

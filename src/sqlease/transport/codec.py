@@ -1,0 +1,322 @@
+"""Kombu's message dict to a stored ``NewMessage``, and a claimed ``Message`` back to Kombu's
+payload: priority, eta, TTL, properties, the lease stamped into ``delivery_info``.
+
+Pure translation: what to do with a message that is not readable or has expired (fail it,
+record it) is the channel's decision."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlease._core.heartbeat import heartbeat
+from sqlease.delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY
+from sqlease.errors import ConfigurationError
+from sqlease.store import Message, NewMessage
+from sqlease.transport.completion import record_failure
+from sqlease.transport.control import forward_revoke
+
+if TYPE_CHECKING:
+    from sqlease.transport.transport import Transport
+
+logger = logging.getLogger(__name__)
+
+#: The errors of a stored payload that is not a readable Kombu message.
+UNREADABLE = (ValueError, KeyError, TypeError, AttributeError)
+
+#: The message properties AMQP defines (RabbitMQ sends these and drops any other key a
+#: ``publish(**properties)`` carried) and those Kombu's virtual transports add.
+_KNOWN_PROPERTIES = frozenset(
+    {
+        "content_type",
+        "content_encoding",
+        "application_headers",
+        "delivery_mode",
+        "priority",
+        "correlation_id",
+        "reply_to",
+        "expiration",
+        "message_id",
+        "timestamp",
+        "type",
+        "user_id",
+        "app_id",
+        "cluster_id",
+        "delivery_info",
+        "delivery_tag",
+        "body_encoding",
+    }
+)
+
+
+def ttl_ms(expiration: Any) -> int | None:
+    """The ``expiration`` property as milliseconds (Kombu sends a string of them); None
+    when there is none or it is not a number (a message is never dropped on a guess)."""
+    if expiration is None or isinstance(expiration, bool):
+        return None
+    try:
+        ttl = float(expiration)
+    except (TypeError, ValueError):
+        return None
+    if ttl != ttl or ttl < 0:  # NaN or negative: not a TTL
+        return None
+    return int(ttl)
+
+
+def eta_delay_ms(headers: dict[str, Any]) -> int:
+    eta = headers.get("eta")
+    if not eta:
+        return 0
+    try:
+        when = eta if isinstance(eta, datetime) else datetime.fromisoformat(str(eta))
+    except ValueError:
+        logger.warning("ignoring unparseable eta header %r: delivering now", eta)
+        return 0
+    return max(0, int((when.timestamp() - time.time()) * 1000))
+
+
+# ---- publishing ----------------------------------------------------------------------------
+
+
+def new_message(queue: str, message: dict[str, Any]) -> NewMessage:
+    """The row to store for a Kombu message published to ``queue``."""
+    headers = message.get("headers") or {}
+    properties = message.get("properties") or {}
+    run_id = headers.get("run_id")
+    task_id = headers.get("id")
+    max_attempts = _max_attempts(headers)
+    expiration = properties.get("expiration")
+    if expiration is not None and ttl_ms(expiration) is None:
+        raise ConfigurationError(
+            f"property 'expiration' must be a TTL in milliseconds (a number >= 0, as Kombu's "
+            f"publish(expiration=seconds) sends it), not {expiration!r}"
+        )
+    try:
+        payload = json.dumps(message)
+    except (TypeError, ValueError) as exc:
+        payload = _without_foreign_properties(queue, message, exc)
+    return NewMessage(
+        queue=queue,
+        payload=payload,
+        priority=_priority(properties),
+        delay_ms=eta_delay_ms(headers),
+        run_id=None if run_id is None else str(run_id),
+        task_id=None if task_id is None else str(task_id),
+        max_attempts=max_attempts,
+        record=task_id is not None,
+    )
+
+
+def _priority(properties: dict[str, Any]) -> int:
+    try:
+        priority = int(properties.get("priority") or 0)
+    except (TypeError, ValueError):
+        priority = 0
+    return max(0, min(9, priority))
+
+
+def _max_attempts(headers: dict[str, Any]) -> Any:
+    max_attempts = headers.get("max_attempts")
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+    ):
+        raise ConfigurationError(
+            f"header 'max_attempts' must be an integer >= 1, not {max_attempts!r}"
+        )
+    return max_attempts
+
+
+def _without_foreign_properties(queue: str, message: dict[str, Any], error: Exception) -> str:
+    """The JSON of a message that did not serialize, without the properties that are not
+    AMQP's and cannot be stored (e.g. a ``before_task_publish`` handler that passes its
+    ``**kwargs``, the signal object among them, on to ``producer.publish``): RabbitMQ drops
+    those keys too. Anything else that cannot be stored is the publisher's error."""
+    properties = message.get("properties") or {}
+    foreign = [k for k in properties if k not in _KNOWN_PROPERTIES and not _storable(properties[k])]
+    if foreign:
+        kept = {k: v for k, v in properties.items() if k not in foreign}
+        try:
+            payload = json.dumps({**message, "properties": kept})
+        except (TypeError, ValueError) as exc:
+            error = exc
+        else:
+            logger.warning(
+                "sqlease: message for queue %r: dropped message properties %s, which are not "
+                "AMQP properties and cannot be stored as JSON (RabbitMQ drops them too)",
+                queue,
+                ", ".join(repr(k) for k in foreign),
+            )
+            return payload
+    raise ConfigurationError(
+        f"message for queue {queue!r} cannot be stored as JSON: {error}"
+    ) from error
+
+
+def _storable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+# ---- delivering ----------------------------------------------------------------------------
+
+
+def decode(
+    transport: Transport,
+    message: Message,
+    decode_body: Callable[[Any, Any], Any],
+    *,
+    leased: bool,
+    offer: dict[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """The Kombu payload of a fetched row, stamped with its lease; None if the row is not a
+    readable message (it is then failed ``undecodable`` and kept for inspection) or its TTL
+    passed (failed ``expired``)."""
+    try:
+        payload, properties, delivery_info = parse(message, decode_body)
+    except UNREADABLE as exc:
+        _unreadable(transport, message, f"{type(exc).__name__}: {exc}", leased=leased)
+        return None
+    lease_ms = transport.options.lease_ms
+    expired = None
+    if properties.get("expiration") is not None:
+        now_ms = transport.store.now_ms
+        expired = ttl_passed(
+            message, payload, properties, lease_ms=lease_ms, now_ms=now_ms, leased=leased
+        )
+    if expired is not None:
+        logger.info(
+            "sqlease: message %s in queue %r expired: %s; kept as failed 'expired'",
+            message.id,
+            message.queue,
+            expired,
+        )
+        _not_delivered(transport, message, "expired", expired, leased=leased)
+        return None
+    if leased and message.attempt > 1 and message.task_id is not None:
+        forward_revoke(transport, message.task_id)
+    stamp(
+        message, payload, properties, delivery_info, lease_ms=lease_ms, leased=leased, offer=offer
+    )
+    return payload
+
+
+def _unreadable(transport: Transport, message: Message, error: str, *, leased: bool) -> None:
+    logger.error(
+        "sqlease: message %s in queue %r is not a readable Kombu message (%s); "
+        "it is kept as failed 'undecodable' for inspection",
+        message.id,
+        message.queue,
+        error,
+    )
+    _not_delivered(transport, message, "undecodable", error, leased=leased)
+    if leased and message.task_id is not None:
+        record_failure(
+            transport,
+            message.task_id,
+            "ContentDisallowed",
+            [f"undecodable message: {error}"],
+            "kombu.exceptions",
+        )
+
+
+def _not_delivered(
+    transport: Transport, message: Message, reason: str, error: str, *, leased: bool
+) -> None:
+    """A fetched message that will not reach the consumer: a leased one is kept as failed
+    ``reason``; one deleted on fetch (no-ack) leaves its payload in the timeline."""
+    store = transport.store
+    if leased:
+        heartbeat().drop([message.fence])
+        store.fail(message.fence, reason, error=error)
+    else:
+        store.record_event(
+            reason,
+            {"error": error, "payload": message.payload[:1000]},
+            task_id=message.task_id,
+            message_id=message.id,
+        )
+
+
+def parse(
+    message: Message, decode_body: Callable[[Any, Any], Any]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The Kombu payload of a stored row, its properties and its ``delivery_info``; raises
+    one of ``UNREADABLE`` if the row is not a readable Kombu message."""
+    payload = json.loads(message.payload)
+    properties = payload["properties"]
+    delivery_info = properties.setdefault("delivery_info", {})
+    if not isinstance(delivery_info, dict):
+        raise TypeError("properties.delivery_info is not an object")
+    # The body must decode too, or Kombu would fail on it later, outside our reach.
+    decode_body(payload.get("body"), properties.get("body_encoding"))
+    return payload, properties, delivery_info
+
+
+def ttl_passed(
+    message: Message,
+    payload: dict[str, Any],
+    properties: dict[str, Any],
+    *,
+    lease_ms: int,
+    now_ms: Callable[[], int],
+    leased: bool,
+) -> str | None:
+    """Kombu's per-message TTL (``publish(expiration=…)``, the AMQP ``expiration``
+    property): why the message is not to be delivered, if it stayed queued longer than that
+    after it became deliverable (counted from its publish or eta, or an operator's requeue);
+    else None. Celery task messages with an ``expires`` header are left to the worker, which
+    revokes them itself (REVOKED result, ``task_revoked`` signal, ``task-revoked`` event), as
+    on Redis."""
+    ttl = ttl_ms(properties.get("expiration"))
+    if ttl is None:
+        return None
+    headers = payload.get("headers")
+    if isinstance(headers, dict) and headers.get("task") and headers.get("expires"):
+        return None
+    if message.lease_expires_at_ms is not None and leased:
+        # When it was leased: at the claim, or at the publish for a handoff (so a TTL
+        # of 0 delivers to a consumer that is waiting, and to no one else, as AMQP does).
+        delivered_at = message.lease_expires_at_ms - lease_ms
+    else:
+        delivered_at = now_ms()
+    # Counted from when it became deliverable: its publish (or eta), or its last
+    # requeue by an operator, which gives an expired message a fresh TTL.
+    waited = delivered_at - message.available_at_ms
+    if waited <= ttl:
+        return None
+    return f"message TTL of {ttl} ms passed before delivery ({waited} ms queued)"
+
+
+def stamp(
+    message: Message,
+    payload: dict[str, Any],
+    properties: dict[str, Any],
+    delivery_info: dict[str, Any],
+    *,
+    lease_ms: int,
+    leased: bool,
+    offer: dict[str, Any] | None,
+) -> None:
+    """Give the payload its delivery tag and, if leased, the lease it is delivered under
+    (and the handoff offer its final result is to write)."""
+    properties["delivery_tag"] = f"{message.id}.{message.attempt}"
+    delivery_info["redelivered"] = message.attempt > 1
+    if leased:
+        delivery_info.update(
+            {
+                ID_KEY: message.id,
+                ATTEMPT_KEY: message.attempt,
+                OWNER_KEY: message.lease_owner,
+                LEASE_KEY: lease_ms,
+            }
+        )
+        if offer is not None:
+            delivery_info[OFFER_KEY] = offer
+    payload["redelivered"] = message.attempt > 1

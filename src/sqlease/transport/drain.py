@@ -1,0 +1,170 @@
+"""When to look for work, and whether a look is worth a claim: the flags that the channels, the
+event-loop glue, the acks and the handoffs share, each changed only by a named transition here.
+
+Two levels: ``DrainState`` (one per transport) is the event loop's pass: more may be ready,
+a claim found nothing (time to read when the next delayed message is due), the prefetch credit
+ran out. ``ChannelDrain`` (one per channel) is what one channel knows of its queues. The rules:
+
+- No-ack queues (remote control, events) are looked at before any claim, and while they are
+  quiet only every ``NOACK_INTERVAL`` (SQLite) or when a notification names them (PostgreSQL).
+- PostgreSQL: after a claim came back short the channel's queues are *drained*: until
+  something can have changed that (a notification naming them, an ack in a run, a release, a
+  due time, the safety poll), a look reads the next due time once instead of claiming.
+- A handoff arrives because the queues were idle: they stay drained, unless a notification
+  read with it named them.
+- A claim that carried acks never reports its queues drained: it may not have seen the acks
+  free a run's next message.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sqlease.transport.transport import Transport
+
+#: SQLite: the longest a consumer that never acks (remote control, events) waits between looks
+#: while its queues are empty. (PostgreSQL looks when a notification names one of its queues,
+#: and at the safety poll.)
+NOACK_INTERVAL = 0.01
+
+
+class ChannelDrain:
+    """One channel's queues: which are no-ack, when to look at those next, whether the others
+    are known drained and their due time read, whether a claim runs for them in the background,
+    whether the channel is closing. Read freely; changed only through these methods."""
+
+    __slots__ = ("claiming", "closing", "drained", "due_checked", "next_take", "noack_queues")
+
+    def __init__(self) -> None:
+        self.noack_queues: set[str] = set()
+        self.next_take = 0.0
+        self.drained = False
+        self.due_checked = False
+        # A claim for this channel is running on the transport's runner.
+        self.claiming = False
+        self.closing = False
+
+    def consume(self, queue: str, *, no_ack: bool) -> None:
+        self.drained = False
+        if no_ack:
+            self.noack_queues.add(queue)
+        else:
+            self.noack_queues.discard(queue)
+
+    def cancel(self, queue: str) -> None:
+        """The last consumer of ``queue`` on this channel went away."""
+        self.noack_queues.discard(queue)
+
+    def close(self) -> None:
+        self.closing = True
+
+    def claim_started(self) -> None:
+        self.claiming = True
+
+    def claim_finished(self) -> None:
+        self.claiming = False
+
+    def may_take(self) -> bool:
+        """Time to look at the no-ack queues."""
+        return time.monotonic() >= self.next_take
+
+    def took_some(self) -> None:
+        """A look at the no-ack queues took messages: look again at the next fetch."""
+        self.next_take = 0.0
+
+    def took_none(self, *, postgresql: bool) -> None:
+        """A look at the no-ack queues found nothing. Remote control and event queues are
+        quiet: while a worker drains a backlog, do not look at them on every fetch.
+        PostgreSQL names the queue in its notification, so it looks again when one names
+        them (or at the safety poll); SQLite looks at most every NOACK_INTERVAL."""
+        if postgresql:
+            self.next_take = math.inf
+        else:
+            self.next_take = time.monotonic() + NOACK_INTERVAL
+
+    def notified(self, queues: set[str] | None, active: Iterable[str]) -> None:
+        """Something was published to ``queues`` (None: to any): no-ack queues among them
+        are looked at now, not after their throttle, and drained ones claimed from again."""
+        if queues is None or not queues.isdisjoint(self.noack_queues):
+            self.next_take = 0.0
+        if queues is None or not queues.isdisjoint(active):
+            self.drained = False
+
+    def look_again(self) -> None:
+        """Messages may have become ready (released, or a run's next after an ack)."""
+        self.drained = False
+
+    def handed_off(self, *, named: bool) -> None:
+        """A handoff was delivered; ``named``: a notification read with it named the queues."""
+        if not named:
+            self.drained = True
+        self.due_checked = False
+
+    def due_read(self) -> None:
+        """The next due time was read (with the acks that left the worker idle)."""
+        if self.drained:
+            self.due_checked = True
+
+
+class DrainState:
+    """The event loop's pass over the channels (one per transport)."""
+
+    __slots__ = ("found_nothing", "more", "starved")
+
+    def __init__(self) -> None:
+        # More may be ready: look in the next iteration rather than at the next poll.
+        self.more = True
+        # A claim ran and found nothing: read when the next delayed message is due.
+        self.found_nothing = False
+        # Work may wait but the prefetch credit is used up.
+        self.starved = False
+
+    def wake(self) -> None:
+        """Look for work in the next iteration (a notification, an ack, a consumer, a poll)."""
+        self.more = True
+
+    def begin_pass(self) -> None:
+        self.found_nothing = False
+
+    def begin_round(self) -> None:
+        """One round of the fair cycle over the channels starts."""
+        self.more = False
+        self.starved = False
+
+    def round_found_nothing(self) -> None:
+        """Nothing was delivered: if the credit ran out, look again as soon as an ack frees
+        some (the event loop's next tick)."""
+        if self.starved:
+            self.more = True
+
+    def should_claim(self, part: ChannelDrain, qos: Any, transport: Transport) -> bool:
+        """Whether a channel with consumed (acked) queues claims now. Not while its claim runs
+        in the background (that delivers when it is done), nor without credit or while the
+        refill waits for more (starved); and not from drained queues (PostgreSQL), where the
+        cheaper look at when the next delayed message is due is taken once instead."""
+        if part.claiming:
+            return False
+        if not qos.can_consume() or qos.refill_later():
+            self.starved = True
+            return False
+        if part.drained and transport.is_postgresql:
+            if not part.due_checked:
+                part.due_checked = True
+                self.found_nothing = True
+            return False
+        return True
+
+    def claimed(self, part: ChannelDrain, count: int, limit: int, *, short: bool) -> None:
+        """A claim of ``limit`` brought ``count``; ``short``: the store had fewer than asked
+        (never reported for a claim that carried acks)."""
+        part.drained = short
+        part.due_checked = False
+        if count == limit:
+            self.more = True
+        elif not count:
+            self.found_nothing = True
+            part.due_checked = True

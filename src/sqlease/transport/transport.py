@@ -1,0 +1,350 @@
+"""The Kombu ``Transport``: options, owner, store, connect and close, publish, ``as_uri``; it
+owns the parts that do the rest (sqlease.transport's modules: drain, acks, refill, runners,
+handoff, loop) and answers their questions about its channels."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable
+from queue import Empty
+from typing import Any
+
+import psycopg
+import sqlalchemy
+import sqlalchemy.exc
+from kombu.transport import virtual
+from sqlalchemy.engine import URL
+
+from sqlease._core.handoff import lock_key_for
+from sqlease._core.results import ResultStore
+from sqlease._db.wakeup import PostgresListener, SqliteWatcher, Waker
+from sqlease._registry import CONNECT_RETRY_SECONDS, store_for
+from sqlease.errors import ConfigurationError, DatabaseUnavailable
+from sqlease.options import TransportOptions
+from sqlease.store import Message, Store
+from sqlease.transport.acks import AckBatcher
+from sqlease.transport.channel import Channel
+from sqlease.transport.codec import new_message
+from sqlease.transport.completion import record_exhausted
+from sqlease.transport.drain import DrainState
+from sqlease.transport.handoff import Handoffs
+from sqlease.transport.loop import EventLoop
+from sqlease.transport.refill import Refill
+from sqlease.transport.runners import Leases
+from sqlease.urls import client_url, display_url, to_sqlalchemy_url
+
+logger = logging.getLogger(__name__)
+
+# The name ``Channel`` is the Transport's class attribute inside its body: annotations there use
+# this one.
+SqlChannel = Channel
+
+
+class Transport(virtual.Transport):
+    """Kombu transport ``sqlease``: SQLite or PostgreSQL through SQLAlchemy."""
+
+    Channel = Channel
+
+    driver_type = "sqlease"  # never 'sql': Celery turns events off for that driver type
+    driver_name = "sqlalchemy"
+    can_parse_url = True
+    default_port = None
+    polling_interval = 1.0
+
+    implements = virtual.Transport.implements.extend(
+        asynchronous=True,
+        exchange_type=frozenset(["direct", "topic", "fanout"]),
+        heartbeats=False,
+    )
+
+    connection_errors = (  # type: ignore[assignment]
+        *virtual.Transport.connection_errors,
+        sqlalchemy.exc.OperationalError,
+        sqlalchemy.exc.InterfaceError,
+        sqlalchemy.exc.TimeoutError,
+        psycopg.OperationalError,
+        psycopg.InterfaceError,
+        DatabaseUnavailable,
+    )
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self.options = TransportOptions.parse(client.transport_options)
+        self.polling_interval = self.options.polling_interval
+        hostname = client_url(
+            client.hostname,
+            transport=client.transport_cls,
+            userid=client.userid,
+            password=client.password,
+            port=client.port,
+            virtual_host=client.virtual_host,
+        )
+        if not hostname or hostname == "localhost":
+            raise ConfigurationError(
+                "the sqlease transport needs a database URL, e.g. broker_url = "
+                "'sqlease+sqlite:///app.db' or 'sqlease+postgresql://user@host/db'"
+            )
+        self.url: URL = to_sqlalchemy_url(hostname)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        #: The advisory lock this transport's listening connection holds (handoff liveness).
+        self.lock_key = lock_key_for(self.owner)
+        #: Closing: no more offers (what they brought is released at close).
+        self.closing_connection = False
+        self._store: Store | None = None
+        self._results: ResultStore | None = None
+        self._waker: Waker | None = None
+        self._declared: set[str] = set()
+        self._maintenance: Any = None
+        self.drain = DrainState()
+        self.leases = Leases(self)
+        self.acks = AckBatcher(self)
+        self.refill = Refill(self)
+        self.handoffs = Handoffs(self)
+        self.loop = EventLoop(self)
+
+    # ---- the store -----------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = store_for(
+                self.url, self.options, connect_retry_seconds=CONNECT_RETRY_SECONDS
+            )
+        return self._store
+
+    @property
+    def results(self) -> ResultStore:
+        if self._results is None:
+            self._results = ResultStore(self.store)
+        return self._results
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.url.get_backend_name() == "postgresql"
+
+    def driver_version(self) -> str:
+        return str(sqlalchemy.__version__)
+
+    def establish_connection(self) -> Any:
+        self.closing_connection = False
+        self.caller_transaction()  # inside sqlease.transaction(): check on its connection
+        self.store  # noqa: B018  (connects, checks or migrates the schema: fails fast)
+        return super().establish_connection()
+
+    def publish(self, items: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """Store Kombu messages (one transaction)."""
+        connection = self.caller_transaction()  # before the store is touched
+        batch = [new_message(queue, message) for queue, message in items]
+        self.store.enqueue_many(batch, connection=connection)
+
+    def record_exhausted(self, messages: list[Message]) -> None:
+        """The store's ``on_exhausted`` for this transport's claims (see .completion)."""
+        record_exhausted(self, messages)
+
+    def caller_transaction(self) -> Any:
+        """The caller's ``sqlease.transaction()`` connection, if any, checked before this
+        process opens its own connections to the database."""
+        from sqlease.transactions import current_connection
+
+        conn = current_connection(self.url)
+        if conn is None or self._store is not None:
+            return conn
+        if not self.is_postgresql:
+            # A SQLite writer holds the file's write lock: creating sqlease's tables (or
+            # switching the file to WAL) from another connection now would wait it out.
+            from sqlease._db.schema import build_tables, read_version
+
+            if read_version(conn, build_tables(self.options.table_prefix)) is None:
+                raise ConfigurationError(
+                    "sqlease's tables do not exist yet in this SQLite database, and they cannot "
+                    "be created while your transaction holds the write lock: run 'sqlease "
+                    "migrate --url …' (or publish once outside a transaction) first"
+                )
+        return conn
+
+    def declare_queue(self, queue: str) -> None:
+        if queue not in self._declared:
+            # In a transactional enqueue the declaration joins the caller's transaction too:
+            # on SQLite a second connection would wait for the caller's write lock.
+            connection = self.caller_transaction()
+            self.store.declare_queue(queue, connection=connection)
+            if connection is None:
+                self._declared.add(queue)
+
+    def forget_queue(self, queue: str) -> None:
+        self._declared.discard(queue)
+
+    # ---- wake-ups --------------------------------------------------------------------------
+
+    @property
+    def waker(self) -> Waker:
+        if self._waker is None:
+            if self.is_postgresql:
+                self._waker = PostgresListener(
+                    self.url,
+                    self.store.notify_channel,
+                    lock_key=self.lock_key if self.options.handoff else None,
+                )
+            else:
+                self._waker = SqliteWatcher(str(self.url.database))
+        return self._waker
+
+    @property
+    def current_waker(self) -> Waker | None:
+        """The waker, if one was made (never makes one)."""
+        return self._waker
+
+    # ---- the channels, as the parts ask about them ---------------------------------------
+
+    def sql_channels(self) -> list[SqlChannel]:
+        return [c for c in self.channels if isinstance(c, Channel)]
+
+    def consumed_queues(self, *, with_credit: bool = False) -> list[str]:
+        """The queues consumed with acks on any channel (``with_credit``: only on channels
+        not closing and with prefetch credit)."""
+        queues: set[str] = set()
+        for channel in self.channels:
+            if isinstance(channel, Channel) and channel.consuming:
+                if with_credit and (channel.drain.closing or not channel.qos.can_consume()):
+                    continue
+                queues.update(channel.acked_queues())
+        return sorted(queues)
+
+    def notified(self, queues: set[str] | None) -> None:
+        """Something was published to ``queues`` (None: to any of them): no-ack queues are
+        looked at now, not after their quiet-interval throttle, and drained queues claimed
+        from again."""
+        for channel in self.channels:
+            if isinstance(channel, Channel):
+                channel.notified(queues)
+
+    def look_again(self) -> None:
+        """Messages may have become ready (released, or the next of a run after an ack)."""
+        for channel in self.channels:
+            if isinstance(channel, Channel):
+                channel.drain.look_again()
+
+    # ---- looking for work ----------------------------------------------------------------
+
+    def take_noack_first(self) -> int:
+        """Remote control before tasks: every channel's no-ack queues (pidbox, events) are
+        looked at (when their throttle allows) before any channel claims, so a revoke (by id
+        or by stamped headers) broadcast before a task was published reaches Celery before
+        that task, whichever channel the fair cycle would come to first. How many came."""
+        delivered = 0
+        for channel in self.channels:
+            if isinstance(channel, Channel) and channel.consuming:
+                delivered += channel.take_noack(self._deliver)
+        return delivered
+
+    def drain_ready(self) -> bool:
+        """Deliver until nothing more is ready or credit runs out; True if anything came."""
+        drain = self.drain
+        got = self.take_noack_first() > 0
+        for _ in range(50):  # bounded, so the event loop stays responsive
+            drain.begin_round()
+            assert self.cycle is not None
+            try:
+                self.cycle.get(self._deliver)
+            except Empty:
+                drain.round_found_nothing()
+                break
+            got = True
+            if not drain.more:
+                break
+        return got
+
+    def next_due_delay(self, *, offer: bool = False) -> float | None:
+        """Seconds until the next delayed message of the consumed queues is due. With
+        ``offer`` (an idle worker in its event loop, PostgreSQL, handoff on), the same
+        statement leaves an offer for the queues whose channel has prefetch credit."""
+        queues = self.consumed_queues()
+        if offer and self.handoffs.can_offer():
+            covered, due_ms = self.handoffs.offer_if_idle(queues)
+            if covered:
+                return None if due_ms is None else due_ms / 1000.0
+        if not queues:
+            return None
+        due_ms = self.store.next_due_in_ms(queues)
+        return None if due_ms is None else due_ms / 1000.0
+
+    # ---- the worker's event loop -----------------------------------------------------------
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        self._start_maintenance()
+        self.loop.register(loop)  # (leaving a loop registered before)
+
+    def _start_maintenance(self) -> None:
+        # Only consuming workers run it (they register with an event loop); producers don't.
+        if self._maintenance is None and self.options.maintenance_interval > 0:
+            from sqlease._core.maintenance import MaintenanceThread
+
+            self._maintenance = MaintenanceThread(
+                self.store,
+                self.owner,
+                interval=self.options.maintenance_interval,
+                event_retention_ms=self.options.event_retention_ms,
+            ).start()
+
+    # ---- clients without an event loop (synchronous drain) --------------------------------
+
+    def drain_events(  # type: ignore[override]
+        self, connection: Any, timeout: float | None = None
+    ) -> None:
+        start = time.monotonic()
+        waker = self.waker
+        waker.fileno()  # listen before looking, so no notification falls in between
+        assert self.cycle is not None
+        while True:
+            if self.take_noack_first():
+                return
+            try:
+                self.cycle.get(self._deliver, timeout=timeout)
+                return
+            except Empty:
+                pass
+            elapsed = time.monotonic() - start
+            if timeout is not None and elapsed >= timeout:
+                raise TimeoutError()
+            wait = self.polling_interval
+            if timeout is not None:
+                wait = min(wait, timeout - elapsed)
+            due = self.next_due_delay()
+            if due is not None:
+                wait = min(wait, due + 0.001)
+            waker.wait(max(wait, 0.0))
+            # Woken or not (then this is the safety poll): look at every queue again.
+            self.notified(None)
+
+    def close_connection(self, connection: Any) -> None:
+        self.closing_connection = True  # no more offers: what they bring is released below
+        self.refill.finish()
+        try:
+            self.acks.flush(in_background=False)
+        except Exception:
+            logger.warning("sqlease: could not write deferred acks at close", exc_info=True)
+        try:
+            super().close_connection(connection)
+            self.handoffs.release_at_close()
+        finally:
+            self.loop.unregister()
+            if self._maintenance is not None:
+                self._maintenance.stop()
+                self._maintenance = None
+            self.refill.stop()
+            if self._waker is not None:
+                self._waker.close()
+                self._waker = None
+
+    def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
+        if "://" not in (uri or ""):
+            # after Connection.switch() (failover) the client holds the URL in parts
+            text = "sqlease+" + self.url.render_as_string(hide_password=False)
+        else:
+            prefix = "" if uri.startswith("sqlease") else "sqlease+"
+            text = prefix + uri
+        return text if include_password else display_url(text)
