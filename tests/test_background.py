@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from sqlease.background import BackgroundCalls, Job, Outcome, run_each
+from sqlease.transport._background import BackgroundCalls, Done, Job, run_each
 
 
 @pytest.mark.timeout(10)
@@ -50,7 +50,7 @@ def test_calls_waiting_together_are_combined() -> None:
     gate = threading.Event()
     batches: list[list[str]] = []
 
-    def combine(jobs: list[Job]) -> list[Outcome]:
+    def combine(jobs: list[Job]) -> list[Done]:
         batches.append([job.key for job in jobs])
         return run_each(jobs)
 
@@ -75,7 +75,7 @@ def test_calls_waiting_together_are_combined() -> None:
 
 @pytest.mark.timeout(10)
 def test_a_failing_combiner_fails_every_call_of_its_batch() -> None:
-    def combine(jobs: list[Job]) -> list[Outcome]:
+    def combine(jobs: list[Job]) -> list[Done]:
         raise ConnectionError("gone")
 
     calls = BackgroundCalls(lambda: None, combine)

@@ -1,12 +1,12 @@
 """A busy worker's claims and acks, sent without blocking its event loop (PostgreSQL).
 
-The transport runs in a real Kombu ``Hub`` here, as in a Celery worker: once tasks are held, the
-refill claim and the acks waiting with it go out as one statement that the loop sends and whose
-rows it reads when the socket is readable (sqlease.loop_calls); with a psycopg whose statement
-generator is not there, a background thread runs it instead (sqlease.background). Every test
-runs with both. What was claimed is delivered on the loop's thread. A connection closed while
-such a claim is under way gives its messages back at once (invariant 8), with the attempt
-refunded.
+The transport runs in a real Kombu ``Hub`` here, as in a Celery worker: once tasks are held,
+the refill claim and the acks waiting with it go out as one statement that the loop sends and
+whose rows it reads when the socket is readable (sqlease.transport._loop_calls); with a psycopg
+whose statement generator is not there, a background thread runs it instead
+(sqlease.transport._background). Every test runs with both. What was claimed is delivered on
+the loop's thread. A connection closed while such a claim is under way gives its messages back
+at once (invariant 8), with the attempt refunded.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from kombu.message import Message
 import sqlease.transport as transport_module
 from sqlease import Store
 from sqlease._db.driver import Lane
-from sqlease.background import BackgroundCalls
-from sqlease.loop_calls import LoopCalls
+from sqlease.transport._background import BackgroundCalls
+from sqlease.transport._loop_calls import LoopCalls
 
 from .test_kombu import _consuming, attempt_of, leased_rows, msg_id, publish, rows
 

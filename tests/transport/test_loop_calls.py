@@ -1,4 +1,4 @@
-"""sqlease.loop_calls on its own (PostgreSQL): statements a Kombu ``Hub`` sends and reads
+"""sqlease.transport._loop_calls on its own (PostgreSQL): statements a Kombu ``Hub`` sends and reads
 without waiting for them, on one kept connection; errors come back as outcomes, as the
 background thread's do, and a dropped connection is replaced."""
 
@@ -15,12 +15,12 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
 from conftest import unique_prefix
-from sqlease import loop_calls
 from sqlease._db.driver import Lane, Op
 from sqlease._db.postgresql.fastpath import NONBLOCKING, FastPath
-from sqlease.background import Job, Outcome
-from sqlease.loop_calls import LoopCalls
 from sqlease.store import Fence, NewMessage, Store
+from sqlease.transport import _loop_calls as loop_calls
+from sqlease.transport._background import Done, Job
+from sqlease.transport._loop_calls import LoopCalls
 
 from .test_background_claims import hub, run_until
 
@@ -45,10 +45,10 @@ def store(pg_database_url: str) -> Store:
     return store
 
 
-def acks(store: Store) -> Callable[[list[Job]], Op[list[Outcome]] | None]:
+def acks(store: Store) -> Callable[[list[Job]], Op[list[Done]] | None]:
     """Each job's context holds fences: all of them acked in one statement."""
 
-    def prepare(jobs: list[Job]) -> Op[list[Outcome]] | None:
+    def prepare(jobs: list[Job]) -> Op[list[Done]] | None:
         fences = [f for job in jobs for f in job.context["fences"]]
         prepared = store.ack_op(fences)
         if prepared is None or not prepared.sendable or prepared.finish is None:
@@ -58,15 +58,15 @@ def acks(store: Store) -> Callable[[list[Job]], Op[list[Outcome]] | None]:
             prepared.lane,
             prepared.statement,
             prepared.params,
-            lambda rows: [Outcome(j.key, value=acked(rows)) for j in jobs],
+            lambda rows: [Done(j.key, value=acked(rows)) for j in jobs],
         )
 
     return prepare
 
 
-def fails(store: Store) -> Callable[[list[Job]], Op[list[Outcome]]]:
-    def prepare(jobs: list[Job]) -> Op[list[Outcome]]:
-        return Op(Lane.LEASES, DIVISION_BY_ZERO, {}, lambda rows: [Outcome(j.key) for j in jobs])
+def fails(store: Store) -> Callable[[list[Job]], Op[list[Done]]]:
+    def prepare(jobs: list[Job]) -> Op[list[Done]]:
+        return Op(Lane.LEASES, DIVISION_BY_ZERO, {}, lambda rows: [Done(j.key) for j in jobs])
 
     return prepare
 
@@ -76,7 +76,7 @@ def leased(store: Store, count: int) -> list[Fence]:
     return [m.fence for m in store.claim(["q"], "w", lease_ms=60_000, limit=count)]
 
 
-def never(jobs: list[Job]) -> list[Outcome]:
+def never(jobs: list[Job]) -> list[Done]:
     raise AssertionError("ran blocking")
 
 
@@ -193,9 +193,9 @@ def test_calls_that_are_not_one_statement_run_through_combine(store: Store, hub:
     assert store.driver.lane(Lane.LEASES) is not None
     ran: list[list[Any]] = []
 
-    def combine(jobs: list[Job]) -> list[Outcome]:
+    def combine(jobs: list[Job]) -> list[Done]:
         ran.append([j.key for j in jobs])
-        return [Outcome(j.key, value="combined") for j in jobs]
+        return [Done(j.key, value="combined") for j in jobs]
 
     calls = LoopCalls(hub, store.driver.lane(Lane.LEASES), lambda: None, lambda jobs: None, combine)
     calls.submit("a", lambda: None)

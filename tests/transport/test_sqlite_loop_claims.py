@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kombu.asynchronous import Hub
 
-import sqlease.transport.acks as acks_module
+import sqlease.transport._acks as acks_module
 from sqlease import Store
 
 from .test_background_claims import Connect, holding_eight, hub, run_until, threads_of

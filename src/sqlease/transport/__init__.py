@@ -35,8 +35,8 @@ from sqlease._registry import CONNECT_RETRY_SECONDS, store_for
 # ``sqlease.transport.NONBLOCKING = False`` (the benchmarks, the tests) puts a busy worker's
 # statements on a thread instead of the event loop.
 from sqlease.delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY, fence_of
-from sqlease.transport.channel import Channel
-from sqlease.transport.transport import Transport
+from sqlease.transport._channel import Channel
+from sqlease.transport._transport import Transport
 
 __all__ = [
     "ATTEMPT_KEY",

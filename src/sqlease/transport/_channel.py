@@ -12,14 +12,14 @@ from kombu.transport import virtual
 from sqlease._core.heartbeat import heartbeat
 from sqlease.delivery import fence_of
 from sqlease.store import Message, Store
-from sqlease.transport.acks import report_refused_ack
-from sqlease.transport.codec import decode
-from sqlease.transport.control import durable_revoke
-from sqlease.transport.drain import ChannelDrain
-from sqlease.transport.qos import QoS
+from sqlease.transport._acks import report_refused_ack
+from sqlease.transport._codec import decode
+from sqlease.transport._control import durable_revoke
+from sqlease.transport._drain import ChannelDrain
+from sqlease.transport._qos import QoS
 
 if TYPE_CHECKING:
-    from sqlease.transport.transport import Transport
+    from sqlease.transport._transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Channel(virtual.Channel):
 
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
-        #: What this channel knows of its queues (sqlease.transport.drain).
+        #: What this channel knows of its queues (sqlease.transport._drain).
         self.drain = ChannelDrain()
 
     @property

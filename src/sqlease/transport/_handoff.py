@@ -14,11 +14,11 @@ from sqlease._core.handoff import Handoff
 from sqlease._core.heartbeat import heartbeat
 from sqlease._db.wakeup import PostgresListener
 from sqlease.store import Fence
-from sqlease.transport.completion import hold
+from sqlease.transport._completion import hold
 
 if TYPE_CHECKING:
-    from sqlease.transport.channel import Channel
-    from sqlease.transport.transport import Transport
+    from sqlease.transport._channel import Channel
+    from sqlease.transport._transport import Transport
 
 logger = logging.getLogger(__name__)
 

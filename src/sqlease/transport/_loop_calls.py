@@ -1,12 +1,12 @@
 """A busy worker's refill claims and acks, sent by its event loop without waiting for them.
 
-The loop must never wait for a commit: a pool process that finished its task would wait with
-it for its next job. ``BackgroundCalls`` (sqlease.background) hides that wait on a thread of its
-own, but in CPython the thread shares the loop's GIL: every time the statement's client code
-wants the GIL back, it waits for the busy loop to let go of it, and the measured cost of one
-combined ack + claim doubled beside a busy loop (150 -> 340 us of client CPU). Here the loop
-itself sends the statement on a connection it keeps, watches the socket like any other, and
-reads the rows when they arrive: no second thread, no GIL handoffs.
+The loop must never wait for a commit: a pool process that finished its task would wait with it
+for its next job. ``BackgroundCalls`` (sqlease.transport._background) hides that wait on a
+thread of its own, but in CPython the thread shares the loop's GIL: every time the statement's
+client code wants the GIL back, it waits for the busy loop to let go of it, and the measured
+cost of one combined ack + claim doubled beside a busy loop (150 -> 340 us of client CPU). Here
+the loop itself sends the statement on a connection it keeps, watches the socket like any
+other, and reads the rows when they arrive: no second thread, no GIL handoffs.
 
 The interface is BackgroundCalls': ``submit`` calls, ``collect`` their outcomes after
 ``notify`` (the loop's self-pipe). Waiting calls go out together in one statement when the one
@@ -37,7 +37,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlease._db.driver import Op
 from sqlease._db.postgresql.fastpath import WAIT_READ, WAIT_WRITE, FastPath, Sending
 from sqlease._db.retry import RETRY_SECONDS
-from sqlease.background import Job, Outcome
+from sqlease.transport._background import Done, Job
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +48,8 @@ class LoopCalls:
         hub: Any,
         fast: FastPath,
         notify: Callable[[], None],
-        prepare: Callable[[list[Job]], Op[list[Outcome]] | None],
-        combine: Callable[[list[Job]], list[Outcome]],
+        prepare: Callable[[list[Job]], Op[list[Done]] | None],
+        combine: Callable[[list[Job]], list[Done]],
     ) -> None:
         self._hub = hub
         self._fast = fast
@@ -57,18 +57,18 @@ class LoopCalls:
         self._prepare = prepare
         self._combine = combine
         self._waiting: list[Job] = []
-        self._done: deque[Outcome] = deque()
+        self._done: deque[Done] = deque()
         #: The statement under way: how it is going, its jobs, what its rows mean, and until
         #: when (with what next delay) a dropped connection is ridden out.
         self._sending: (
-            tuple[Sending, list[Job], Op[list[Outcome]], float, float] | None
+            tuple[Sending, list[Job], Op[list[Done]], float, float] | None
         ) = None
         self._fairy: Any = None
         #: The socket registered with the hub, and whether for writing (else reading).
         self._watched: tuple[int, bool] | None = None
         #: A statement to send again once the backoff passed: its jobs, itself, the deadline,
         #: the next delay, and the hub's timer.
-        self._retry: tuple[list[Job], Op[list[Outcome]], float, float, Any] | None = None
+        self._retry: tuple[list[Job], Op[list[Done]], float, float, Any] | None = None
 
     def submit(self, key: Any, call: Callable[[], Any], **context: Any) -> None:
         self._waiting.append(Job(key, call, context))
@@ -79,7 +79,7 @@ class LoopCalls:
     def _busy(self) -> bool:
         return self._sending is not None or self._retry is not None
 
-    def collect(self) -> list[Outcome]:
+    def collect(self) -> list[Done]:
         """The calls finished since the last collect, oldest first."""
         done = list(self._done)
         self._done.clear()
@@ -138,7 +138,7 @@ class LoopCalls:
             self._send(jobs, prepared, time.monotonic() + RETRY_SECONDS, 0.05)
 
     def _send(
-        self, jobs: list[Job], prepared: Op[list[Outcome]], deadline: float, delay: float
+        self, jobs: list[Job], prepared: Op[list[Done]], deadline: float, delay: float
     ) -> None:
         assert prepared.statement is not None  # the runner is handed sendable ops only
         try:
@@ -158,7 +158,7 @@ class LoopCalls:
         self,
         jobs: list[Job],
         exc: BaseException,
-        again: tuple[Op[list[Outcome]], float, float] | None = None,
+        again: tuple[Op[list[Done]], float, float] | None = None,
     ) -> None:
         """Every call reports ``exc``; unless the connection dropped (or could not be made)
         and there is time left: then the statement goes out again after a backoff."""
@@ -173,7 +173,7 @@ class LoopCalls:
                 timer = self._hub.call_later(delay, self._send_again)
                 self._retry = (jobs, prepared, deadline, min(delay * 2, 1.0), timer)
                 return
-        self._finished([Outcome(job.key, error=exc, context=job.context) for job in jobs])
+        self._finished([Done(job.key, error=exc, context=job.context) for job in jobs])
 
     def _send_again(self) -> None:
         if self._retry is None:
@@ -213,11 +213,11 @@ class LoopCalls:
             try:
                 outcomes = prepared.finish(sending.rows)
             except BaseException as exc:
-                outcomes = [Outcome(job.key, error=exc, context=job.context) for job in jobs]
+                outcomes = [Done(job.key, error=exc, context=job.context) for job in jobs]
             self._finished(outcomes)
         self._send_waiting()
 
-    def _finished(self, outcomes: list[Outcome]) -> None:
+    def _finished(self, outcomes: list[Done]) -> None:
         self._done.extend(outcomes)
         self._notify()
 

@@ -14,7 +14,7 @@ from sqlease._core.heartbeat import heartbeat
 from sqlease.store import Message
 
 if TYPE_CHECKING:
-    from sqlease.transport.transport import Transport
+    from sqlease.transport._transport import Transport
 
 logger = logging.getLogger(__name__)
 

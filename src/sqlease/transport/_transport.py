@@ -26,15 +26,15 @@ from sqlease._registry import CONNECT_RETRY_SECONDS, store_for
 from sqlease.errors import ConfigurationError, DatabaseUnavailable
 from sqlease.options import TransportOptions
 from sqlease.store import Message, Store
-from sqlease.transport.acks import AckBatcher
-from sqlease.transport.channel import Channel
-from sqlease.transport.codec import new_message
-from sqlease.transport.completion import record_exhausted
-from sqlease.transport.drain import DrainState
-from sqlease.transport.handoff import Handoffs
-from sqlease.transport.loop import EventLoop
-from sqlease.transport.refill import Refill
-from sqlease.transport.runners import Leases
+from sqlease.transport._acks import AckBatcher
+from sqlease.transport._channel import Channel
+from sqlease.transport._codec import new_message
+from sqlease.transport._completion import record_exhausted
+from sqlease.transport._drain import DrainState
+from sqlease.transport._handoff import Handoffs
+from sqlease.transport._loop import EventLoop
+from sqlease.transport._refill import Refill
+from sqlease.transport._runners import Leases
 from sqlease.urls import client_url, display_url, to_sqlalchemy_url
 
 logger = logging.getLogger(__name__)

@@ -1,12 +1,12 @@
 """The transport's hot statements (claims, takes, acks, the idle worker's offers) and the
 runner that sends a busy worker's claims and acks without blocking its event loop.
 
-Every call the transport makes to the store's claim, take and ack operations is in ``Leases``: run
-now (``claim``, ``ack``, …) or, where it is one statement, the same op for the event loop to
-send (``prepare``). Two runners, one protocol: ``LoopCalls`` (sqlease.loop_calls) sends the prepared
-statement from the event loop itself and reads its rows when the socket is readable;
-``BackgroundCalls`` (sqlease.background) runs the calls on a thread, for a psycopg without the
-statement generator the loop drives.
+Every call the transport makes to the store's claim, take and ack operations is in ``Leases``:
+run now (``claim``, ``ack``, …) or, where it is one statement, the same op for the event loop
+to send (``prepare``). Two runners, one protocol: ``LoopCalls`` (sqlease.transport._loop_calls)
+sends the prepared statement from the event loop itself and reads its rows when the socket is
+readable; ``BackgroundCalls`` (sqlease.transport._background) runs the calls on a thread, for a
+psycopg without the statement generator the loop drives.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlease._db.driver import Lane, Op
-from sqlease.background import BackgroundCalls, Job, Outcome
-from sqlease.loop_calls import LoopCalls
 from sqlease.store import Fence, Message
-from sqlease.transport.completion import hold
+from sqlease.transport._background import BackgroundCalls, Done, Job
+from sqlease.transport._completion import hold
+from sqlease.transport._loop_calls import LoopCalls
 
 if TYPE_CHECKING:
-    from sqlease.transport.transport import Transport
+    from sqlease.transport._transport import Transport
 
 #: The key of ack writes on the runner (claims are keyed by their channel).
 ACKS: Any = object()
@@ -34,7 +34,7 @@ class Runner(Protocol):
 
     def submit(self, key: Any, call: Callable[[], Any], **context: Any) -> None: ...
 
-    def collect(self) -> list[Outcome]: ...
+    def collect(self) -> list[Done]: ...
 
     @property
     def pending(self) -> bool: ...
@@ -123,7 +123,7 @@ class Leases:
             on_exit=None if fast is None else fast.release_thread,
         )
 
-    def combine(self, jobs: list[Job]) -> list[Outcome]:
+    def combine(self, jobs: list[Job]) -> list[Done]:
         """The waiting calls, run now (on the background thread, or in the loop where they
         are not one statement): the acks of every waiting call are written with the first
         waiting claim, in one statement (or together, when no claim waits)."""
@@ -136,10 +136,10 @@ class Leases:
             else:
                 acked, claimed, short = (self.ack(fences) if fences else set()), [], False
         except BaseException as exc:  # none of it is known to be written: all report it
-            return [Outcome(job.key, error=exc, context=job.context) for job in jobs]
+            return [Done(job.key, error=exc, context=job.context) for job in jobs]
         return _outcomes(jobs, first, acked, claimed, short=short)
 
-    def prepare(self, jobs: list[Job]) -> Op[list[Outcome]] | None:
+    def prepare(self, jobs: list[Job]) -> Op[list[Done]] | None:
         """The same as one statement for the loop to send (None where it is not one)."""
         transport = self._transport
         fences, first = _acks_and_first_claim(jobs)
@@ -153,7 +153,7 @@ class Leases:
         if op is None or not op.sendable:
             return None
 
-        def outcomes(found: tuple[set[int], list[Message]]) -> list[Outcome]:
+        def outcomes(found: tuple[set[int], list[Message]]) -> list[Done]:
             acked, messages = found
             # Never "short" when acks went with the claim (see claim_with_acks).
             short = not fences and len(messages) < limit
@@ -171,14 +171,14 @@ def _acks_and_first_claim(jobs: list[Job]) -> tuple[list[Fence], Job | None]:
 
 def _outcomes(
     jobs: list[Job], first: Job | None, acked: set[int], claimed: list[Message], *, short: bool
-) -> list[Outcome]:
+) -> list[Done]:
     """One outcome per waiting call, once the acks went with the first claim's statement."""
-    outcomes: list[Outcome] = []
+    outcomes: list[Done] = []
     for job in jobs:
         if job is first:
-            outcome = Outcome(job.key, value=(claimed, short), context=job.context)
+            outcome = Done(job.key, value=(claimed, short), context=job.context)
         elif job.key is ACKS:
-            outcome = Outcome(job.key, context=job.context)
+            outcome = Done(job.key, context=job.context)
         else:
             outcome = job.run()  # a second claim (another channel): on its own
         outcome.acked = acked

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from sqlease import revokes
 
 if TYPE_CHECKING:
-    from sqlease.transport.transport import Transport
+    from sqlease.transport._transport import Transport
 
 logger = logging.getLogger(__name__)
 

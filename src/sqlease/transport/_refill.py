@@ -9,13 +9,13 @@ import threading
 from typing import TYPE_CHECKING
 
 from sqlease._core.heartbeat import heartbeat
-from sqlease.loop_calls import LoopCalls
 from sqlease.store import Message
-from sqlease.transport.runners import ACKS, Runner
+from sqlease.transport._loop_calls import LoopCalls
+from sqlease.transport._runners import ACKS, Runner
 
 if TYPE_CHECKING:
-    from sqlease.transport.channel import Channel
-    from sqlease.transport.transport import Transport
+    from sqlease.transport._channel import Channel
+    from sqlease.transport._transport import Transport
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from sqlease.store import Fence, Store
-from sqlease.transport.runners import ACKS
+from sqlease.transport._runners import ACKS
 
 if TYPE_CHECKING:
-    from sqlease.transport.transport import Transport
+    from sqlease.transport._transport import Transport
 
 logger = logging.getLogger(__name__)
 

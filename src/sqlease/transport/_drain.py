@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sqlease.transport.transport import Transport
+    from sqlease.transport._transport import Transport
 
 #: SQLite: the longest a consumer that never acks (remote control, events) waits between looks
 #: while its queues are empty. (PostgreSQL looks when a notification names one of its queues,

@@ -19,8 +19,9 @@ from typing import Any
 
 
 @dataclass
-class Outcome:
-    """A finished call: ``value`` if it returned, ``error`` if it raised."""
+class Done:
+    """A finished call: ``value`` if it returned, ``error`` if it raised (what a runner hands
+    back to the loop thread; not a database outcome, see ``sqlease.Outcome``)."""
 
     key: Any
     value: Any = None
@@ -36,14 +37,14 @@ class Job:
     call: Callable[[], Any]
     context: dict[str, Any]
 
-    def run(self) -> Outcome:
+    def run(self) -> Done:
         try:
-            return Outcome(self.key, value=self.call(), context=self.context)
+            return Done(self.key, value=self.call(), context=self.context)
         except BaseException as exc:  # handed to the loop thread, which raises it there
-            return Outcome(self.key, error=exc, context=self.context)
+            return Done(self.key, error=exc, context=self.context)
 
 
-def run_each(jobs: list[Job]) -> list[Outcome]:
+def run_each(jobs: list[Job]) -> list[Done]:
     return [job.run() for job in jobs]
 
 
@@ -57,7 +58,7 @@ class BackgroundCalls:
     def __init__(
         self,
         notify: Callable[[], None],
-        combine: Callable[[list[Job]], list[Outcome]] = run_each,
+        combine: Callable[[list[Job]], list[Done]] = run_each,
         name: str = "sqlease-claims",
         on_start: Callable[[], None] | None = None,
         on_exit: Callable[[], None] | None = None,
@@ -68,7 +69,7 @@ class BackgroundCalls:
         self._on_exit = on_exit
         self._name = name
         self._jobs: SimpleQueue[Job | None] = SimpleQueue()
-        self._done: deque[Outcome] = deque()
+        self._done: deque[Done] = deque()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._running = 0  # submitted and not yet finished
@@ -82,9 +83,9 @@ class BackgroundCalls:
                 self._thread.start()
         self._jobs.put(Job(key, call, context))
 
-    def collect(self) -> list[Outcome]:
+    def collect(self) -> list[Done]:
         """The calls finished since the last collect, oldest first."""
-        done: list[Outcome] = []
+        done: list[Done] = []
         while True:
             try:
                 done.append(self._done.popleft())
@@ -138,7 +139,7 @@ class BackgroundCalls:
             try:
                 outcomes = self._combine(jobs)
             except BaseException as exc:
-                outcomes = [Outcome(job.key, error=exc, context=job.context) for job in jobs]
+                outcomes = [Done(job.key, error=exc, context=job.context) for job in jobs]
             self._done.extend(outcomes)
             with self._idle:
                 self._running -= len(jobs)

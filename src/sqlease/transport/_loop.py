@@ -20,8 +20,8 @@ from sqlease._db.wakeup import PostgresListener
 from sqlease.store import Message
 
 if TYPE_CHECKING:
-    from sqlease.transport.channel import Channel
-    from sqlease.transport.transport import Transport
+    from sqlease.transport._channel import Channel
+    from sqlease.transport._transport import Transport
 
 logger = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from sqlease._core.heartbeat import heartbeat
 from sqlease.delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY
 from sqlease.errors import ConfigurationError
 from sqlease.store import Message, NewMessage
-from sqlease.transport.completion import record_failure
-from sqlease.transport.control import forward_revoke
+from sqlease.transport._completion import record_failure
+from sqlease.transport._control import forward_revoke
 
 if TYPE_CHECKING:
-    from sqlease.transport.transport import Transport
+    from sqlease.transport._transport import Transport
 
 logger = logging.getLogger(__name__)
 
