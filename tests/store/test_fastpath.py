@@ -1,7 +1,7 @@
 """The PostgreSQL hot path (enqueue, claim, ack and result writes straight through psycopg)
 behaves as the SQLAlchemy path does when the database misbehaves: a dropped connection is
 retried on a fresh one and other errors are SQLAlchemy's. (A refusal becoming the same
-sqlease error: tests/reliability/test_bad_input.py, whose claim takes this path.)"""
+sqlease error: tests/store/test_bad_input.py, whose claim takes this path.)"""
 
 from __future__ import annotations
 
