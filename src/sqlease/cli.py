@@ -135,8 +135,8 @@ def _run(args: argparse.Namespace) -> int:
         return run(args.dir)
     if command == "migrate":
         from sqlease._db.engine import get_engine
-        from sqlease._db.schema import build_tables
-        from sqlease._db.schema import migrate as do_migrate
+        from sqlease._db.migrations import migrate as do_migrate
+        from sqlease._db.tables import build_tables
         from sqlease.urls import strip_prefix
 
         version = do_migrate(get_engine(strip_prefix(_url(args))), build_tables(args.table_prefix))
@@ -147,7 +147,7 @@ def _run(args: argparse.Namespace) -> int:
 
         from sqlease._db.engine import get_engine
         from sqlease._db.roles import worker_grants
-        from sqlease._db.schema import build_tables
+        from sqlease._db.tables import build_tables
         from sqlease.urls import strip_prefix
 
         statements = worker_grants(build_tables(args.table_prefix), args.role, schema=args.schema)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlease._db.schema import validate_prefix
+from sqlease._db.tables import validate_prefix
 from sqlease.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)

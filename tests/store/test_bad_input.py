@@ -27,8 +27,8 @@ from sqlease import (
     SchemaVersionMismatch,
     Store,
 )
+from sqlease._db.migrations import CURRENT_VERSION
 from sqlease._db.roles import worker_grants
-from sqlease._db.schema import CURRENT_VERSION
 
 
 def test_newer_schema_is_refused(make_store: Any) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import unique_prefix
 from sqlease import Store
-from sqlease._db.schema import CURRENT_VERSION, read_version
+from sqlease._db.migrations import CURRENT_VERSION, read_version
 
 
 def _open(url: str, prefix: str) -> int:
@@ -92,7 +92,7 @@ def test_a_version_4_database_gets_the_offers_number_and_handed_mark(db_url: str
     columns and, on PostgreSQL, the sequence at the next start."""
     from sqlalchemy import inspect, text, update
 
-    from sqlease._db.schema import offers_sequence
+    from sqlease._db.tables import offers_sequence
 
     prefix = unique_prefix()
     old = Store(db_url, table_prefix=prefix)

@@ -24,7 +24,7 @@ PREFIX = "sqlease_"
 
 def _statements(name: str) -> dict[str, str | None]:
     from sqlease._db.dialects import statements_for
-    from sqlease._db.schema import build_tables
+    from sqlease._db.tables import build_tables
 
     sql = statements_for(name, build_tables(PREFIX))
     rendered: dict[str, str | None] = {}
@@ -39,7 +39,7 @@ def _statements(name: str) -> dict[str, str | None]:
 
 
 def _ddl(name: str) -> dict[str, str]:
-    from sqlease._db.schema import build_tables
+    from sqlease._db.tables import build_tables
 
     tables = build_tables(PREFIX)
     dialect = DIALECTS[name]

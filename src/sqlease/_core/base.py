@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 
 from sqlease._db.driver import Driver, event_params
 from sqlease._db.retry import transient
-from sqlease._db.schema import Tables
+from sqlease._db.tables import Tables
 from sqlease.types import Fence
 
 if TYPE_CHECKING:

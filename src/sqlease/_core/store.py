@@ -14,8 +14,9 @@ from sqlease._core.transitions import Transitions
 from sqlease._db.connect import driver_for
 from sqlease._db.dialects import dialect_for
 from sqlease._db.engine import get_engine
+from sqlease._db.migrations import ensure_schema
 from sqlease._db.retry import RETRY_SECONDS, retry_transient
-from sqlease._db.schema import build_tables, ensure_schema
+from sqlease._db.tables import build_tables
 from sqlease.errors import ConfigurationError
 
 

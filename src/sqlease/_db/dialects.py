@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlease._db import postgresql, sqlite
-from sqlease._db.schema import Tables
 from sqlease._db.statements import Capabilities, Statements
+from sqlease._db.tables import Tables
 
 
 @dataclass(frozen=True, slots=True)

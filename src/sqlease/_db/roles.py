@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from sqlease._db.schema import Tables
+from sqlease._db.tables import Tables
 from sqlease.errors import ConfigurationError
 
 _ROLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")

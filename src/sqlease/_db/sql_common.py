@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import TextClause, text
 
-from sqlease._db.schema import Tables
+from sqlease._db.tables import Tables
 
 #: The message columns a claim or a take returns, in order.
 SELECT_COLS = (

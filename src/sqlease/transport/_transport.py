@@ -156,7 +156,8 @@ class Transport(virtual.Transport):
         if not self.is_postgresql:
             # A SQLite writer holds the file's write lock: creating sqlease's tables (or
             # switching the file to WAL) from another connection now would wait it out.
-            from sqlease._db.schema import build_tables, read_version
+            from sqlease._db.migrations import read_version
+            from sqlease._db.tables import build_tables
 
             if read_version(conn, build_tables(self.options.table_prefix)) is None:
                 raise ConfigurationError(

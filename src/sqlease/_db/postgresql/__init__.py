@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlease._db import sql_common as c
 from sqlease._db.postgresql import events, leases, messages, offers, results
 from sqlease._db.postgresql.dialect import CAPABILITIES, GREATEST, NOW, ROW_PREFIX
-from sqlease._db.schema import Tables
 from sqlease._db.statements import Statements
+from sqlease._db.tables import Tables
 
 __all__ = ["CAPABILITIES", "statements"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sqlease._db.schema import Tables
 from sqlease._db.statements import Capabilities
+from sqlease._db.tables import Tables
 
 CAPABILITIES = Capabilities(one_statement=True, offers=True, notifications=True, batch_events=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
-from sqlease._db.schema import Tables
+from sqlease._db.tables import Tables
 
 
 def _expanded(t: Tables) -> str:

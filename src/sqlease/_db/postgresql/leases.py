@@ -15,7 +15,7 @@ from sqlease._db.postgresql.dialect import (
     batch_event,
     each_queue,
 )
-from sqlease._db.schema import Tables
+from sqlease._db.tables import Tables
 
 
 def _candidates(t: Tables, queue: str) -> str:

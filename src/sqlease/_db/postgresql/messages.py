@@ -6,7 +6,7 @@ from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
 from sqlease._db.postgresql.dialect import NOW, each_queue
-from sqlease._db.schema import Tables
+from sqlease._db.tables import Tables
 
 #: A handed-off message travels whole in its notification when the text fits in this many
 #: bytes (PostgreSQL refuses a NOTIFY payload of 8000 bytes or more); otherwise only its id.

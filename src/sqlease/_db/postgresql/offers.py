@@ -10,7 +10,7 @@ from sqlalchemy import TextClause, text
 from sqlease._db.postgresql.dialect import NOW
 from sqlease._db.postgresql.leases import ack_ctes
 from sqlease._db.postgresql.messages import next_due_of_queues
-from sqlease._db.schema import Tables, offers_sequence
+from sqlease._db.tables import Tables, offers_sequence
 
 
 def offer_writes(

@@ -8,7 +8,7 @@ from sqlalchemy import TextClause, text
 from sqlease._db import sql_common as c
 from sqlease._db.postgresql.dialect import NOW
 from sqlease._db.postgresql.offers import offer_writes
-from sqlease._db.schema import Tables, offers_sequence
+from sqlease._db.tables import Tables, offers_sequence
 
 _COLS = "key, value, state, task_id, message_id, attempt, expires_at_ms, updated_at_ms"
 

@@ -7,10 +7,10 @@ locks its caller writes after a claim or a renewal."""
 from __future__ import annotations
 
 from sqlease._db import sql_common as c
-from sqlease._db.schema import Tables
 from sqlease._db.sqlite import events, leases, messages
 from sqlease._db.sqlite.dialect import CAPABILITIES, GREATEST, NOW, ROW_PREFIX
 from sqlease._db.statements import Statements
+from sqlease._db.tables import Tables
 
 __all__ = ["CAPABILITIES", "statements"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
-from sqlease._db.schema import Tables
 from sqlease._db.sqlite.dialect import FENCES, GREATEST, NOW, QUEUES_IN, ROW_PREFIX
+from sqlease._db.tables import Tables
 
 _EXHAUSTED = "attempt >= max_attempts"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
-from sqlease._db.schema import Tables
 from sqlease._db.sqlite.dialect import NOW, QUEUES_IN, in_json
+from sqlease._db.tables import Tables
 
 
 def enqueue(t: Tables) -> TextClause:

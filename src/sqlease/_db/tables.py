@@ -1,15 +1,9 @@
-"""Tables, schema versions and migrations.
-
-The tables are SQLAlchemy Core objects built per ``table_prefix``; they are the single source
-of truth for the DDL. ``migrate()`` applies the numbered migrations below under a lock, so two
-processes starting at once never both create a table, and refuses a database that a newer
-sqlease has migrated.
-"""
+"""The tables: SQLAlchemy Core objects built per ``table_prefix``, the single source of truth
+for the DDL (migrations create them, see ``sqlease._db.migrations``)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import (
@@ -17,7 +11,6 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     Column,
-    Connection,
     Index,
     Integer,
     LargeBinary,
@@ -27,14 +20,10 @@ from sqlalchemy import (
     Table,
     Text,
     false,
-    inspect,
-    select,
-    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.engine import Engine
 
-from sqlease.errors import ConfigurationError, SchemaError, SchemaMissing, SchemaVersionMismatch
+from sqlease.errors import ConfigurationError
 
 _PREFIX_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
 
@@ -344,137 +333,6 @@ def batch_events_index(events: Table) -> Index:
     ).ddl_if(dialect="postgresql")
 
 
-def _migration_1(conn: Connection, tables: Tables) -> None:
-    tables.metadata.create_all(conn, checkfirst=True)
-
-
-def _migration_2(conn: Connection, tables: Tables) -> None:
-    # PostgreSQL: leave room on messages pages for HOT claims (pages written from now on; a
-    # VACUUM FULL or the table draining applies it to the rest). SQLite has no such setting.
-    if conn.dialect.name == "postgresql":
-        conn.execute(
-            text(f"ALTER TABLE {tables.messages.name} SET (fillfactor = {MESSAGES_FILLFACTOR})")
-        )
-
-
-def _migration_3(conn: Connection, tables: Tables) -> None:
-    # Batch events: columns listing the messages of one claim or ack (written on PostgreSQL,
-    # NULL on SQLite) and, on PostgreSQL, their GIN index. Only what is missing is added:
-    # a database made by migration 1 of this code already has them.
-    events = tables.events
-    present = {c["name"] for c in inspect(conn).get_columns(events.name)}
-    for name in ("task_ids", "message_ids", "attempts"):
-        if name not in present:
-            kind = events.c[name].type.compile(dialect=conn.dialect)
-            conn.execute(text(f"ALTER TABLE {events.name} ADD COLUMN {name} {kind}"))
-    batch_events_index(events).create(conn, checkfirst=True)
-
-
-def _migration_4(conn: Connection, tables: Tables) -> None:
-    # Handoff offers (a table and its index; unused on SQLite, created for one schema).
-    tables.offers.create(conn, checkfirst=True)
-    for index in tables.offers.indexes:
-        index.create(conn, checkfirst=True)
-
-
 def offers_sequence(tables: Tables) -> str:
     """The sequence whose numbers tell one live incarnation of an offer from another."""
     return tables.name("offers_seq")
-
-
-def _migration_5(conn: Connection, tables: Tables) -> None:
-    # Offers are marked handed instead of deleted, with the number of the write that made
-    # them live (see the offers table). Only what is missing is added: a database made by
-    # migration 1 of this code already has the columns.
-    offers = tables.offers
-    present = {c["name"] for c in inspect(conn).get_columns(offers.name)}
-    for name in ("offer_seq", "handed"):
-        if name not in present:
-            column = offers.c[name]
-            kind = column.type.compile(dialect=conn.dialect)
-            default = "0" if name == "offer_seq" else "false"
-            conn.execute(
-                text(
-                    f"ALTER TABLE {offers.name} ADD COLUMN {name} {kind} NOT NULL DEFAULT {default}"
-                )
-            )
-    if conn.dialect.name == "postgresql":
-        conn.execute(text(f"CREATE SEQUENCE IF NOT EXISTS {offers_sequence(tables)}"))
-
-
-# Each entry moves the schema from version N-1 to N. Append; never edit a released one.
-MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
-    _migration_1,
-    _migration_2,
-    _migration_3,
-    _migration_4,
-    _migration_5,
-]
-CURRENT_VERSION = len(MIGRATIONS)
-
-
-def read_version(conn: Connection, tables: Tables) -> int | None:
-    """The version recorded in the database, or None when sqlease's tables are absent."""
-    if not inspect(conn).has_table(tables.schema_version.name):
-        return None
-    row = conn.execute(select(tables.schema_version.c.version)).first()
-    return None if row is None else int(row[0])
-
-
-def _lock_for_migration(conn: Connection, tables: Tables) -> None:
-    if conn.dialect.name == "postgresql":
-        # Serialises concurrent migrators; released at commit. (SQLite: BEGIN IMMEDIATE
-        # already holds the database's write lock.)
-        conn.execute(
-            text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
-            {"key": f"sqlease-migrate:{tables.prefix}"},
-        )
-
-
-def migrate(engine: Engine, tables: Tables) -> int:
-    """Bring the schema to CURRENT_VERSION; safe to call from many processes at once."""
-    with engine.begin() as conn:
-        _lock_for_migration(conn, tables)
-        found = read_version(conn, tables) or 0
-        if found > CURRENT_VERSION:
-            raise SchemaVersionMismatch(found, CURRENT_VERSION)
-        for version in range(found + 1, CURRENT_VERSION + 1):
-            MIGRATIONS[version - 1](conn, tables)
-        if found == 0:
-            conn.execute(tables.schema_version.insert().values(id=1, version=CURRENT_VERSION))
-        elif found < CURRENT_VERSION:
-            conn.execute(tables.schema_version.update().values(version=CURRENT_VERSION))
-    return CURRENT_VERSION
-
-
-def check(engine: Engine, tables: Tables) -> None:
-    """Raise unless the database holds exactly the schema this code expects."""
-    with engine.connect() as conn:
-        conn.execution_options(sqlease_read_only=True)  # no write lock just to look
-        found = read_version(conn, tables)
-        conn.rollback()
-    if found is None:
-        raise SchemaMissing(
-            f"sqlease tables with prefix {tables.prefix!r} are missing; run "
-            "'sqlease migrate --url …' or enable auto_migrate"
-        )
-    if found > CURRENT_VERSION:
-        raise SchemaVersionMismatch(found, CURRENT_VERSION)
-    if found < CURRENT_VERSION:
-        raise SchemaError(
-            f"database schema version {found} is older than {CURRENT_VERSION}; run "
-            "'sqlease migrate --url …' or enable auto_migrate"
-        )
-
-
-def ensure_schema(engine: Engine, tables: Tables, *, auto_migrate: bool) -> None:
-    if auto_migrate:
-        with engine.connect() as conn:
-            conn.execution_options(sqlease_read_only=True)  # no write lock just to look
-            found = read_version(conn, tables)
-            conn.rollback()
-        if found == CURRENT_VERSION:
-            return
-        migrate(engine, tables)
-    else:
-        check(engine, tables)
