@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlease.errors import SqleaseError
@@ -127,142 +127,191 @@ def _out(args: argparse.Namespace, data: Any, human: str) -> None:
     print(json.dumps(data, indent=2, default=str) if args.json else human)
 
 
-def _run(args: argparse.Namespace) -> int:
-    command = args.command
-    if command == "demo":
-        from sqlease._demo import run
+def _demo(args: argparse.Namespace) -> int:
+    from sqlease._demo import run
 
-        return run(args.dir)
-    if command == "migrate":
-        from sqlease._db.engine import get_engine
-        from sqlease._db.migrations import migrate as do_migrate
-        from sqlease._db.tables import build_tables
-        from sqlease.urls import strip_prefix
+    return run(args.dir)
 
-        version = do_migrate(get_engine(strip_prefix(_url(args))), build_tables(args.table_prefix))
-        _out(args, {"schema_version": version}, f"schema at version {version}")
-        return 0
-    if command == "grant":
-        from sqlalchemy import text as sql_text
 
-        from sqlease._db.engine import get_engine
-        from sqlease._db.roles import worker_grants
-        from sqlease._db.tables import build_tables
-        from sqlease.urls import strip_prefix
+def _migrate(args: argparse.Namespace) -> int:
+    from sqlease._db.engine import get_engine
+    from sqlease._db.migrations import migrate as do_migrate
+    from sqlease._db.tables import build_tables
+    from sqlease.urls import strip_prefix
 
-        statements = worker_grants(build_tables(args.table_prefix), args.role, schema=args.schema)
-        if args.apply:
-            with get_engine(strip_prefix(_url(args))).begin() as conn:
-                for statement in statements:
-                    conn.execute(sql_text(statement))
-        _out(args, statements, ";\n".join(statements) + ";")
-        return 0
-    admin = _admin(args)
-    if command == "status":
-        stats = admin.stats()
-        rows = [{"queue": q, **v} for q, v in stats.items()]
-        _out(
-            args,
-            stats,
-            _table(
-                rows,
-                [
-                    "queue",
-                    "ready",
-                    "scheduled",
-                    "leased",
-                    "waiting",
-                    "paused",
-                    "dead",
-                    "oldest_ready_age_s",
-                ],
-            ),
-        )
-    elif command == "tasks":
-        found = [
-            t.to_dict()
-            for t in admin.tasks(
-                state=args.state, queue=args.queue, run_id=args.run_id, limit=args.limit
-            )
-        ]
-        _out(
-            args,
-            found,
-            _table(
-                found, ["task_id", "state", "reason", "attempt", "queue", "run_id", "last_error"]
-            ),
-        )
-    elif command == "show":
-        snap = admin.task(args.task_id).to_dict()
-        lines = [
-            f"{k}: {snap[k]}"
-            for k in (
-                "task_id",
-                "state",
-                "reason",
-                "attempt",
-                "max_attempts",
-                "queue",
-                "run_id",
-                "lease_owner",
-                "lease_expires_at_ms",
-                "last_error",
-                "result_state",
-                "waiting",
-            )
-        ]
-        lines.append(f"checkpoint: {json.dumps(snap['checkpoint'])}")
-        for step in snap["steps"]:
-            lines.append(f"step {step['name']}: {step['status']} (attempt {step['attempt']})")
-        lines.append("events:")
-        lines.append(_table(snap["events"], ["id", "kind", "attempt", "at_ms", "data"]))
-        _out(args, snap, "\n".join(lines))
-    elif command in ("pause", "resume", "cancel"):
-        if bool(args.task_id) == bool(args.run_id):
-            print(f"sqlease {command}: give a TASK_ID or --run RUN_ID (not both)", file=sys.stderr)
-            raise SystemExit(2)
-        kwargs: dict[str, Any] = {"run_id": args.run_id}
-        if command == "cancel":
-            kwargs["reason"] = args.reason
-        count = getattr(admin, command)(args.task_id, **kwargs)
-        _out(args, {command: count}, f"{command}: {count} task(s)")
-    elif command == "requeue":
-        admin.requeue(args.task_id, max_attempts=args.max_attempts)
-        _out(args, {"requeued": args.task_id}, f"requeued {args.task_id}")
-    elif command == "input":
-        text = args.data
-        if text.startswith("@"):
-            with open(text[1:], encoding="utf-8") as handle:
-                text = handle.read()
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            print(f"sqlease input: the answer is not valid JSON: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
-        admin.provide_input(args.task_id, data)
-        _out(args, {"answered": args.task_id}, f"input given to {args.task_id}")
-    elif command == "approve":
-        admin.approve(args.task_id, args.note)
-        _out(args, {"approved": args.task_id}, f"approved {args.task_id}")
-    elif command == "reject":
-        admin.reject(args.task_id, args.reason)
-        _out(args, {"rejected": args.task_id}, f"rejected {args.task_id}")
-    elif command == "maintain":
-        from sqlease._core.maintenance import acquire, run_pass
-
-        store = admin.store
-        if not acquire(store, f"cli:{os.getpid()}", 300_000, store.now_ms()):
-            print(
-                "sqlease maintain: a worker is running the maintenance pass now; try later",
-                file=sys.stderr,
-            )
-            return 1
-        summary = run_pass(store, event_retention_ms=int(args.retention_days * 86_400_000))
-        _out(args, summary, "\n".join(f"{k}: {v}" for k, v in sorted(summary.items())))
-    elif command == "purge":
-        count = admin.purge(args.queue)
-        _out(args, {"purged": count}, f"purged {count} task(s) from {args.queue}")
+    version = do_migrate(get_engine(strip_prefix(_url(args))), build_tables(args.table_prefix))
+    _out(args, {"schema_version": version}, f"schema at version {version}")
     return 0
+
+
+def _grant(args: argparse.Namespace) -> int:
+    from sqlalchemy import text as sql_text
+
+    from sqlease._db.engine import get_engine
+    from sqlease._db.roles import worker_grants
+    from sqlease._db.tables import build_tables
+    from sqlease.urls import strip_prefix
+
+    statements = worker_grants(build_tables(args.table_prefix), args.role, schema=args.schema)
+    if args.apply:
+        with get_engine(strip_prefix(_url(args))).begin() as conn:
+            for statement in statements:
+                conn.execute(sql_text(statement))
+    _out(args, statements, ";\n".join(statements) + ";")
+    return 0
+
+
+_STATUS_COLUMNS = [
+    "queue",
+    "ready",
+    "scheduled",
+    "leased",
+    "waiting",
+    "paused",
+    "dead",
+    "oldest_ready_age_s",
+]
+_TASK_COLUMNS = ["task_id", "state", "reason", "attempt", "queue", "run_id", "last_error"]
+_SHOW_FIELDS = (
+    "task_id",
+    "state",
+    "reason",
+    "attempt",
+    "max_attempts",
+    "queue",
+    "run_id",
+    "lease_owner",
+    "lease_expires_at_ms",
+    "last_error",
+    "result_state",
+    "waiting",
+)
+
+
+def _status(args: argparse.Namespace, admin: Any) -> int:
+    stats = admin.stats()
+    rows = [{"queue": q, **v} for q, v in stats.items()]
+    _out(args, stats, _table(rows, _STATUS_COLUMNS))
+    return 0
+
+
+def _tasks(args: argparse.Namespace, admin: Any) -> int:
+    found = [
+        t.to_dict()
+        for t in admin.tasks(
+            state=args.state, queue=args.queue, run_id=args.run_id, limit=args.limit
+        )
+    ]
+    _out(args, found, _table(found, _TASK_COLUMNS))
+    return 0
+
+
+def _show(args: argparse.Namespace, admin: Any) -> int:
+    snap = admin.task(args.task_id).to_dict()
+    lines = [f"{k}: {snap[k]}" for k in _SHOW_FIELDS]
+    lines.append(f"checkpoint: {json.dumps(snap['checkpoint'])}")
+    for step in snap["steps"]:
+        lines.append(f"step {step['name']}: {step['status']} (attempt {step['attempt']})")
+    lines.append("events:")
+    lines.append(_table(snap["events"], ["id", "kind", "attempt", "at_ms", "data"]))
+    _out(args, snap, "\n".join(lines))
+    return 0
+
+
+def _steer(args: argparse.Namespace, admin: Any) -> int:
+    command = args.command  # pause, resume or cancel
+    if bool(args.task_id) == bool(args.run_id):
+        print(f"sqlease {command}: give a TASK_ID or --run RUN_ID (not both)", file=sys.stderr)
+        raise SystemExit(2)
+    kwargs: dict[str, Any] = {"run_id": args.run_id}
+    if command == "cancel":
+        kwargs["reason"] = args.reason
+    count = getattr(admin, command)(args.task_id, **kwargs)
+    _out(args, {command: count}, f"{command}: {count} task(s)")
+    return 0
+
+
+def _requeue(args: argparse.Namespace, admin: Any) -> int:
+    admin.requeue(args.task_id, max_attempts=args.max_attempts)
+    _out(args, {"requeued": args.task_id}, f"requeued {args.task_id}")
+    return 0
+
+
+def _input(args: argparse.Namespace, admin: Any) -> int:
+    text = args.data
+    if text.startswith("@"):
+        with open(text[1:], encoding="utf-8") as handle:
+            text = handle.read()
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        print(f"sqlease input: the answer is not valid JSON: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    admin.provide_input(args.task_id, data)
+    _out(args, {"answered": args.task_id}, f"input given to {args.task_id}")
+    return 0
+
+
+def _approve(args: argparse.Namespace, admin: Any) -> int:
+    admin.approve(args.task_id, args.note)
+    _out(args, {"approved": args.task_id}, f"approved {args.task_id}")
+    return 0
+
+
+def _reject(args: argparse.Namespace, admin: Any) -> int:
+    admin.reject(args.task_id, args.reason)
+    _out(args, {"rejected": args.task_id}, f"rejected {args.task_id}")
+    return 0
+
+
+def _maintain(args: argparse.Namespace, admin: Any) -> int:
+    from sqlease._core.maintenance import acquire, run_pass
+
+    store = admin.store
+    if not acquire(store, f"cli:{os.getpid()}", 300_000, store.now_ms()):
+        print(
+            "sqlease maintain: a worker is running the maintenance pass now; try later",
+            file=sys.stderr,
+        )
+        return 1
+    summary = run_pass(store, event_retention_ms=int(args.retention_days * 86_400_000))
+    _out(args, summary, "\n".join(f"{k}: {v}" for k, v in sorted(summary.items())))
+    return 0
+
+
+def _purge(args: argparse.Namespace, admin: Any) -> int:
+    count = admin.purge(args.queue)
+    _out(args, {"purged": count}, f"purged {count} task(s) from {args.queue}")
+    return 0
+
+
+#: Verbs that need no Admin (no schema check: ``migrate`` creates it).
+_PLAIN: dict[str, Callable[[argparse.Namespace], int]] = {
+    "demo": _demo,
+    "migrate": _migrate,
+    "grant": _grant,
+}
+_ADMIN: dict[str, Callable[[argparse.Namespace, Any], int]] = {
+    "status": _status,
+    "tasks": _tasks,
+    "show": _show,
+    "pause": _steer,
+    "resume": _steer,
+    "cancel": _steer,
+    "requeue": _requeue,
+    "input": _input,
+    "approve": _approve,
+    "reject": _reject,
+    "maintain": _maintain,
+    "purge": _purge,
+}
+
+
+def _run(args: argparse.Namespace) -> int:
+    plain = _PLAIN.get(args.command)
+    if plain is not None:
+        return plain(args)
+    return _ADMIN[args.command](args, _admin(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,10 +13,23 @@ import logging
 import threading
 from typing import Any
 
-from sqlalchemy import and_, any_, delete, exists, false, func, not_, or_, select, update
+from sqlalchemy import (
+    Connection,
+    and_,
+    any_,
+    delete,
+    exists,
+    false,
+    func,
+    not_,
+    or_,
+    select,
+    update,
+)
 
 from sqlease._core.results import ResultStore
 from sqlease._core.store import Store
+from sqlease._db.tables import Tables
 
 logger = logging.getLogger(__name__)
 
@@ -45,132 +58,137 @@ def acquire(store: Store, owner: str, lease_ms: int, now: int) -> bool:
 
 
 def run_pass(store: Store, *, event_retention_ms: int, now: int | None = None) -> dict[str, int]:
-    """One maintenance pass; returns what it did, by kind."""
+    """One maintenance pass, one transaction; returns what it did, by kind."""
     now = store.now_ms() if now is None else now
+    summary: dict[str, int] = {"results_expired": ResultStore(store).cleanup()}
+    with store.engine.begin() as conn:
+        summary["steps_outcome_unknown"] = _interrupted_steps(conn, store, now)
+        summary.update(_leftovers(conn, store, now))
+        if event_retention_ms > 0:
+            summary.update(_history(conn, store.tables, now - event_retention_ms, store))
+    return summary
+
+
+def _count(result: Any) -> int:
+    return int(result.rowcount or 0)
+
+
+def _interrupted_steps(conn: Connection, store: Store, now: int) -> int:
+    """Steps started by a delivery that no longer holds a live lease: outcome unknown."""
     t = store.tables
-    m, ev, steps, runs, tasks = t.messages, t.events, t.steps, t.runs, t.tasks
-    summary: dict[str, int] = {}
-    summary["results_expired"] = ResultStore(store).cleanup()
+    m, steps = t.messages, t.steps
     live_lease = exists().where(
         m.c.id == steps.c.message_id,
         m.c.attempt == steps.c.attempt,
         m.c.state == "ready",
         m.c.lease_expires_at_ms > now,
     )
-    with store.engine.begin() as conn:
-        interrupted = conn.execute(
-            select(steps.c.task_id, steps.c.name, steps.c.message_id, steps.c.attempt).where(
-                steps.c.status == "started", not_(live_lease)
-            )
-        ).fetchall()
-        for row in interrupted:
-            conn.execute(
-                update(steps)
-                .where(
-                    steps.c.task_id == row.task_id,
-                    steps.c.name == row.name,
-                    steps.c.status == "started",
-                )
-                .values(status="outcome_unknown")
-            )
-            store._event_on(
-                conn,
-                row.task_id,
-                None,
-                "outcome_unknown",
-                {"step": row.name, "attempt": row.attempt},
-                now,
-            )
-        summary["steps_outcome_unknown"] = len(interrupted)
-        summary["stray_leases_cleared"] = (
-            conn.execute(
-                update(m)
-                .where(m.c.state != "ready", m.c.lease_owner.isnot(None))
-                .values(lease_owner=None, lease_expires_at_ms=None)
-            ).rowcount
-            or 0
+    interrupted = conn.execute(
+        select(steps.c.task_id, steps.c.name, steps.c.message_id, steps.c.attempt).where(
+            steps.c.status == "started", not_(live_lease)
         )
-        holder_alive = exists().where(m.c.id == runs.c.message_id, m.c.state == "ready")
-        summary["run_locks_pruned"] = (
-            conn.execute(
-                delete(runs).where(runs.c.lease_expires_at_ms <= now, not_(holder_alive))
-            ).rowcount
-            or 0
+    ).fetchall()
+    for row in interrupted:
+        conn.execute(
+            update(steps)
+            .where(
+                steps.c.task_id == row.task_id,
+                steps.c.name == row.name,
+                steps.c.status == "started",
+            )
+            .values(status="outcome_unknown")
         )
-        if store.driver.caps.offers:
-            offers = t.offers
-            # The lock test runs last (SQL does not promise an order; a live worker's lock
-            # only makes the test fail, it never waits).
-            lock_free = func.pg_try_advisory_xact_lock_shared(offers.c.lock_key)
-            summary["dead_offers_dropped"] = (
-                conn.execute(
-                    delete(offers).where(
-                        offers.c.expires_at_ms < now - DEAD_OFFER_AFTER_MS, lock_free
-                    )
-                ).rowcount
-                or 0
-            )
-        broadcast = or_(m.c.queue.like("%.pidbox"), m.c.queue.like("celeryev.%"))
-        summary["broadcasts_dropped"] = (
-            conn.execute(
-                delete(m).where(
-                    broadcast,
-                    m.c.state == "ready",
-                    m.c.task_id.is_(None),
-                    m.c.created_at_ms < now - BROADCAST_TTL_MS,
-                )
-            ).rowcount
-            or 0
+        store._event_on(
+            conn,
+            row.task_id,
+            None,
+            "outcome_unknown",
+            {"step": row.name, "attempt": row.attempt},
+            now,
         )
-        if event_retention_ms > 0:
-            horizon = now - event_retention_ms
-            still_active = exists().where(m.c.task_id == ev.c.task_id)
-            # A batch event (PostgreSQL) stays while any task it lists is still queued.
-            lists_active = (
-                exists().where(m.c.task_id == any_(ev.c.task_ids))
-                if store.driver.caps.batch_events
-                else false()
+    return len(interrupted)
+
+
+def _leftovers(conn: Connection, store: Store, now: int) -> dict[str, int]:
+    """Leases on finished messages, run locks whose holder is gone, dead workers' offers,
+    remote-control and event broadcasts nobody reads any more."""
+    t = store.tables
+    m, runs = t.messages, t.runs
+    done: dict[str, int] = {}
+    done["stray_leases_cleared"] = _count(
+        conn.execute(
+            update(m)
+            .where(m.c.state != "ready", m.c.lease_owner.isnot(None))
+            .values(lease_owner=None, lease_expires_at_ms=None)
+        )
+    )
+    holder_alive = exists().where(m.c.id == runs.c.message_id, m.c.state == "ready")
+    done["run_locks_pruned"] = _count(
+        conn.execute(delete(runs).where(runs.c.lease_expires_at_ms <= now, not_(holder_alive)))
+    )
+    if store.driver.caps.offers:
+        offers = t.offers
+        # The lock test runs last (SQL does not promise an order; a live worker's lock only
+        # makes the test fail, it never waits).
+        lock_free = func.pg_try_advisory_xact_lock_shared(offers.c.lock_key)
+        done["dead_offers_dropped"] = _count(
+            conn.execute(
+                delete(offers).where(offers.c.expires_at_ms < now - DEAD_OFFER_AFTER_MS, lock_free)
             )
-            summary["events_expired"] = (
-                conn.execute(
-                    delete(ev).where(
-                        ev.c.at_ms < horizon,
-                        or_(
-                            and_(ev.c.task_id.is_(None), ev.c.task_ids.is_(None)),
-                            and_(ev.c.task_id.isnot(None), not_(still_active)),
-                            and_(ev.c.task_ids.isnot(None), not_(lists_active)),
-                        ),
-                    )
-                ).rowcount
-                or 0
+        )
+    broadcast = or_(m.c.queue.like("%.pidbox"), m.c.queue.like("celeryev.%"))
+    done["broadcasts_dropped"] = _count(
+        conn.execute(
+            delete(m).where(
+                broadcast,
+                m.c.state == "ready",
+                m.c.task_id.is_(None),
+                m.c.created_at_ms < now - BROADCAST_TTL_MS,
             )
-            task_active = exists().where(m.c.task_id == tasks.c.task_id)
-            summary["task_records_expired"] = (
-                conn.execute(
-                    delete(tasks).where(tasks.c.updated_at_ms < horizon, not_(task_active))
-                ).rowcount
-                or 0
+        )
+    )
+    return done
+
+
+def _history(conn: Connection, t: Tables, horizon: int, store: Store) -> dict[str, int]:
+    """Events, task records, steps and answers older than ``horizon`` whose task has no
+    message left."""
+    m, ev, steps, tasks, w = t.messages, t.events, t.steps, t.tasks, t.waits
+    still_active = exists().where(m.c.task_id == ev.c.task_id)
+    # A batch event (PostgreSQL) stays while any task it lists is still queued.
+    lists_active = (
+        exists().where(m.c.task_id == any_(ev.c.task_ids))
+        if store.driver.caps.batch_events
+        else false()
+    )
+    events = delete(ev).where(
+        ev.c.at_ms < horizon,
+        or_(
+            and_(ev.c.task_id.is_(None), ev.c.task_ids.is_(None)),
+            and_(ev.c.task_id.isnot(None), not_(still_active)),
+            and_(ev.c.task_ids.isnot(None), not_(lists_active)),
+        ),
+    )
+    task_active = exists().where(m.c.task_id == tasks.c.task_id)
+    old_steps = delete(steps).where(
+        or_(
+            steps.c.finished_at_ms < horizon,
+            and_(steps.c.finished_at_ms.is_(None), steps.c.started_at_ms < horizon),
+        ),
+        not_(exists().where(m.c.task_id == steps.c.task_id)),
+    )
+    return {
+        "events_expired": _count(conn.execute(events)),
+        "task_records_expired": _count(
+            conn.execute(delete(tasks).where(tasks.c.updated_at_ms < horizon, not_(task_active)))
+        ),
+        "steps_expired": _count(conn.execute(old_steps)),
+        "answers_expired": _count(
+            conn.execute(
+                delete(w).where(and_(w.c.status == "answered", w.c.answered_at_ms < horizon))
             )
-            summary["steps_expired"] = (
-                conn.execute(
-                    delete(steps).where(
-                        or_(
-                            steps.c.finished_at_ms < horizon,
-                            and_(steps.c.finished_at_ms.is_(None), steps.c.started_at_ms < horizon),
-                        ),
-                        not_(exists().where(m.c.task_id == steps.c.task_id)),
-                    )
-                ).rowcount
-                or 0
-            )
-            w = t.waits
-            summary["answers_expired"] = (
-                conn.execute(
-                    delete(w).where(and_(w.c.status == "answered", w.c.answered_at_ms < horizon))
-                ).rowcount
-                or 0
-            )
-    return summary
+        ),
+    }
 
 
 class MaintenanceThread:
