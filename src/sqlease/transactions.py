@@ -3,7 +3,6 @@ the caller's SQLAlchemy transaction, so it exists iff that transaction commits."
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 from sqlalchemy.engine import URL
 
+from sqlease._db.connect import same_database
 from sqlease.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -39,16 +39,6 @@ def transaction(conn_or_session: Any) -> Iterator[Connection]:
         _current.reset(token)
 
 
-def _same_database(mine: URL, theirs: URL) -> bool:
-    def key(url: URL) -> tuple[object, ...]:
-        database = url.database or ""
-        if url.get_backend_name() == "sqlite" and not database.startswith("file:"):
-            database = os.path.abspath(database)
-        return (url.get_backend_name(), url.host, url.port, database)
-
-    return key(mine) == key(theirs)
-
-
 def current_connection(store: Store | URL) -> Connection | None:
     """The caller's transaction to publish in, if one is active (and on the broker's
     database; given the store or just its URL)."""
@@ -56,7 +46,7 @@ def current_connection(store: Store | URL) -> Connection | None:
     if conn is None:
         return None
     mine = store if isinstance(store, URL) else store.engine.url
-    if not _same_database(mine, conn.engine.url):
+    if not same_database(mine, conn.engine.url):
         raise ConfigurationError(
             "sqlease.transaction() was given a connection to a different database than the "
             "broker's; the enqueue cannot join that transaction"

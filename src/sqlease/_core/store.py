@@ -52,8 +52,7 @@ class Store(Messages, Offers, Leases, Transitions, Tasks, Topology):
             else get_engine(url, sqlite_synchronous=sqlite_synchronous)
         )
         self.tables = build_tables(table_prefix)
-        self.dialect = dialect_for(self.engine.dialect.name)
-        self.sql = self.dialect.statements(self.tables)
+        self.sql = dialect_for(self.engine.dialect.name).statements(self.tables)
         #: The database's driver: its lanes (which pool and commit level each hot statement
         #: runs on), its capabilities and its dialect's differences.
         self.driver = driver_for(
@@ -76,4 +75,6 @@ class Store(Messages, Offers, Leases, Transitions, Tasks, Topology):
 
     @property
     def is_postgresql(self) -> bool:
-        return self.driver.name == "postgresql"
+        """Whether the database is PostgreSQL (for callers; sqlease itself asks the driver's
+        capabilities)."""
+        return self.driver.is_postgresql

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import URL, Engine
@@ -12,6 +13,18 @@ from sqlease._db.sqlite.driver import SqliteDriver
 
 if TYPE_CHECKING:
     from sqlease._db.statements import Statements
+
+
+def same_database(mine: URL, theirs: URL) -> bool:
+    """Do two URLs name one database (SQLite: one file, whatever the relative path)?"""
+
+    def key(url: URL) -> tuple[object, ...]:
+        database = url.database or ""
+        if url.get_backend_name() == "sqlite" and not database.startswith("file:"):
+            database = os.path.abspath(database)
+        return (url.get_backend_name(), url.host, url.port, database)
+
+    return key(mine) == key(theirs)
 
 
 def driver_for(

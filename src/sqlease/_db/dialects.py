@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sqlalchemy.engine import URL
+
 from sqlease._db import postgresql, sqlite
 from sqlease._db.statements import Capabilities, Statements
 from sqlease._db.tables import Tables
@@ -17,10 +19,6 @@ class Dialect:
     #: The statements for a table prefix (build once and keep: see ``Statements``).
     statements: Callable[[Tables], Statements]
 
-    @property
-    def is_postgresql(self) -> bool:
-        return self.name == "postgresql"
-
 
 POSTGRESQL = Dialect("postgresql", postgresql.CAPABILITIES, postgresql.statements)
 SQLITE = Dialect("sqlite", sqlite.CAPABILITIES, sqlite.statements)
@@ -30,6 +28,11 @@ def dialect_for(name: str) -> Dialect:
     """PostgreSQL for ``"postgresql"``, otherwise SQLite (the two dialects sqlease
     supports)."""
     return POSTGRESQL if name == "postgresql" else SQLITE
+
+
+def capabilities_of(url: URL) -> Capabilities:
+    """What the database behind ``url`` can do."""
+    return dialect_for(url.get_backend_name()).caps
 
 
 def statements_for(dialect_name: str, tables: Tables) -> Statements:

@@ -104,6 +104,10 @@ class Driver(ABC):
     name: str
     caps: Capabilities
 
+    @property
+    def is_postgresql(self) -> bool:
+        return self.name == "postgresql"
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 

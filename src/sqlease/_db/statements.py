@@ -26,6 +26,9 @@ class Capabilities:
     notifications: bool
     #: one timeline row lists every delivery of a statement (``task_ids`` and friends)
     batch_events: bool
+    #: one writer at a time holds the whole database (SQLite's file lock): a second
+    #: connection that writes waits for the first one's transaction to end
+    single_writer: bool
 
 
 @dataclass(frozen=True)

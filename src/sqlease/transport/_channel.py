@@ -134,7 +134,7 @@ class Channel(virtual.Channel):
         if taken:
             part.took_some()
         else:
-            part.took_none(postgresql=transport.is_postgresql)
+            part.took_none(notified=transport.caps.notifications)
         if len(taken) == TAKE_BATCH:
             transport.drain.wake()
         for message in taken:

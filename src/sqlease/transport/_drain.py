@@ -76,12 +76,12 @@ class ChannelDrain:
         """A look at the no-ack queues took messages: look again at the next fetch."""
         self.next_take = 0.0
 
-    def took_none(self, *, postgresql: bool) -> None:
+    def took_none(self, *, notified: bool) -> None:
         """A look at the no-ack queues found nothing. Remote control and event queues are
         quiet: while a worker drains a backlog, do not look at them on every fetch.
-        PostgreSQL names the queue in its notification, so it looks again when one names
-        them (or at the safety poll); SQLite looks at most every NOACK_INTERVAL."""
-        if postgresql:
+        Where publishes notify (PostgreSQL names the queue), it looks again when a notification
+        names them (or at the safety poll); otherwise at most every NOACK_INTERVAL."""
+        if notified:
             self.next_take = math.inf
         else:
             self.next_take = time.monotonic() + NOACK_INTERVAL
@@ -151,7 +151,7 @@ class DrainState:
         if not qos.can_consume() or qos.refill_later():
             self.starved = True
             return False
-        if part.drained and transport.is_postgresql:
+        if part.drained and transport.caps.notifications:
             if not part.due_checked:
                 part.due_checked = True
                 self.found_nothing = True

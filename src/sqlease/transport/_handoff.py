@@ -91,7 +91,7 @@ class Handoffs:
     def acks_leave_idle(self, fences: list[Fence]) -> bool:
         transport = self._transport
         return (
-            transport.is_postgresql
+            transport.caps.offers
             and transport.loop.in_loop_thread()
             and self.can_offer()
             and all(f.owner == transport.owner for f in fences)

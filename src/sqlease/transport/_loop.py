@@ -294,7 +294,7 @@ class EventLoop:
         """What the safety poll notes before it drains; the delay until the next poll."""
         transport = self._transport
         interval = transport.polling_interval
-        if transport.is_postgresql:
+        if transport.caps.notifications:
             if self._reader_fd is None:
                 self.add_reader()
             transport.drain.wake()

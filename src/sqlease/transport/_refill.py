@@ -32,7 +32,8 @@ class Refill:
         """Calls can go to the runner: PostgreSQL, in the event loop's thread."""
         transport = self._transport
         loop = transport.loop
-        return transport.is_postgresql and loop.pipe_open and threading.get_ident() == loop.thread
+        in_loop = loop.pipe_open and threading.get_ident() == loop.thread
+        return transport.caps.one_statement and in_loop
 
     def in_background(self, channel: Channel) -> bool:
         """While the channel holds deliveries (tasks running or buffered), its refill claim
@@ -57,7 +58,7 @@ class Refill:
         waiting: as they are."""
         transport = self._transport
         acks = transport.acks
-        if transport.is_postgresql or not acks.pending:
+        if transport.caps.one_statement or not acks.pending:
             return transport.leases.claim(queues, limit)
         pending = acks.take()
         try:

@@ -21,7 +21,8 @@ from sqlalchemy.engine import URL
 
 from sqlease._core.handoff import lock_key_for
 from sqlease._core.results import ResultStore
-from sqlease._db.wakeup import PostgresListener, SqliteWatcher, Waker
+from sqlease._db.dialects import capabilities_of
+from sqlease._db.wakeup import Waker
 from sqlease._registry import CONNECT_RETRY_SECONDS, store_for
 from sqlease.errors import ConfigurationError, DatabaseUnavailable
 from sqlease.options import TransportOptions
@@ -89,6 +90,8 @@ class Transport(virtual.Transport):
                 "'sqlease+sqlite:///app.db' or 'sqlease+postgresql://user@host/db'"
             )
         self.url: URL = to_sqlalchemy_url(hostname)
+        #: What the database can do, known from the URL before the first connection.
+        self.caps = capabilities_of(self.url)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         #: The advisory lock this transport's listening connection holds (handoff liveness).
         self.lock_key = lock_key_for(self.owner)
@@ -122,9 +125,6 @@ class Transport(virtual.Transport):
             self._results = ResultStore(self.store)
         return self._results
 
-    @property
-    def is_postgresql(self) -> bool:
-        return self.url.get_backend_name() == "postgresql"
 
     def driver_version(self) -> str:
         return str(sqlalchemy.__version__)
@@ -153,7 +153,7 @@ class Transport(virtual.Transport):
         conn = current_connection(self.url)
         if conn is None or self._store is not None:
             return conn
-        if not self.is_postgresql:
+        if self.caps.single_writer:
             # A SQLite writer holds the file's write lock: creating sqlease's tables (or
             # switching the file to WAL) from another connection now would wait it out.
             from sqlease._db.migrations import read_version
@@ -184,14 +184,10 @@ class Transport(virtual.Transport):
     @property
     def waker(self) -> Waker:
         if self._waker is None:
-            if self.is_postgresql:
-                self._waker = PostgresListener(
-                    self.url,
-                    self.store.notify_channel,
-                    lock_key=self.lock_key if self.options.handoff else None,
-                )
-            else:
-                self._waker = SqliteWatcher(str(self.url.database))
+            self._waker = self.store.driver.waker(
+                self.store.notify_channel,
+                lock_key=self.lock_key if self.options.handoff else None,
+            )
         return self._waker
 
     @property

@@ -5,7 +5,13 @@ from __future__ import annotations
 from sqlease._db.statements import Capabilities
 from sqlease._db.tables import Tables
 
-CAPABILITIES = Capabilities(one_statement=True, offers=True, notifications=True, batch_events=True)
+CAPABILITIES = Capabilities(
+    one_statement=True,
+    offers=True,
+    notifications=True,
+    batch_events=True,
+    single_writer=False,
+)
 
 #: The statement's clock in epoch milliseconds, unless ``:now`` is bound.
 #: statement_timestamp() is stable within a statement, so every comparison in one claim sees

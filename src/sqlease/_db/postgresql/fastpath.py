@@ -171,9 +171,7 @@ class FastPath:
             threads.fairy = None
             raise self._failed(fairy, sql, params, error) from error
 
-    def _rows_spare(
-        self, statement: TextClause, params: Mapping[str, Any]
-    ) -> list[dict[str, Any]]:
+    def _rows_spare(self, statement: TextClause, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         spares = self._spares
         assert spares is not None
         pool = self._engine.pool
@@ -312,9 +310,7 @@ class Sending:
     ``waits_for`` is 0 it is done: ``rows`` are its rows, or ``error`` is what to raise
     (as FastPath.rows would have, and the connection has then been given back)."""
 
-    def __init__(
-        self, fast: FastPath, fairy: Any, sql: bytes, params: Mapping[str, Any]
-    ) -> None:
+    def __init__(self, fast: FastPath, fairy: Any, sql: bytes, params: Mapping[str, Any]) -> None:
         self._fast, self._fairy, self._sql, self._params = fast, fairy, sql, params
         driver = fairy.driver_connection
         assert isinstance(driver, psycopg.Connection)

@@ -7,7 +7,11 @@ from sqlease._db.statements import Capabilities
 #: No offers (no LISTEN/NOTIFY to hand a message over); the lease statements leave the run
 #: locks and events to the caller, in the same transaction under the one write lock.
 CAPABILITIES = Capabilities(
-    one_statement=False, offers=False, notifications=False, batch_events=False
+    one_statement=False,
+    offers=False,
+    notifications=False,
+    batch_events=False,
+    single_writer=True,
 )
 
 #: The statement's clock in epoch milliseconds, unless ``:now`` is bound.
