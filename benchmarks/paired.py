@@ -196,7 +196,7 @@ def number(value: float | None) -> str:
 
 
 def report(rounds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    per = [{v: metrics(r[v]) for v in ("before", "after", "baselines")} for r in rounds]
+    per = [{v: metrics(r.get(v, {})) for v in ("before", "after", "baselines")} for r in rounds]
     names = list(dict.fromkeys(k for p in per for v in ("before", "after") for k in p[v]))
     rows: list[dict[str, Any]] = []
     head = "".join(f"{f'round {i + 1}':>22}" for i in range(len(rounds)))
@@ -250,6 +250,10 @@ def run_round(number: int, total: int, versions: dict[str, Version], brokers: li
     order = ["before", "after"] if number % 2 else ["after", "before"]
     plan = [("celery", order[0]), ("celery", "baselines"), ("celery", order[1]),
             ("store", order[0]), ("store", order[1])]
+    if args.no_baselines:
+        plan.remove(("celery", "baselines"))
+    if args.no_store:
+        plan = [step for step in plan if step[0] != "store"]
     result: dict[str, Any] = {"round": number, "order": order, "seconds": {}}
     for what, side in plan:
         tag, t0 = f"r{number}-{side}", time.monotonic()
@@ -271,6 +275,9 @@ def main() -> int:
     parser.add_argument("--after", default=str(REPO), help="a tree (PATH) or a git ref")
     parser.add_argument("--rounds", type=int, default=None, help="3; --quick: 1")
     parser.add_argument("--tasks", type=int, default=10_000, help="celery_bench --tasks")
+    parser.add_argument("--brokers", default="", help="only these sqlease brokers (comma list)")
+    parser.add_argument("--no-store", action="store_true", help="celery_bench only")
+    parser.add_argument("--no-baselines", action="store_true", help="no Redis and RabbitMQ")
     parser.add_argument("--quick", action="store_true",
                         help="validation: celery_bench --quick and store.py --quick")
     parser.add_argument("--store-args", default="--repeat 1 --no-pgbench",
@@ -290,6 +297,8 @@ def main() -> int:
             interpreter(version, tmp)
             probe(version, tmp)
         brokers = [b for b in versions["after"].brokers if b in versions["before"].brokers]
+        if args.brokers:
+            brokers = [b for b in brokers if b in args.brokers.split(",")]
         print(f"sqlease brokers: {', '.join(brokers)}", flush=True)
         for number in range(1, rounds_wanted + 1):
             rounds.append(run_round(number, rounds_wanted, versions, brokers, args, tmp))

@@ -406,3 +406,27 @@ HISTORY = re.compile(
 def test_pages_tell_no_history(page: str) -> None:
     found = [m.group(0) for m in HISTORY.finditer(text_of(ROOT / page))]
     assert not found, f"{page} tells history or cites a file outside the repository: {found}"
+
+
+def _section(page: str, heading: str) -> str:
+    text = (DOCS / page).read_text()
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def test_the_store_reference_names_only_real_members() -> None:
+    """Every name the Store section shows as a method, property or attribute is one."""
+    from sqlease.store import Store
+
+    section = _section("reference/python-api.md", "Store")
+    # The methods table's first column, and the paragraph that lists the remaining ones.
+    named = set(re.findall(r"(?m)^\| `([a-z_][a-z0-9_]*)", section))
+    remaining = section[section.index("The remaining public methods") :]
+    named |= set(re.findall(r"`([a-z_][a-z0-9_]*)`", remaining.split("\n\n")[0]))
+    instance_only = {"driver", "engine", "tables", "sql", "clock"}
+    missing = sorted(n for n in named - instance_only if not hasattr(Store, n))
+    assert len(named) > 20  # the table was read
+    assert not missing, (
+        f"docs/reference/python-api.md names Store members that do not exist: {missing}"
+    )
