@@ -23,6 +23,7 @@ from sqlalchemy.engine import URL
 
 from sqlease._core.control import Control
 from sqlease._core.results import ResultStore
+from sqlease._core.rows import row_to_message
 from sqlease._core.steps import StepStore
 from sqlease.errors import InvalidAnswer, InvalidTransition, UnknownTask
 from sqlease.store import Event, Message, Store
@@ -113,8 +114,6 @@ class Admin:
         ).first()
         if row is None:
             return None
-        from sqlease._core.rows import row_to_message
-
         return row_to_message(row)
 
     def _result_state(self, task_id: str) -> str | None:
@@ -224,8 +223,6 @@ class Admin:
             query = query.where(m.c.state == "parked")
         elif state in ("queued", "scheduled", "running"):
             query = query.where(m.c.state == "ready")
-        from sqlease._core.rows import row_to_message
-
         found: list[TaskSnapshot] = []
         with self.store._reading() as conn:
             for row in conn.execute(query):

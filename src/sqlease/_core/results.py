@@ -61,11 +61,8 @@ class ResultStore:
     def _held(self, conn: Any, fence: Fence, task_id: str | None) -> bool:
         return self.store.holds_on(conn, fence, task_id)
 
-    def notify(self, conn: Connection, key: str) -> None:
-        """Inside the caller's transaction: wake the clients waiting on ``key`` at commit."""
-        self._notify(conn, key)
-
     def _notify(self, conn: Connection, key: str) -> None:
+        """Inside the caller's transaction: wake the clients waiting on ``key`` at commit."""
         self.store.driver.notify(conn, self.notify_channel, key[:NOTIFY_LIMIT])
 
     # ---- values ----------------------------------------------------------------------
