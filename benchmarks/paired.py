@@ -231,7 +231,8 @@ def report(rounds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str
     for name, *_ in wanted:
         versus[name] = {}
         for side in ("before", "after"):
-            got = [ratios_of({x["broker"]: x for x in r[side]["celery"] + r["baselines"]["celery"]})
+            got = [ratios_of({x["broker"]: x for x in r[side]["celery"]
+                                  + r.get("baselines", {}).get("celery", [])})
                    .get(name) for r in rounds]
             got = [x for x in got if x is not None]
             versus[name][side] = {"rounds": got, "median": statistics.median(got) if got else None}

@@ -268,9 +268,7 @@ class TaskContext:
         ``Admin.reject``."""
         from sqlease._core.waits import wait_for_approval
 
-        return wait_for_approval(
-            self.store, self.fence, self.task_id, summary, key=key, **details
-        )
+        return wait_for_approval(self.store, self.fence, self.task_id, summary, key=key, **details)
 
 
 def context() -> TaskContext:

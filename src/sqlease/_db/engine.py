@@ -18,13 +18,12 @@ import os
 import threading
 from typing import Any
 
-import psycopg
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine
 
+from sqlease._db import translate
 from sqlease._db.spares import drop_all as drop_all_spares
 from sqlease._db.sqlite.checkpoints import checkpointer
-from sqlease.errors import DatabaseReadOnly, PermissionDenied
 from sqlease.urls import to_sqlalchemy_url
 
 _engines: dict[tuple[str, tuple[tuple[str, Any], ...]], Engine] = {}
@@ -70,35 +69,8 @@ def _create(url: URL, options: dict[str, Any]) -> Engine:
         engine = _create_sqlite(url, options)
     else:
         engine = _create_postgresql(url, options)
-    event.listen(engine, "handle_error", _translate_error)
+    translate.install(engine)
     return engine
-
-
-def _translate_error(context: Any) -> BaseException | None:
-    """Turn database refusals that retrying cannot fix into specific sqlease errors (the
-    driver's error stays attached as ``__cause__``); transient ones pass through unchanged."""
-    where = context.engine.url.render_as_string(hide_password=True) if context.engine else ""
-    return refusal(context.original_exception, where)
-
-
-def refusal(original: BaseException, where: str) -> BaseException | None:
-    """The sqlease error for a driver error no retry can fix (read-only database, missing
-    privilege), or None."""
-    text = str(original)
-    if "readonly database" in text or "read-only transaction" in text:
-        error: BaseException = DatabaseReadOnly(
-            f"the database {where} refuses writes ({text.strip()}); sqlease needs write "
-            "access to enqueue, claim and ack"
-        )
-    elif isinstance(original, psycopg.errors.InsufficientPrivilege):
-        error = PermissionDenied(
-            f"the database role lacks a privilege sqlease needs: {text.strip()} (see "
-            "docs/explanation/reliability.md for the grants a worker role needs)"
-        )
-    else:
-        return None
-    error.__cause__ = original
-    return error
 
 
 def _create_sqlite(url: URL, options: dict[str, Any]) -> Engine:

@@ -33,14 +33,37 @@ def _close_quietly(conn: Any) -> None:
 
 
 class Waker(Protocol):
+    """What consumers wait on. Callers ask ``pushes`` instead of the dialect: a pushing waker
+    (LISTEN) delivers each notification's payload (a queue name, a handoff, a result), so a
+    caller may act on what it names and nap longer between safety polls; a watching one
+    (``data_version``) only notices that something changed, so its payloads are always None,
+    which means "look everywhere"."""
+
+    #: Notifications arrive with their payloads (True), or only as "something changed".
+    pushes: bool
+    #: Counts the connections made: while it is unchanged, no notification was missed.
+    generation: int
+
     def fileno(self) -> int | None:
         """A socket the event loop can watch, or None (then the loop polls)."""
 
     def ready(self) -> bool:
         """Consume pending signals without blocking; True if anything may have changed."""
 
+    def pending(self) -> set[str] | None:
+        """Consume pending signals without blocking: their payloads, or None when the waker
+        cannot tell (no connection, a broken one, or a waker that carries no payloads)."""
+
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds for a signal; True if one came."""
+
+    def wait_payloads(self, timeout: float) -> list[str] | None:
+        """Block up to ``timeout`` seconds for a signal: the payloads that came (empty if
+        none did), or None when the waker cannot tell."""
+
+    @property
+    def connected(self) -> bool:
+        """Listening without a break now (a watching waker always is)."""
 
     def close(self) -> None: ...
 
@@ -51,6 +74,8 @@ class PostgresListener:
     A broken connection (server restart) is dropped and re-opened on next use; the caller's
     safety poll covers whatever was notified meanwhile.
     """
+
+    pushes = True
 
     def __init__(self, url: URL, channel: str, *, lock_key: int | None = None) -> None:
         self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -199,6 +224,9 @@ class SqliteWatcher:
     ``data_version`` pragma changes when another connection commits, and reading it takes no
     lock."""
 
+    pushes = False
+    generation = 0  # no connection to break: nothing is ever missed for good
+
     def __init__(self, path: str, check_interval: float = 0.005) -> None:
         self._path = path
         self._check_interval = check_interval
@@ -225,6 +253,18 @@ class SqliteWatcher:
         changed = version is None or version != self._version
         self._version = version
         return changed
+
+    def pending(self) -> set[str] | None:
+        self.ready()
+        return None  # a commit names no queue: look everywhere
+
+    @property
+    def connected(self) -> bool:
+        return True
+
+    def wait_payloads(self, timeout: float) -> list[str] | None:
+        self.wait(timeout)
+        return None
 
     def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -12,7 +12,7 @@ from celery.backends.base import KeyValueStoreBackend
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from kombu.utils.encoding import bytes_to_str
 
-from sqlease._db.wakeup import PostgresListener, Waker
+from sqlease._db.wakeup import Waker
 
 logger = logging.getLogger(__name__)
 
@@ -35,13 +35,10 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
     ) -> list[str] | None:
         """Sleep until a notification (PostgreSQL) or a commit to the file (SQLite), the
         interval being only the safety net. Returns the notifications' payloads, if known."""
-        nap = max(interval, 1.0) if isinstance(waker, PostgresListener) else interval
+        nap = max(interval, 1.0) if waker.pushes else interval
         if timeout is not None:
             nap = min(nap, timeout - elapsed)
-        if isinstance(waker, PostgresListener):
-            return waker.wait_payloads(max(nap, 0.0))
-        waker.wait(max(nap, 0.0))
-        return None
+        return waker.wait_payloads(max(nap, 0.0))
 
     def _ready_meta_from(self, payloads: list[str] | None, task_id: Any) -> Any:
         """A final result carried by its notification (``<key>\\n<value>``), decoded and
@@ -69,8 +66,8 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
         results on PostgreSQL (it has a listener; a thread that never calls get() opens no
         connection for this): make sure it is listening now, so every write of this task's
         result, all later than this moment, is heard, and a get() can skip its first read."""
-        waker = getattr(self._local, "waker", None)
-        if isinstance(waker, PostgresListener) and waker.fileno() is not None:
+        waker: Waker | None = getattr(self._local, "waker", None)
+        if waker is not None and waker.pushes and waker.fileno() is not None:
             fresh = self._fresh()
             fresh[bytes_to_str(task_id)] = waker.generation
             while len(fresh) > FRESH_LIMIT:
@@ -89,7 +86,7 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
         generation = self._fresh().pop(bytes_to_str(task_id), None)
         return (
             generation is not None
-            and isinstance(waker, PostgresListener)
+            and waker.pushes
             and waker.connected
             and waker.generation == generation
         )

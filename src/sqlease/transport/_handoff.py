@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from sqlease._core.handoff import Handoff
 from sqlease._core.heartbeat import heartbeat
-from sqlease._db.wakeup import PostgresListener
 from sqlease.store import Fence
 from sqlease.transport._completion import hold
 
@@ -54,7 +53,8 @@ class Handoffs:
         return (
             transport.options.handoff
             and not transport.closing_connection
-            and isinstance(waker, PostgresListener)
+            and waker is not None
+            and waker.pushes
             and waker.connected
             and transport.loop.hub is not None
         )

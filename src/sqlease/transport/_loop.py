@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from sqlease._core.handoff import split as split_notifications
-from sqlease._db.wakeup import PostgresListener
 from sqlease.store import Message
 
 if TYPE_CHECKING:
@@ -157,7 +156,7 @@ class EventLoop:
         if fd is not None:
             self._reader_fd = fd
             self.hub.add_reader(fd, self.on_readable)
-            if isinstance(waker, PostgresListener):
+            if waker.pushes:
                 self._transport.handoffs.after_listening(waker.generation)
 
     def remove_reader(self) -> None:
@@ -171,36 +170,32 @@ class EventLoop:
     def on_readable(self) -> None:
         transport = self._transport
         waker = transport.waker
-        if isinstance(waker, PostgresListener):
-            payloads = waker.pending()
-            if not waker.connected:
-                # The LISTEN connection broke (server restart): re-listen on the next poll.
-                self.remove_reader()
-            queues: set[str] | None = None
-            if payloads is not None:
-                handoffs, queues = split_notifications(payloads, transport.owner)
-                if handoffs:
-                    if queues:
-                        # No-ack queues named in the same batch first: a revoke or other
-                        # remote control command broadcast before a task was published must
-                        # reach Celery before the task does (the payloads' order is lost).
-                        # Named task queues are claimed from in the next iteration.
-                        transport.notified(queues)
-                        with self.errors_logged("fetching messages"):
-                            transport.take_noack_first()
-                        transport.drain.wake()
-                    with self.errors_logged("taking handed-off messages"):
-                        if transport.handoffs.accept(handoffs, queues):
-                            self.kick()  # let the pool pick the new job up in the next iteration
-                    return
-                if payloads and not queues:
-                    return  # only handoffs to other workers: nothing to look at
-            # Only the no-ack queues a notification names are looked at: a published task
-            # goes straight to its claim, without a look at the remote-control queue first.
-            transport.notified(queues)
-        else:
-            waker.ready()
-            transport.notified(None)
+        payloads = waker.pending()  # None from a waker that carries no payloads
+        if not waker.connected:
+            # The LISTEN connection broke (server restart): re-listen on the next poll.
+            self.remove_reader()
+        queues: set[str] | None = None
+        if payloads is not None:
+            handoffs, queues = split_notifications(payloads, transport.owner)
+            if handoffs:
+                if queues:
+                    # No-ack queues named in the same batch first: a revoke or other
+                    # remote control command broadcast before a task was published must
+                    # reach Celery before the task does (the payloads' order is lost).
+                    # Named task queues are claimed from in the next iteration.
+                    transport.notified(queues)
+                    with self.errors_logged("fetching messages"):
+                        transport.take_noack_first()
+                    transport.drain.wake()
+                with self.errors_logged("taking handed-off messages"):
+                    if transport.handoffs.accept(handoffs, queues):
+                        self.kick()  # let the pool pick the new job up in the next iteration
+                return
+            if payloads and not queues:
+                return  # only handoffs to other workers: nothing to look at
+        # Only the no-ack queues a notification names are looked at: a published task
+        # goes straight to its claim, without a look at the remote-control queue first.
+        transport.notified(queues)
         transport.drain.wake()
         self.drain()
 

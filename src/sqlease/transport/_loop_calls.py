@@ -60,9 +60,7 @@ class LoopCalls:
         self._done: deque[Done] = deque()
         #: The statement under way: how it is going, its jobs, what its rows mean, and until
         #: when (with what next delay) a dropped connection is ridden out.
-        self._sending: (
-            tuple[Sending, list[Job], Op[list[Done]], float, float] | None
-        ) = None
+        self._sending: tuple[Sending, list[Job], Op[list[Done]], float, float] | None = None
         self._fairy: Any = None
         #: The socket registered with the hub, and whether for writing (else reading).
         self._watched: tuple[int, bool] | None = None

@@ -125,7 +125,6 @@ class Transport(virtual.Transport):
             self._results = ResultStore(self.store)
         return self._results
 
-
     def driver_version(self) -> str:
         return str(sqlalchemy.__version__)
 

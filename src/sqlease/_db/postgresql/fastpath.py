@@ -23,13 +23,12 @@ import psycopg
 from psycopg.pq import ExecStatus
 from psycopg.rows import dict_row
 from psycopg.waiting import Ready, Wait
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import TextClause
 
 from sqlease._db import spares as spares_module
-from sqlease._db.engine import refusal
 from sqlease._db.spares import spares_of
+from sqlease._db.translate import translate
 
 TUPLES_OK = ExecStatus.TUPLES_OK
 
@@ -203,8 +202,7 @@ class FastPath:
     ) -> BaseException:
         """A kept connection's statement failed: the connection goes back (dropped if the
         failure was a disconnect), and the error to raise, as SQLAlchemy would have."""
-        translated = refusal(error, self._where)
-        disconnected = translated is None and self._is_disconnect(fairy, error)
+        disconnected = self._is_disconnect(fairy, error)  # a refusal never is one
         if disconnected:
             # Every connection made before now is suspect, and this one is dropped
             # (invalidated and checked in) as on the unpinned path.
@@ -212,9 +210,7 @@ class FastPath:
             self.drop_spares()
         else:
             _give_back(fairy)
-        if translated is not None:
-            return translated
-        return self._dbapi_error(sql.decode(), params, error, disconnected)
+        return self._error(error, sql.decode(), params, disconnected)
 
     # ---- statements sent without waiting (the worker's event loop) ------------------------
 
@@ -249,41 +245,34 @@ class FastPath:
         return Sending(self, fairy, self._sql(statement), params)
 
     def _connect_error(self, error: psycopg.Error) -> BaseException:
-        translated = refusal(error, self._where)
-        if translated is not None:
-            return translated
         dialect = self._engine.dialect
-        return sa_exc.DBAPIError.instance(
-            None,
-            None,
-            error,
-            psycopg.Error,
-            connection_invalidated=bool(dialect.is_disconnect(error, None, None)),  # type: ignore[arg-type]
-            dialect=dialect,
-        )
+        disconnected = bool(dialect.is_disconnect(error, None, None))  # type: ignore[arg-type]
+        return self._error(error, None, None, disconnected)
 
     def _is_disconnect(self, fairy: Any, error: psycopg.Error) -> bool:
         dialect = self._engine.dialect
         return bool(dialect.is_disconnect(error, fairy.dbapi_connection, None))  # type: ignore[arg-type]
 
-    def _dbapi_error(
-        self, sql: str, params: Mapping[str, Any], error: psycopg.Error, disconnected: bool
+    def _error(
+        self,
+        error: psycopg.Error,
+        sql: str | None,
+        params: Mapping[str, Any] | None,
+        disconnected: bool,
     ) -> BaseException:
-        return sa_exc.DBAPIError.instance(
-            sql,
-            dict(params),
+        return translate(
             error,
-            psycopg.Error,
-            connection_invalidated=disconnected,
+            where=self._where,
             dialect=self._engine.dialect,
+            dbapi_base=psycopg.Error,
+            sql=sql,
+            params=params,
+            disconnected=disconnected,
         )
 
     def _as_sqlalchemy_error(
         self, conn: Any, sql: str, params: Mapping[str, Any], error: psycopg.Error
     ) -> BaseException:
-        translated = refusal(error, self._where)
-        if translated is not None:
-            return translated
         wrapper = conn.connection
         disconnected = self._is_disconnect(wrapper, error)
         if disconnected:
@@ -292,7 +281,7 @@ class FastPath:
             self._engine.pool._invalidate(wrapper, error)
             conn.invalidate(error)
             self.drop_spares()
-        return self._dbapi_error(sql, params, error, disconnected)
+        return self._error(error, sql, params, disconnected)
 
 
 #: psycopg runs a statement as a generator that yields what it waits for on the socket

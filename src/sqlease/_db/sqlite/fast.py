@@ -29,9 +29,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import ClauseElement
 
 from sqlease._db import spares as spares_module
-from sqlease._db.engine import refusal
 from sqlease._db.spares import spares_of
 from sqlease._db.sqlite.fork_guard import sqlite_section
+from sqlease._db.translate import translate
 
 #: Compiles statements with ``:name`` placeholders, which sqlite3 binds from a dict itself.
 _NAMED = sqlite_dialect.dialect(paramstyle="named")
@@ -191,13 +191,6 @@ class SqliteFast:
 def _as_sqlalchemy_error(
     error: sqlite3.Error, sql: str | None, params: Any, where: str
 ) -> BaseException:
-    translated = refusal(error, where)
-    if translated is not None:
-        return translated
-    return sa_exc.DBAPIError.instance(
-        sql,
-        params if isinstance(params, dict | list | tuple) else None,
-        error,
-        sqlite3.Error,
-        dialect=_NAMED,
+    return translate(
+        error, where=where, dialect=_NAMED, dbapi_base=sqlite3.Error, sql=sql, params=params
     )
