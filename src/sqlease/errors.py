@@ -18,7 +18,11 @@
     ├── ContextUnavailable (also RuntimeError) sqlease.context() outside a sqlease delivery
     ├── UnknownTask (also LookupError)         Admin: no task with that id
     ├── InvalidTransition (also ValueError)    Admin: the task's state does not allow the action
-    └── InvalidAnswer (also ValueError)        an answer does not match what the task asked for
+    ├── InvalidAnswer (also ValueError)        an answer does not match what the task asked for
+    ├── InvalidSchedule (also ValueError)      a periodic task entry is wrong (``field`` says where)
+    │   └── DuplicateSchedule                  an entry with that name exists already
+    ├── UnknownSchedule (also LookupError)     no periodic task entry with that name
+    └── LeadershipLost                         a beat's leader lease is gone: its write was refused
 
 ``LeaseLost`` and ``WaitingForPerson`` are control signals, not failures: a task lets them
 propagate and Celery records nothing. Every class keeps its constructor's arguments as
@@ -161,3 +165,31 @@ class InvalidTransition(SqleaseError, ValueError):
 
 class InvalidAnswer(SqleaseError, ValueError):
     """An answer does not match what the task asked for."""
+
+
+class InvalidSchedule(SqleaseError, ValueError):
+    """A periodic task entry is wrong; ``field`` names what (``schedule``, ``task``, ...)."""
+
+    def __init__(self, name: str, field: str, problem: str) -> None:
+        super().__init__(name, field, problem)
+        self.name = name
+        self.field = field
+        self.problem = problem
+
+    def __str__(self) -> str:
+        return f"periodic task {self.name!r}: {self.field}: {self.problem}"
+
+
+class DuplicateSchedule(InvalidSchedule):
+    """An entry with that name exists already."""
+
+    def __init__(self, name: str, field: str = "name", problem: str = "") -> None:
+        super().__init__(name, field, problem or "an entry with this name exists already")
+
+
+class UnknownSchedule(SqleaseError, LookupError):
+    """No periodic task entry with that name."""
+
+
+class LeadershipLost(SqleaseError):
+    """A beat's leader lease expired or was taken over: the write it fenced was refused."""

@@ -35,6 +35,10 @@ def _statements(name: str) -> dict[str, str | None]:
             rendered[f"fragment {attr}"] = value
         elif value is None:
             rendered[attr] = None
+    from sqlease._db.leaders import leader_statements
+
+    for attr, value in sorted(vars(leader_statements(build_tables(PREFIX), name)).items()):
+        rendered[f"leader {attr}"] = value.text
     return rendered
 
 

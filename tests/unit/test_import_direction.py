@@ -35,8 +35,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_celery_defaults",
         "loop_calls",
         "background",
+        "beat",
     ),
-    "facade": ("store", "admin", "revokes", "transactions", "_registry"),
+    "facade": ("store", "admin", "revokes", "transactions", "_registry", "_schedules"),
     "core": ("_core", "options"),
     "db": ("_db",),
     "base": ("errors", "types", "delivery", "_aliases", "urls", "testing"),
@@ -56,6 +57,8 @@ ADAPTER_EDGES = {
     ("__main__", "cli"),
     ("cli", "_demo"),
     ("_demo", "_demo_app"),
+    # the beat finds the app's sqlease broker URL as the backend does
+    ("beat", "_celery_defaults"),
 }
 FOREIGN = ("kombu", "celery", "billiard", "vine")
 

@@ -73,6 +73,14 @@ def _migration_5(conn: Connection, tables: Tables) -> None:
         conn.execute(text(f"CREATE SEQUENCE IF NOT EXISTS {offers_sequence(tables)}"))
 
 
+def _migration_6(conn: Connection, tables: Tables) -> None:
+    # Periodic tasks: the entries, their indexes and the beat's leader lease.
+    for table in (tables.schedules, tables.leaders):
+        table.create(conn, checkfirst=True)
+        for index in table.indexes:
+            index.create(conn, checkfirst=True)
+
+
 # Each entry moves the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_1,
@@ -80,6 +88,7 @@ MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_3,
     _migration_4,
     _migration_5,
+    _migration_6,
 ]
 CURRENT_VERSION = len(MIGRATIONS)
 

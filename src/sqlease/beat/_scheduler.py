@@ -1,0 +1,258 @@
+"""``sqlease.beat:Scheduler``: Celery beat on a fenced leader lease, entries in SQL.
+
+Every beat process (``celery beat -S sqlease.beat:Scheduler``, or ``celery worker -B``) ticks;
+the one holding the leader lease fires, the others are standbys that try to take the lease
+over a few times per lease. The leader syncs ``beat_schedule`` into the entries when it takes
+the lease, so the config of the leader that started last wins, and reads the entries from SQL
+at every tick, so an edit made through Admin or the CLI counts at the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from celery import beat
+from celery.schedules import crontab
+from sqlalchemy.engine import URL
+
+from sqlease._celery_defaults import broker_urls
+from sqlease._core.schedules import EntryRow, ScheduleStore, Term, sync_config
+from sqlease._registry import store_for
+from sqlease._schedules.specs import EntrySpec, entry_spec
+from sqlease.beat._firing import Firing
+from sqlease.beat._options import BeatOptions, beat_options
+from sqlease.errors import ConfigurationError, DatabaseUnavailable, LeadershipLost
+from sqlease.options import TransportOptions
+from sqlease.urls import to_sqlalchemy_url
+
+logger = logging.getLogger("sqlease.beat")
+
+#: Due entries read per tick; a full batch makes the tick return 0 (tick again at once).
+BATCH = 200
+#: After a failed send, the entry is left alone this long by this process (its slot stays
+#: due in SQL: nothing is lost, and a fixed entry fires at the next tick after that).
+RETRY_FAILED_S = 30.0
+
+
+def _beat_url(app: Any) -> URL:
+    url = app.conf.get("sqlease_beat_url")
+    if url is None:
+        urls = [u for u in broker_urls(app) if u.startswith("sqlease")]
+        if not urls:
+            raise ConfigurationError(
+                "sqlease.beat:Scheduler sends through a sqlease broker: set broker_url to "
+                "'sqlease+postgresql://…' or 'sqlease+sqlite:///…' (or sqlease_beat_url)"
+            )
+        url = urls[0]
+    return to_sqlalchemy_url(str(url))
+
+
+class Scheduler(beat.Scheduler):  # type: ignore[misc]
+    """Celery's scheduler interface over sqlease's entries and leader lease."""
+
+    #: The database's clock unless a test gives one (epoch milliseconds).
+    clock: Callable[[], int] | None = None
+
+    def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+        self.clock = kwargs.pop("clock", None)
+        self._owner = kwargs.pop("owner", None) or (
+            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        )
+        self.term: Term | None = None
+        self._renewed_ms = 0
+        self._backoff: dict[str, float] = {}
+        self._entries: ScheduleStore | None = None
+        super().__init__(app, *args, **kwargs)
+
+    # ---- set-up ------------------------------------------------------------------------
+
+    def setup_schedule(self) -> None:
+        self.options: BeatOptions = beat_options(self.app)
+        transport = TransportOptions.parse(self.app.conf.get("broker_transport_options") or {})
+        store = store_for(_beat_url(self.app), transport)
+        self._entries = ScheduleStore(store, clock=self.clock)
+        # Checked now: a bad entry stops beat at start, naming it, before anything is synced.
+        self._config = self._config_specs()
+
+    def _config_specs(self) -> dict[str, EntrySpec]:
+        defaults: dict[str, Any] = {}
+        conf = self.app.conf
+        # As Celery's install_default_entries: results that do not expire by themselves.
+        cleanup = conf.result_expires and not self.app.backend.supports_autoexpire
+        if cleanup and "celery.backend_cleanup" not in (conf.beat_schedule or {}):
+            defaults["celery.backend_cleanup"] = {
+                "task": "celery.backend_cleanup",
+                "schedule": crontab("0", "4", "*"),
+                "options": {"expires": 12 * 3600},
+            }
+        merged = dict(defaults, **(conf.beat_schedule or {}))
+        specs = {}
+        for name, entry in merged.items():
+            entry = dict(entry)
+            entry.setdefault("catch_up", self.options.catch_up)
+            entry.setdefault("catch_up_limit", self.options.catch_up_limit)
+            specs[name] = entry_spec(name, entry)
+        return specs
+
+    @property
+    def entries(self) -> ScheduleStore:
+        if self._entries is None:
+            self.setup_schedule()
+        assert self._entries is not None
+        return self._entries
+
+    # ---- time and leadership -----------------------------------------------------------
+
+    def _now(self) -> int:
+        return self.entries._now(None)
+
+    def _lead(self, now: int) -> Term | None:
+        """Renew the lease (every third of it, by the store's clock) or try to take it; the
+        term held, if any."""
+        if self.term is not None:
+            if now - self._renewed_ms < self.options.renew_every * 1000:
+                return self.term
+            if self.entries.renew(self.term, self.options.lease_ms):
+                self._renewed_ms = now
+                return self.term
+            logger.warning(
+                "sqlease beat: %s lost the leader lease (term %d); standing by",
+                self._owner,
+                self.term.term,
+            )
+            self.term = None
+        term = self.entries.acquire(self._owner, self.options.lease_ms)
+        if term is not None:
+            self._renewed_ms = now
+            self.term = term
+            logger.info("sqlease beat: %s leads (term %d)", self._owner, term.term)
+            self._on_elected(term)
+        return self.term
+
+    def _on_elected(self, term: Term) -> None:
+        now = self._now()
+        config = {name: (spec.columns(), spec.digest()) for name, spec in self._config.items()}
+        with self.entries.firing(term, self.options.lease_ms) as conn:
+            done = sync_config(self.entries, conn, config, now)
+        if any(done.values()):
+            logger.info(
+                "sqlease beat: beat_schedule synced: %s",
+                ", ".join(f"{len(v)} {k}" for k, v in done.items()),
+            )
+        info = {
+            "owner": self._owner,
+            "host": socket.gethostname(),
+            "tasks": sorted(self.app.tasks.keys()),
+            "timezone": str(self.app.timezone),
+        }
+        self.entries.publish_info(term, info)
+
+    # ---- Celery's interface --------------------------------------------------------------
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One pass: lead or stand by, then (leading) plan, fire what is due. The seconds to
+        sleep before the next pass."""
+        try:
+            now = self._now()
+            term = self._lead(now)
+            if term is None:
+                return self.options.standby_poll
+            return self._pass(term, now)
+        except LeadershipLost as lost:
+            logger.warning("sqlease beat: %s", lost)
+            self.term = None
+            return self.options.standby_poll
+        except DatabaseUnavailable as error:
+            logger.warning("sqlease beat: the database is unavailable (%s); retrying", error)
+            return min(self.options.standby_poll * 10, 5.0)
+
+    def _pass(self, term: Term, now: int) -> float:
+        firing = Firing(self.app, self.entries, self.options, self.producer)
+        for entry in self.entries.unplanned(BATCH):
+            self._guarded(entry, self._unplanned, firing, term, entry, now)
+        due = self.entries.due(now, BATCH)
+        for entry in due:
+            self._guarded(entry, firing.fire_due, term, entry, now)
+        if len(due) == BATCH:
+            return 0.0
+        next_due = self.entries.next_due_ms()
+        wait = self.options.renew_every
+        if next_due is not None:
+            wait = min(wait, max(0.0, (next_due - self._now()) / 1000.0))
+        return float(min(wait, self.max_interval))
+
+    def _unplanned(self, firing: Firing, term: Term, entry: EntryRow, now: int) -> None:
+        if entry.run_requested_at_ms is not None:
+            firing.run_now(term, entry)
+            entry = self.entries.require(entry.name)
+        if entry.enabled and entry.next_run_at_ms is None:
+            firing.plan_next(term, entry, now)
+
+    def _guarded(self, entry: EntryRow, work: Callable[..., Any], *args: Any) -> None:
+        """Run one entry's work; a failure (a bad option, an unknown serializer) is logged
+        and recorded on its timeline, and the entry waits RETRY_FAILED_S in this process."""
+        if self._backoff.get(entry.name, 0.0) > time.monotonic():
+            return
+        try:
+            work(*args)
+        except (LeadershipLost, DatabaseUnavailable):
+            raise
+        except Exception as error:
+            logger.exception("sqlease beat: could not send %s (%s)", entry.name, entry.task)
+            self._backoff[entry.name] = time.monotonic() + RETRY_FAILED_S
+            if self.term is not None:
+                with self.entries.firing(self.term, self.options.lease_ms) as conn:
+                    data = {"error": f"{type(error).__name__}: {error}"}
+                    self.entries.event(conn, entry.name, "fire_failed", data)
+        else:
+            self._backoff.pop(entry.name, None)
+
+    def sync(self) -> None:
+        pass  # every fire is written when it happens
+
+    def close(self) -> None:
+        """Give the lease up, so that a standby takes over at once."""
+        term, self.term = self.term, None
+        if term is not None and self._entries is not None:
+            try:
+                self._entries.release(term)
+                logger.info("sqlease beat: %s gave up the leader lease", self._owner)
+            except Exception:
+                logger.warning("sqlease beat: could not release the leader lease", exc_info=True)
+        super().close()
+
+    @property
+    def schedule(self) -> dict[str, beat.ScheduleEntry]:
+        """The entries as Celery's ScheduleEntry objects (for introspection)."""
+        from sqlease._schedules.specs import from_spec, loads
+
+        found = {}
+        for row in self.entries.all():
+            found[row.name] = beat.ScheduleEntry(
+                name=row.name,
+                task=row.task,
+                schedule=from_spec(row.name, row.schedule, self.app),
+                args=tuple(loads(row.args)),
+                kwargs=loads(row.kwargs),
+                options=loads(row.options),
+                total_run_count=row.total_run_count,
+                app=self.app,
+            )
+        return found
+
+    @schedule.setter
+    def schedule(self, value: Any) -> None:
+        pass  # Celery's __init__ sets self.data; the entries live in SQL
+
+    @property
+    def info(self) -> str:
+        # Celery prints it from a lazy scheduler: no connection is made for it.
+        url = _beat_url(self.app).render_as_string(hide_password=True)
+        lease = beat_options(self.app).lease_seconds
+        return f"    . sqlease -> {url} (leader lease {lease:g}s, owner {self._owner})"
