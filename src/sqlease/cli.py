@@ -1,4 +1,5 @@
-"""The ``sqlease`` command line: the verbs of ``sqlease.Admin``, plus ``migrate`` and ``demo``.
+"""The ``sqlease`` command line: the verbs of ``sqlease.Admin``, plus ``migrate`` and ``demo``
+(``schedules …``: sqlease._cli_schedules).
 
 ``sqlease --url sqlease+postgresql://… status`` (or set ``SQLEASE_URL``). Human-readable
 tables by default, ``--json`` for scripts. Errors name what was wrong and exit with status 2
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sqlease import _cli_schedules as schedules_cli
 from sqlease.errors import SqleaseError
 
 
@@ -114,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     grant.add_argument("--apply", action="store_true", help="run them against --url")
     purge = sub.add_parser("purge", parents=[common], help="delete a queue's undelivered tasks")
     purge.add_argument("queue")
+    schedules_cli.add_parser(sub, common)
     return parser
 
 
@@ -304,6 +307,7 @@ _ADMIN: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "reject": _reject,
     "maintain": _maintain,
     "purge": _purge,
+    "schedules": lambda args, admin: schedules_cli.run(args, admin, _out, _table),
 }
 
 

@@ -139,7 +139,7 @@ def test_missed_slots_follow_the_entry_policy(
         "skip": dict(EVERY_MINUTE, catch_up="skip"),
         "all": dict(EVERY_MINUTE, catch_up="all", catch_up_limit=3),
     }
-    s = scheduler(make_app(entries, sqlease_beat_skip_grace_seconds=30), beat_clock, schedulers)
+    s = scheduler(make_app(entries, sqlease_beat_grace_seconds=30), beat_clock, schedulers)
     s.tick()
     beat_clock.set(START + 10 * 60_000 + 45_000)  # ten slots came; the last is 45 s late
     s.tick()
@@ -281,3 +281,18 @@ def test_the_tick_reads_only_due_entries(
     wait = s.tick()
     assert 0 < wait <= 10.0
     assert len(sent(s)) == 1
+
+
+def test_admin_refuses_a_task_the_beat_app_does_not_know(
+    make_app: Callable[..., Celery], beat_clock: FakeClock, schedulers: list[Scheduler]
+) -> None:
+    from sqlease.admin import Admin
+
+    s = scheduler(make_app({}), beat_clock, schedulers)
+    s.tick()  # the leader publishes its app's task names
+    admin = Admin(s.entries.store.engine.url, store=s.entries.store)
+    with pytest.raises(InvalidSchedule, match="did you mean beat_test.tick") as raised:
+        admin.add_schedule("x", "beat_test.tik", every=10)
+    assert raised.value.field == "task"
+    admin.add_schedule("x", "beat_test.tik", every=10, check_task=False)  # on purpose
+    assert admin.beat_leader()["owner"] == "b1"

@@ -196,3 +196,14 @@ def test_solar_and_unsupported_schedules() -> None:
 
     with pytest.raises(InvalidSchedule, match="not supported"):
         to_spec("x", Custom(10))
+
+
+def test_slots_a_takeover_delayed_fire_under_every_policy() -> None:
+    app = app_in("UTC")
+    sched = from_spec("e", to_spec("e", 1), app)
+    now = ms(datetime(2026, 1, 1, 12, 0, 10, tzinfo=UTC))
+    first = now - 2_500  # the leader died; a standby took over 2.5 s of slots later
+    for policy in ("skip", "once", "all"):
+        p = plan(sched, first, now, app, catch_up=policy, limit=1, grace_ms=4_000)
+        assert p.fire == [first, first + 1_000, first + 2_000], policy
+        assert p.skipped == 0 and p.next_ms == first + 3_000

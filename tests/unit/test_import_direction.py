@@ -36,6 +36,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "loop_calls",
         "background",
         "beat",
+        "_cli_schedules",
     ),
     "facade": ("store", "admin", "revokes", "transactions", "_registry", "_schedules"),
     "core": ("_core", "options"),
@@ -56,6 +57,7 @@ ADAPTER_EDGES = {
     # the command line, its demo command and the demo's Celery app
     ("__main__", "cli"),
     ("cli", "_demo"),
+    ("cli", "_cli_schedules"),
     ("_demo", "_demo_app"),
     # the beat finds the app's sqlease broker URL as the backend does
     ("beat", "_celery_defaults"),

@@ -184,11 +184,16 @@ def plan(
     limit: int,
     grace_ms: int,
 ) -> Plan:
-    """The slots from ``first_ms`` (due) to ``now_ms``, and which of them fire:
+    """The slots from ``first_ms`` (due) to ``now_ms``, and which of them fire.
 
-    - ``once`` (Celery's own behaviour): the latest slot, however many were missed;
-    - ``skip``: the latest slot if it is at most ``grace_ms`` late, else none;
-    - ``all``: every slot, oldest first, the latest ``limit`` of them at most.
+    A slot at most ``grace_ms`` late is on time and always fires (a takeover delays slots by
+    up to a lease; it must not lose them). Older slots were missed (no beat ran), and the
+    policy decides:
+
+    - ``once`` (Celery's own behaviour): the latest missed slot, unless an on-time slot
+      fires anyway;
+    - ``skip``: none;
+    - ``all``: every missed slot, oldest first, the latest ``limit`` of them at most.
     """
     due = [first_ms]
     slot = next_slot(sched, first_ms, app)
@@ -200,13 +205,14 @@ def plan(
             break
         due.append(slot)
         slot = next_slot(sched, slot, app)
-    latest = due[-1]
+    on_time = [s for s in due if now_ms - s <= grace_ms]
+    missed = due[: len(due) - len(on_time)]
     if catch_up == "all":
-        fire = due[-max(1, limit) :]
-    elif catch_up == "skip":
-        fire = [latest] if now_ms - latest <= grace_ms else []
+        fire = missed[-max(1, limit) :] + on_time
+    elif catch_up == "once" and missed and not on_time:
+        fire = [missed[-1]]
     else:
-        fire = [latest]
+        fire = on_time
     return Plan(fire, len(due) - len(fire), slot, more, due)
 
 

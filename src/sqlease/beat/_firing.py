@@ -83,7 +83,7 @@ class Firing:
         sched = self._schedule(entry)
         is_cron = entry.schedule.get("kind") == "crontab"
         deadline = self.options.cron_deadline_seconds
-        catch_up, grace = entry.catch_up, self.options.skip_grace_seconds
+        catch_up, grace = entry.catch_up, self.options.grace_seconds
         if is_cron and deadline is not None and catch_up == "once":
             catch_up, grace = "skip", deadline  # Celery's beat_cron_starting_deadline
         p = plan(

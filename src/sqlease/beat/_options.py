@@ -21,9 +21,9 @@ SETTINGS: dict[str, Any] = {
     "sqlease_beat_catch_up": "once",
     # The most missed slots "all" fires for one entry at a time.
     "sqlease_beat_catch_up_limit": 100,
-    # How late a slot may be and still count as on time for "skip" (default: twice the
-    # lease, so a takeover does not skip the slot it delayed).
-    "sqlease_beat_skip_grace_seconds": None,
+    # How late a slot may be and still count as on time, fired whatever the catch-up policy
+    # (default: twice the lease, so a takeover loses none of the slots it delayed).
+    "sqlease_beat_grace_seconds": None,
     # The database of the entries; default: the broker's (beat sends through the broker).
     "sqlease_beat_url": None,
 }
@@ -40,7 +40,7 @@ class BeatOptions:
     lease_seconds: float
     catch_up: str
     catch_up_limit: int
-    skip_grace_seconds: float
+    grace_seconds: float
     #: Celery's ``beat_cron_starting_deadline``: a crontab's missed slot older than this is
     #: not caught up (as Celery's own scheduler does).
     cron_deadline_seconds: float | None
@@ -77,12 +77,8 @@ def beat_options(app: Celery) -> BeatOptions:
         raise ConfigurationError(
             f"sqlease_beat_catch_up_limit must be a positive integer, not {limit!r}"
         )
-    grace = get("sqlease_beat_skip_grace_seconds")
-    grace = (
-        2 * lease
-        if grace is None
-        else _seconds("sqlease_beat_skip_grace_seconds", grace, minimum=0)
-    )
+    grace = get("sqlease_beat_grace_seconds")
+    grace = 2 * lease if grace is None else _seconds("sqlease_beat_grace_seconds", grace, minimum=0)
     deadline = conf.get("beat_cron_starting_deadline")
     if deadline is not None:
         deadline = _seconds("beat_cron_starting_deadline", deadline, minimum=0)

@@ -1,0 +1,149 @@
+"""Three real ``celery beat`` processes on one database: the leader is SIGKILLed once and
+SIGSTOPped past its lease once; every one-second slot fires exactly once and none is lost,
+checked from the tasks the beats enqueued (their slot headers and derived task ids)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from sqlease.beat import slot_task_id
+from sqlease.store import Store
+
+APPS = Path(__file__).parent / "apps"
+SLOTS = 30
+
+
+def _leader(store: Store) -> str | None:
+    leaders = store.tables.leaders
+    with store._reading() as conn:
+        row = conn.execute(select(leaders.c.owner, leaders.c.expires_at_ms)).first()
+    if row is None or row[1] <= store.now_ms():
+        return None
+    return str(row[0])
+
+
+def _fired(store: Store) -> list[tuple[str, int]]:
+    from datetime import datetime
+
+    m = store.tables.messages
+    with store._reading() as conn:
+        rows = conn.execute(select(m.c.task_id, m.c.payload).order_by(m.c.id)).all()
+    out = []
+    for task_id, payload in rows:
+        headers = json.loads(payload)["headers"]
+        slot = int(datetime.fromisoformat(headers["sqlease_slot"]).timestamp() * 1000)
+        out.append((task_id, slot))
+    return out
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_three_beats_fire_every_slot_once_through_a_kill_and_a_stall(
+    db_url: str, tmp_path: Path
+) -> None:
+    prefix = f"b{os.getpid()}_{uuid.uuid4().hex[:6]}_"
+    store = Store(db_url, table_prefix=prefix)  # creates the tables before the beats start
+    env = dict(
+        os.environ,
+        BEAT_BROKER=f"sqlease+{db_url}",
+        BEAT_PREFIX=prefix,
+        BEAT_LEASE="2",
+        PYTHONPATH=os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+    )
+    beats: dict[int, subprocess.Popen[bytes]] = {}
+    logs = []
+
+    def start(n: int) -> None:
+        log = open(tmp_path / f"beat{n}.log", "wb")  # noqa: SIM115 - closed at the end
+        logs.append(log)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "beat_app",
+                "beat",
+                "-l",
+                "info",
+                "--pidfile=",
+                "-s",
+                str(tmp_path / f"unused-{n}"),
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        beats[proc.pid] = proc
+
+    def leader_pid() -> int | None:
+        owner = _leader(store)
+        if owner is None:
+            return None
+        pid = int(owner.split(":")[1])
+        return pid if pid in beats else None
+
+    try:
+        for n in range(3):
+            start(n)
+        first = _wait(leader_pid, 30, "a leader")
+        _wait(lambda: len(_fired(store)) >= 5, 30, "five fires")
+        os.kill(first, signal.SIGKILL)  # the leader dies mid-schedule
+        second = _wait(
+            lambda: (p := leader_pid()) not in (None, first) and p, 10, "a takeover after the kill"
+        )
+        _wait(lambda: len(_fired(store)) >= 15, 30, "fires after the takeover")
+        os.kill(second, signal.SIGSTOP)  # the next leader stalls past its lease
+        third = _wait(
+            lambda: (p := leader_pid()) not in (None, first, second) and p,
+            10,
+            "a takeover after the stall",
+        )
+        time.sleep(1.5)
+        os.kill(second, signal.SIGCONT)  # wakes up as a stale leader: must write nothing
+        _wait(lambda: len(_fired(store)) >= SLOTS, 60, f"{SLOTS} fires")
+        time.sleep(2.5)  # the woken leader has had time to try
+        assert leader_pid() == third
+    finally:
+        for proc in beats.values():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+        for log in logs:
+            log.close()
+    fired = _fired(store)
+    task_ids = [t for t, _ in fired]
+    slots = sorted(s for _, s in fired)
+    report = "\n".join((tmp_path / f"beat{n}.log").read_text()[-3000:] for n in range(3))
+    assert len(task_ids) == len(set(task_ids)), "a slot fired twice\n" + report
+    assert len(slots) == len(set(slots)), "a slot fired twice\n" + report
+    gaps = [(a, b) for a, b in itertools.pairwise(slots) if b - a != 1000]
+    assert not gaps, f"slots lost between {gaps}\n{report}"
+    assert len(slots) >= SLOTS
+    assert all(t == slot_task_id(prefix, "every-second", s) for t, s in fired)
+    assert "lost the leader lease" in report or "no longer held" in report, report
