@@ -37,8 +37,11 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "ContextUnavailable",
         "DatabaseReadOnly",
         "DatabaseUnavailable",
+        "DuplicateSchedule",
         "InvalidAnswer",
+        "InvalidSchedule",
         "InvalidTransition",
+        "LeadershipLost",
         "LeaseLost",
         "OutcomeUnknown",
         "PayloadTooLarge",
@@ -47,6 +50,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "SchemaMissing",
         "SchemaVersionMismatch",
         "SqleaseError",
+        "UnknownSchedule",
         "UnknownTask",
         "WaitingForPerson",
     ),
@@ -84,10 +88,19 @@ if TYPE_CHECKING:  # what type checkers see; the same names as _EXPORTS (pinned 
         DatabaseUnavailable as DatabaseUnavailable,
     )
     from sqlease.errors import (
+        DuplicateSchedule as DuplicateSchedule,
+    )
+    from sqlease.errors import (
         InvalidAnswer as InvalidAnswer,
     )
     from sqlease.errors import (
+        InvalidSchedule as InvalidSchedule,
+    )
+    from sqlease.errors import (
         InvalidTransition as InvalidTransition,
+    )
+    from sqlease.errors import (
+        LeadershipLost as LeadershipLost,
     )
     from sqlease.errors import (
         LeaseLost as LeaseLost,
@@ -112,6 +125,9 @@ if TYPE_CHECKING:  # what type checkers see; the same names as _EXPORTS (pinned 
     )
     from sqlease.errors import (
         SqleaseError as SqleaseError,
+    )
+    from sqlease.errors import (
+        UnknownSchedule as UnknownSchedule,
     )
     from sqlease.errors import (
         UnknownTask as UnknownTask,

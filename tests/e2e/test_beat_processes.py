@@ -147,3 +147,64 @@ def test_three_beats_fire_every_slot_once_through_a_kill_and_a_stall(
     assert len(slots) >= SLOTS
     assert all(t == slot_task_id(prefix, "every-second", s) for t, s in fired)
     assert "lost the leader lease" in report or "no longer held" in report, report
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_with_embedded_beat_runs_the_entries(db_url: str, tmp_path: Path) -> None:
+    """``celery worker -B`` with ``-S sqlease`` (the entry point alias): the worker's own beat
+    leads and its tasks run."""
+    from sqlease.admin import Admin
+
+    prefix = f"w{os.getpid()}_{uuid.uuid4().hex[:6]}_"
+    Store(db_url, table_prefix=prefix)  # the tables, before the worker starts
+    env = dict(
+        os.environ,
+        BEAT_BROKER=f"sqlease+{db_url}",
+        BEAT_PREFIX=prefix,
+        PYTHONPATH=os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+    )
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "beat_app",
+                "worker",
+                "-B",
+                "-S",
+                "sqlease",
+                "-l",
+                "info",
+                "--pool",
+                "solo",
+                "--without-mingle",
+                "--without-gossip",
+                "-s",
+                str(tmp_path / "unused"),
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    admin = Admin(f"sqlease+{db_url}", table_prefix=prefix)
+    try:
+
+        def fired_three() -> bool:
+            entries = admin.list_schedules()
+            return bool(entries) and entries[0]["total_run_count"] >= 3
+
+        _wait(fired_three, 60, "three fires")
+        _wait(
+            lambda: admin.get_schedule("every-second")["last_state"] == "succeeded",
+            30,
+            "the last fire to run",
+        )
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert "leads (term 1)" in log_path.read_text()

@@ -291,7 +291,7 @@ def test_admin_refuses_a_task_the_beat_app_does_not_know(
     s = scheduler(make_app({}), beat_clock, schedulers)
     s.tick()  # the leader publishes its app's task names
     admin = Admin(s.entries.store.engine.url, store=s.entries.store)
-    with pytest.raises(InvalidSchedule, match="did you mean beat_test.tick") as raised:
+    with pytest.raises(InvalidSchedule, match=r"did you mean beat_test\.tick") as raised:
         admin.add_schedule("x", "beat_test.tik", every=10)
     assert raised.value.field == "task"
     admin.add_schedule("x", "beat_test.tik", every=10, check_task=False)  # on purpose

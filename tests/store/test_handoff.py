@@ -309,14 +309,10 @@ def test_a_final_result_puts_back_its_workers_offer_only_under_its_lease(
     assert held is not None and held.lease_owner == OWNER  # handed over: the offer is used up
     assert offers_of(store) == {}
     # A stamp made before the worker heard of that handoff leaves the used offer alone.
-    assert (
-        results.put("k0", b"{}", state="SUCCESS", fence=held.fence, offer=STAMP) is STORED
-    )
+    assert results.put("k0", b"{}", state="SUCCESS", fence=held.fence, offer=STAMP) is STORED
     assert offers_of(store) == {}
     stamp = {**STAMP, "seen": {"q": handed_seq(listener, held.id)}}
-    assert (
-        results.put("k1", b"{}", state="SUCCESS", fence=held.fence, offer=stamp) is STORED
-    )
+    assert results.put("k1", b"{}", state="SUCCESS", fence=held.fence, offer=stamp) is STORED
     assert offers_of(store) == {(OWNER, "q"): clock() + TTL_MS}
     following = store.get_message(store.enqueue("q", "{}"))
     assert following is not None and following.lease_owner == OWNER  # the next is handed over

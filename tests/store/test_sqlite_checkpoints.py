@@ -19,9 +19,7 @@ PAYLOAD = "x" * 3000  # about one page per message: a few hundred messages pass 
 
 def _fill(store: Store, count: int) -> None:
     for start in range(0, count, 50):
-        store.enqueue_many(
-            [NewMessage("q", PAYLOAD, task_id=f"t{start + i}") for i in range(50)]
-        )
+        store.enqueue_many([NewMessage("q", PAYLOAD, task_id=f"t{start + i}") for i in range(50)])
 
 
 def _wal_frames(path: Path) -> int:

@@ -56,9 +56,7 @@ def _ddl(name: str) -> dict[str, str]:
 
 
 def render() -> dict[str, Any]:
-    return {
-        name: {"statements": _statements(name), "schema": _ddl(name)} for name in DIALECTS
-    }
+    return {name: {"statements": _statements(name), "schema": _ddl(name)} for name in DIALECTS}
 
 
 if __name__ == "__main__":

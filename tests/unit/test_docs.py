@@ -41,6 +41,7 @@ REFERENCE = DOCS / "reference"
 PUBLIC_MODULES = frozenset(
     {
         "transport",
+        "beat",
         "backend",
         "cli",
         "errors",
@@ -241,7 +242,13 @@ def global_flags() -> set[str]:
 
 
 def flags_of(parser: argparse.ArgumentParser) -> set[str]:
-    return {s for a in parser._actions for s in a.option_strings}
+    """A verb's flags, and those of its own verbs (``schedules add --every``)."""
+    found = {s for a in parser._actions for s in a.option_strings}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for nested in action.choices.values():
+                found |= flags_of(nested)
+    return found
 
 
 COMMAND = re.compile(r"^(?:\$\s+)?(?:[\w./-]*python3?\s+-m\s+|[\w./-]*/)?sqlease\s+(.*)$")

@@ -187,9 +187,7 @@ def test_adapters_do_not_import_each_other() -> None:
 
 def test_core_and_database_layer_are_free_of_kombu_and_celery() -> None:
     _, foreign = _graph()
-    wrong = {
-        m: sorted(f) for m, f in foreign.items() if f and _layer(m) in ("core", "db", "base")
-    }
+    wrong = {m: sorted(f) for m, f in foreign.items() if f and _layer(m) in ("core", "db", "base")}
     wrong.pop("errors", None)
     assert not wrong
 
