@@ -296,3 +296,19 @@ def test_admin_refuses_a_task_the_beat_app_does_not_know(
     assert raised.value.field == "task"
     admin.add_schedule("x", "beat_test.tik", every=10, check_task=False)  # on purpose
     assert admin.beat_leader()["owner"] == "b1"
+
+
+def test_a_bad_entry_in_a_batch_holds_back_only_itself(
+    make_app: Callable[..., Celery], beat_clock: FakeClock, schedulers: list[Scheduler]
+) -> None:
+    entries = {f"good{i}": EVERY_MINUTE for i in range(5)}
+    entries["bad"] = dict(EVERY_MINUTE, options={"serializer": "nope"})
+    s = scheduler(make_app(entries), beat_clock, schedulers)
+    s.tick()
+    beat_clock.set(START + 60_000)
+    s.tick()
+    prefix = s.entries.store.tables.prefix
+    assert {t for t, _ in sent(s)} == {
+        slot_task_id(prefix, f"good{i}", START + 60_000) for i in range(5)
+    }
+    assert s.entries.require("bad").next_run_at_ms == START + 60_000

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from sqlease._core.schedules import EntryRow, ScheduleStore, Term
-from sqlease._schedules.specs import from_spec, loads, next_slot, plan
+from sqlease._schedules.specs import Plan, from_spec, loads, next_slot, plan
+from sqlease.errors import LeadershipLost
 from sqlease.transactions import transaction
 
 if TYPE_CHECKING:
@@ -24,6 +25,9 @@ logger = logging.getLogger("sqlease.beat")
 
 #: Task ids of fires are derived from (table prefix, entry, slot) in this namespace, so the
 #: id of a slot's task is known before it is sent, and the same wherever it is computed.
+#: Fires (or first slots planned) per leader transaction.
+CHUNK = 100
+
 TASK_ID_NAMESPACE = uuid.UUID("6c1b9d2e-8f0a-4d39-9a57-5e2f1c3b7a40")
 
 
@@ -63,6 +67,17 @@ class Firing:
             if self.entries.advance(conn, entry, next_ms=first, fired_ms=None, task_id=None):
                 self.entries.event(conn, entry.name, "planned", {"next_run_at": iso(first)})
 
+    def plan_together(self, term: Term, entries: list[EntryRow], now: int) -> None:
+        """``plan_next`` for many entries, CHUNK per leader transaction."""
+        firsts = [(e, next_slot(self._schedule(e), now, self.app)) for e in entries]
+        for start in range(0, len(firsts), CHUNK):
+            with self.entries.firing(term, self.options.lease_ms) as conn:
+                for entry, first in firsts[start : start + CHUNK]:
+                    if self.entries.advance(
+                        conn, entry, next_ms=first, fired_ms=None, task_id=None
+                    ):
+                        self.entries.event(conn, entry.name, "planned", {"next_run_at": iso(first)})
+
     def run_now(self, term: Term, entry: EntryRow) -> str | None:
         requested = entry.run_requested_at_ms
         assert requested is not None
@@ -77,17 +92,15 @@ class Firing:
             self._send(conn, entry, task_id, requested)
         return task_id
 
-    def fire_due(self, term: Term, entry: EntryRow, now: int) -> list[str]:
-        """Fire what the catch-up policy says of the slots that came; the task ids sent."""
+    def _plan(self, entry: EntryRow, now: int) -> Plan:
         assert entry.next_run_at_ms is not None
-        sched = self._schedule(entry)
         is_cron = entry.schedule.get("kind") == "crontab"
         deadline = self.options.cron_deadline_seconds
         catch_up, grace = entry.catch_up, self.options.grace_seconds
         if is_cron and deadline is not None and catch_up == "once":
             catch_up, grace = "skip", deadline  # Celery's beat_cron_starting_deadline
-        p = plan(
-            sched,
+        return plan(
+            self._schedule(entry),
             entry.next_run_at_ms,
             now,
             self.app,
@@ -95,6 +108,38 @@ class Firing:
             limit=entry.catch_up_limit,
             grace_ms=int(grace * 1000),
         )
+
+    def fire_together(self, term: Term, entries: list[EntryRow], now: int) -> list[EntryRow]:
+        """Fire the entries that have exactly one slot to fire, up to CHUNK in one leader
+        transaction (one commit for many fires: a minute boundary of 10,000 crontab entries
+        is sent in seconds). The entries left to ``fire_due`` one by one: those with missed
+        slots, and all of a chunk whose transaction failed (so that a bad entry waits alone)."""
+        alone: list[EntryRow] = []
+        simple: list[tuple[EntryRow, Plan]] = []
+        for entry in entries:
+            p = self._plan(entry, now)
+            if len(p.fire) == 1 and not p.skipped:
+                simple.append((entry, p))
+            else:
+                alone.append(entry)
+        for start in range(0, len(simple), CHUNK):
+            chunk = simple[start : start + CHUNK]
+            try:
+                with self.entries.firing(term, self.options.lease_ms) as conn:
+                    for entry, p in chunk:
+                        self._fire_on(conn, entry, p.fire[0], p.next_ms, {}, now)
+            except LeadershipLost:
+                raise
+            except Exception:
+                logger.debug(
+                    "sqlease beat: a batch of fires failed; firing one by one", exc_info=True
+                )
+                alone.extend(entry for entry, _ in chunk)
+        return alone
+
+    def fire_due(self, term: Term, entry: EntryRow, now: int) -> list[str]:
+        """Fire what the catch-up policy says of the slots that came; the task ids sent."""
+        p = self._plan(entry, now)
         skipped = {"skipped": p.skipped, "more": p.more} if p.skipped else {}
         if not p.fire:
             with self.entries.firing(term, self.options.lease_ms) as conn:
@@ -125,19 +170,33 @@ class Firing:
         skipped: dict[str, Any],
         now: int,
     ) -> str:
-        task_id = slot_task_id(self.prefix, entry.name, slot)
         with self.entries.firing(term, self.options.lease_ms) as conn:
-            if not self.entries.advance(
-                conn, entry, next_ms=following, fired_ms=slot, task_id=task_id
-            ):
-                raise Stale(entry.name)
-            data: dict[str, Any] = dict(skipped, slot=iso(slot), task_id=task_id)
-            data["late_ms"] = max(0, now - slot)
-            data["next_run_at"] = iso(following)
-            self.entries.event(conn, entry.name, "fired", data)
-            self._send(conn, entry, task_id, slot)
+            task_id = self._fire_on(conn, entry, slot, following, skipped, now)
+        if task_id is None:
+            raise Stale(entry.name)
+        return task_id
+
+    def _fire_on(
+        self,
+        conn: Connection,
+        entry: EntryRow,
+        slot: int,
+        following: int,
+        skipped: dict[str, Any],
+        now: int,
+    ) -> str | None:
+        """One slot inside the leader's transaction ``conn``: the compare-and-set, the event
+        and the send; None (nothing written) if the entry changed since it was read."""
+        task_id = slot_task_id(self.prefix, entry.name, slot)
+        if not self.entries.advance(conn, entry, next_ms=following, fired_ms=slot, task_id=task_id):
+            return None
+        data: dict[str, Any] = dict(skipped, slot=iso(slot), task_id=task_id)
+        data["late_ms"] = max(0, now - slot)
+        data["next_run_at"] = iso(following)
+        self.entries.event(conn, entry.name, "fired", data)
+        self._send(conn, entry, task_id, slot)
         logger.info(
-            "sqlease beat: sent %s (%s) for %s as %s", entry.name, entry.task, iso(slot), task_id
+            "sqlease beat: sending %s (%s) for %s as %s", entry.name, entry.task, iso(slot), task_id
         )
         return task_id
 

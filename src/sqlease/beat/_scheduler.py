@@ -174,10 +174,20 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def _pass(self, term: Term, now: int) -> float:
         firing = Firing(self.app, self.entries, self.options, self.producer)
-        for entry in self.entries.unplanned(BATCH):
+        unplanned = self.entries.unplanned(BATCH)
+        asked = [e for e in unplanned if e.run_requested_at_ms is not None]
+        for entry in asked:
             self._guarded(entry, self._unplanned, firing, term, entry, now)
+        fresh = [e for e in unplanned if e.run_requested_at_ms is None and self._ready(e)]
+        try:
+            firing.plan_together(term, fresh, now)
+        except (LeadershipLost, DatabaseUnavailable):
+            raise
+        except Exception:  # one entry's schedule cannot be computed: plan them one by one
+            for entry in fresh:
+                self._guarded(entry, firing.plan_next, term, entry, now)
         due = self.entries.due(now, BATCH)
-        for entry in due:
+        for entry in firing.fire_together(term, [e for e in due if self._ready(e)], now):
             self._guarded(entry, firing.fire_due, term, entry, now)
         if len(due) == BATCH:
             return 0.0
@@ -194,10 +204,14 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         if entry.enabled and entry.next_run_at_ms is None:
             firing.plan_next(term, entry, now)
 
+    def _ready(self, entry: EntryRow) -> bool:
+        """Not waiting out a failed send (see _guarded)."""
+        return self._backoff.get(entry.name, 0.0) <= time.monotonic()
+
     def _guarded(self, entry: EntryRow, work: Callable[..., Any], *args: Any) -> None:
         """Run one entry's work; a failure (a bad option, an unknown serializer) is logged
         and recorded on its timeline, and the entry waits RETRY_FAILED_S in this process."""
-        if self._backoff.get(entry.name, 0.0) > time.monotonic():
+        if not self._ready(entry):
             return
         try:
             work(*args)
