@@ -102,6 +102,13 @@ def test_one_leader_fires_each_slot_once(
     assert [t for t, _ in sent(a)] == expected
     entry = a.entries.require("m")
     assert entry.total_run_count == 5 and entry.last_task_id == expected[-1]
+    # linked both ways: the entry's timeline names the task, the task's names the entry
+    fired = [e for e in a.entries.store.events(task_id="schedule:m") if e.kind == "fired"]
+    assert [e.data["task_id"] for e in fired] == expected
+    own = a.entries.store.events(task_id=expected[0])
+    assert {"kind": "sent_by_schedule", "data": {"schedule": "m", "slot_ms": START + 60_000}} in [
+        {"kind": e.kind, "data": e.data} for e in own
+    ]
     assert entry.next_run_at_ms == START + 6 * 60_000
 
 

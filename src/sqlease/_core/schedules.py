@@ -314,6 +314,13 @@ class ScheduleStore:
     ) -> None:
         self._event(conn, name, kind, data, now)
 
+    def on_task(self, conn: Connection, task_id: str, name: str, slot_ms: int | None) -> None:
+        """The link from a sent task's own timeline back to the entry and slot it came from."""
+        data = {"schedule": name, "slot_ms": slot_ms}
+        self.store._insert_event(
+            conn, task_id, None, None, "sent_by_schedule", dump(data), self._at(None)
+        )
+
     def _event(self, conn: Connection, name: str, kind: str, data: Any, now: int | None) -> None:
         at = self._at(now)
         self.store._insert_event(conn, timeline_id(name), None, None, kind, dump(data), at)

@@ -90,6 +90,7 @@ class Firing:
             data = {"task_id": task_id, "requested_at": iso(requested), "manual": True}
             self.entries.event(conn, entry.name, "fired", data)
             self._send(conn, entry, task_id, requested)
+            self.entries.on_task(conn, task_id, entry.name, None)
         return task_id
 
     def _plan(self, entry: EntryRow, now: int) -> Plan:
@@ -195,6 +196,7 @@ class Firing:
         data["next_run_at"] = iso(following)
         self.entries.event(conn, entry.name, "fired", data)
         self._send(conn, entry, task_id, slot)
+        self.entries.on_task(conn, task_id, entry.name, slot)
         logger.info(
             "sqlease beat: sending %s (%s) for %s as %s", entry.name, entry.task, iso(slot), task_id
         )
