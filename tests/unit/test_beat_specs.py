@@ -98,6 +98,13 @@ def test_a_slot_in_the_hour_that_does_not_exist_fires_once_that_day() -> None:
     assert len(set(days)) == 3  # one a day, none twice, none lost
 
 
+def test_enable_utc_false_keeps_the_timezone_setting() -> None:
+    app = app_in("America/New_York", enable_utc=False)
+    t = ms(datetime(2026, 6, 1, 0, 0, tzinfo=UTC))
+    sched = from_spec("d", to_spec("d", crontab(minute=0, hour=6)), app)
+    assert at(next_slot(sched, t, app)) == datetime(2026, 6, 1, 10, 0, tzinfo=UTC)
+
+
 def test_the_timezone_setting_decides_what_a_crontab_hour_means() -> None:
     t = ms(datetime(2026, 6, 1, 0, 0, tzinfo=UTC))
     utc_app, ny_app = app_in("UTC"), app_in("America/New_York")
@@ -182,14 +189,17 @@ def test_a_crontab_round_trips_through_its_spec() -> None:
     assert to_spec("c", made) == spec
 
 
-def test_solar_and_unsupported_schedules() -> None:
-    try:
-        import ephem  # noqa: F401
-    except ImportError:
-        with pytest.raises(InvalidSchedule, match="ephem"):
-            from_spec("s", {"kind": "solar", "event": "sunset", "lat": 48.1, "lon": 11.6})
-    else:
-        assert to_spec("s", solar("sunset", 48.1, 11.6))["kind"] == "solar"
+def test_solar_slots_follow_the_sun_and_unsupported_schedules_are_refused() -> None:
+    pytest.importorskip("ephem")  # the test extra installs it
+    app = app_in("Europe/Berlin")
+    spec = to_spec("s", solar("sunset", 48.14, 11.58))
+    assert spec == {"kind": "solar", "event": "sunset", "lat": 48.14, "lon": 11.58}
+    sunset = from_spec("s", spec, app)
+    first = next_slot(sunset, ms(datetime(2026, 6, 1, tzinfo=UTC)), app)
+    second = next_slot(sunset, first, app)
+    # Munich's sunset on 1 and 2 June 2026: about 21:05 local time (19:05 UTC).
+    assert abs(first - ms(datetime(2026, 6, 1, 19, 5, 36, tzinfo=UTC))) < 60_000
+    assert 86_000_000 < second - first < 86_800_000
 
     class Custom(schedule):
         pass
