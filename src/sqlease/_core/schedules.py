@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, func, insert, select, update
 
 from sqlease._core.base import StoreBase, dump
-from sqlease._db.leaders import LeaderStatements, leader_statements
+from sqlease._core.leaders import LeaderLease, Term
 from sqlease.errors import DuplicateSchedule, LeadershipLost, UnknownSchedule
 
 #: The events of an entry's timeline carry this task id prefix and the entry's name.
@@ -109,15 +109,7 @@ def _encode(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True)
-class Term:
-    """A leader lease held: who holds it and since which takeover."""
-
-    owner: str
-    term: int
-
-
-class ScheduleStore:
+class ScheduleStore(LeaderLease):
     """Entries and the leader lease on one store."""
 
     def __init__(
@@ -127,23 +119,8 @@ class ScheduleStore:
         *,
         clock: Callable[[], int] | None = None,
     ) -> None:
-        self.store = store
+        super().__init__(store, leader, clock=clock)
         self.t = store.tables.schedules
-        self.leader = leader
-        #: The time leases and events are written at: the database's unless a test gives a
-        #: clock (the store's own, else this one).
-        self.clock = clock or store.clock
-        self._leaders: LeaderStatements = leader_statements(store.tables, store.engine.dialect.name)
-
-    def _at(self, now: int | None) -> int | None:
-        """``now`` for a statement: given, the clock's, or None (the database's clock)."""
-        if now is not None:
-            return int(now)
-        return None if self.clock is None else int(self.clock())
-
-    def _now(self, now: int | None) -> int:
-        given = self._at(now)
-        return self.store.now_ms() if given is None else given
 
     # ---- reading -----------------------------------------------------------------------
 
@@ -324,64 +301,6 @@ class ScheduleStore:
     def _event(self, conn: Connection, name: str, kind: str, data: Any, now: int | None) -> None:
         at = self._at(now)
         self.store._insert_event(conn, timeline_id(name), None, None, kind, dump(data), at)
-
-    # ---- the leader lease ----------------------------------------------------------------
-
-    def acquire(self, owner: str, lease_ms: int, *, now: int | None = None) -> Term | None:
-        """Take the lease if nobody holds it (or its holder's lease expired): the new term."""
-        params = {"name": self.leader, "owner": owner, "lease_ms": lease_ms, "now": self._at(now)}
-        with self.store._writing() as conn:
-            row = conn.execute(self._leaders.create, params).first()
-            if row is None:
-                row = conn.execute(self._leaders.take, params).first()
-        return None if row is None else Term(owner, int(row[0]))
-
-    def renew(self, term: Term, lease_ms: int, *, now: int | None = None) -> bool:
-        with self.store._writing() as conn:
-            return self._renew_on(conn, term, lease_ms, now)
-
-    def _renew_on(
-        self, conn: Connection, term: Term, lease_ms: int, now: int | None = None
-    ) -> bool:
-        params = {
-            "name": self.leader,
-            "owner": term.owner,
-            "term": term.term,
-            "lease_ms": lease_ms,
-            "now": self._at(now),
-        }
-        return conn.execute(self._leaders.renew, params).first() is not None
-
-    def release(self, term: Term, *, now: int | None = None) -> bool:
-        params = {"name": self.leader, "owner": term.owner, "term": term.term, "now": self._at(now)}
-        with self.store._writing() as conn:
-            return bool(conn.execute(self._leaders.release, params).rowcount == 1)
-
-    def publish_info(self, term: Term, info: Mapping[str, Any], *, now: int | None = None) -> bool:
-        params = {
-            "name": self.leader,
-            "owner": term.owner,
-            "term": term.term,
-            "info": json.dumps(info, sort_keys=True),
-            "now": self._at(now),
-        }
-        with self.store._writing() as conn:
-            return bool(conn.execute(self._leaders.publish_info, params).rowcount == 1)
-
-    def leader_row(self) -> dict[str, Any] | None:
-        """The lease row: owner, term, expiry, when taken, and the published info."""
-        leaders = self.store.tables.leaders
-        with self.store._reading() as conn:
-            row = (
-                conn.execute(select(leaders).where(leaders.c.name == self.leader))
-                .mappings()
-                .first()
-            )
-        if row is None:
-            return None
-        found = dict(row)
-        found["info"] = json.loads(found["info"]) if found["info"] else {}
-        return found
 
 
 def sync_config(

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
-from sqlease._core.schedules import EntryRow, ScheduleStore, Term
+from sqlease._core.leaders import Term
+from sqlease._core.schedules import EntryRow, ScheduleStore
 from sqlease._schedules.specs import Plan, from_spec, loads, next_slot, plan
 from sqlease.errors import LeadershipLost
 from sqlease.transactions import transaction
