@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -22,6 +23,28 @@ from sqlease.store import Store
 
 APPS = Path(__file__).parent / "apps"
 SLOTS = 30
+
+
+def _celery(args: list[str], env: dict[str, str], cwd: Path, log: Any) -> subprocess.Popen[bytes]:
+    """``python -m celery -A beat_app ARGS`` in a session of its own, output to ``log``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "beat_app", *args],
+        env=env,
+        cwd=cwd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _env(db_url: str, prefix: str, **more: str) -> dict[str, str]:
+    return dict(
+        os.environ,
+        BEAT_BROKER=f"sqlease+{db_url}",
+        BEAT_PREFIX=prefix,
+        PYTHONPATH=os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+        **more,
+    )
 
 
 def _leader(store: Store) -> str | None:
@@ -64,26 +87,15 @@ def test_three_beats_fire_every_slot_once_through_a_kill_and_a_stall(
 ) -> None:
     prefix = f"b{os.getpid()}_{uuid.uuid4().hex[:6]}_"
     store = Store(db_url, table_prefix=prefix)  # creates the tables before the beats start
-    env = dict(
-        os.environ,
-        BEAT_BROKER=f"sqlease+{db_url}",
-        BEAT_PREFIX=prefix,
-        BEAT_LEASE="2",
-        PYTHONPATH=os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
-    )
+    env = _env(db_url, prefix, BEAT_LEASE="2")
     beats: dict[int, subprocess.Popen[bytes]] = {}
     logs = []
 
     def start(n: int) -> None:
         log = open(tmp_path / f"beat{n}.log", "wb")  # noqa: SIM115 - closed at the end
         logs.append(log)
-        proc = subprocess.Popen(
+        proc = _celery(
             [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "beat_app",
                 "beat",
                 "-l",
                 "info",
@@ -91,11 +103,9 @@ def test_three_beats_fire_every_slot_once_through_a_kill_and_a_stall(
                 "-s",
                 str(tmp_path / f"unused-{n}"),
             ],
-            env=env,
-            cwd=tmp_path,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            env,
+            tmp_path,
+            log,
         )
         beats[proc.pid] = proc
 
@@ -157,21 +167,11 @@ def test_a_worker_with_embedded_beat_runs_the_entries(db_url: str, tmp_path: Pat
 
     prefix = f"w{os.getpid()}_{uuid.uuid4().hex[:6]}_"
     Store(db_url, table_prefix=prefix)  # the tables, before the worker starts
-    env = dict(
-        os.environ,
-        BEAT_BROKER=f"sqlease+{db_url}",
-        BEAT_PREFIX=prefix,
-        PYTHONPATH=os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
-    )
+    env = _env(db_url, prefix)
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
+        proc = _celery(
             [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "beat_app",
                 "worker",
                 "-B",
                 "-S",
@@ -185,11 +185,9 @@ def test_a_worker_with_embedded_beat_runs_the_entries(db_url: str, tmp_path: Pat
                 "-s",
                 str(tmp_path / "unused"),
             ],
-            env=env,
-            cwd=tmp_path,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            env,
+            tmp_path,
+            log,
         )
     admin = Admin(f"sqlease+{db_url}", table_prefix=prefix)
     try:

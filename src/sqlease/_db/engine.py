@@ -22,6 +22,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine
 
 from sqlease._db import translate
+from sqlease._db.postgresql import pooler
 from sqlease._db.spares import drop_all as drop_all_spares
 from sqlease._db.sqlite.checkpoints import checkpointer
 from sqlease.urls import to_sqlalchemy_url
@@ -135,7 +136,8 @@ def postgresql_connect_args(
     """What sqlease adds to a PostgreSQL URL's connection parameters. The URL's own
     ``options`` (say ``-c search_path=app``) are kept, after sqlease's so that they win;
     its ``connect_timeout`` is kept too."""
-    query = url.query
+    clean, pooling = pooler.split(url)
+    query = clean.query
     own = query.get("options")
     if isinstance(own, tuple):  # given more than once
         own = " ".join(own)
@@ -165,10 +167,14 @@ def postgresql_connect_args(
         # result, checkpoint and step) makes the earlier ones durable with it, since the WAL
         # is flushed in order. Publishes, results and the task context keep waiting.
         session = f"{session} {NO_FLUSH_WAIT_OPTION}"
+    # Behind a pooler in transaction mode no startup options go out (see pooler.py); the
+    # URL's own options are the user's business and go out as given.
     args: dict[str, Any] = {
-        "options": session if not own else f"{session} {own}",
         "application_name": "sqlease",
+        **pooler.connect_args(pooling, session if not own else f"{session} {own}"),
     }
+    if pooling.transaction and own:
+        args["options"] = own
     if "connect_timeout" not in query:
         # Without it, a host that drops packets holds each attempt for the kernel's TCP
         # timeout (minutes), and Kombu's connect_timeout and failover never get their turn.
@@ -177,8 +183,9 @@ def postgresql_connect_args(
 
 
 def _create_postgresql(url: URL, options: dict[str, Any]) -> Engine:
-    return create_engine(
-        url,
+    clean, pooling = pooler.split(url)
+    engine = create_engine(
+        clean,
         pool_size=options["pool_size"],
         max_overflow=10,
         # No pre-ping: it costs a round trip per operation. A connection broken by a server
@@ -190,6 +197,14 @@ def _create_postgresql(url: URL, options: dict[str, Any]) -> Engine:
             url, generic_plans=options["generic_plans"], wait_for_flush=options["wait_for_flush"]
         ),
     )
+    if pooling.transaction:
+        where = clean.render_as_string(hide_password=True)
+
+        @event.listens_for(engine, "first_connect")
+        def _check(dbapi_connection: Any, _record: Any) -> None:
+            pooler.check_settings(dbapi_connection, where)
+
+    return engine
 
 
 def dispose_all(close: bool = False) -> None:

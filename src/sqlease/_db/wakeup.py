@@ -282,3 +282,36 @@ class SqliteWatcher:
 
     def __del__(self) -> None:
         self.close()
+
+
+class PollingWaker:
+    """No push at all (PostgreSQL behind a pooler in transaction mode, without a direct
+    listen connection): every wait is the safety poll, so an idle worker finds new work within
+    its ``polling_interval`` and ``AsyncResult.get()`` within its interval."""
+
+    pushes = False
+    generation = 0
+
+    def fileno(self) -> int | None:
+        return None
+
+    def ready(self) -> bool:
+        return False
+
+    def pending(self) -> set[str] | None:
+        return None
+
+    @property
+    def connected(self) -> bool:
+        return True
+
+    def wait(self, timeout: float) -> bool:
+        time.sleep(max(timeout, 0.0))
+        return False
+
+    def wait_payloads(self, timeout: float) -> list[str] | None:
+        self.wait(timeout)
+        return None
+
+    def close(self) -> None:
+        pass

@@ -19,10 +19,12 @@ from sqlalchemy.engine import URL, Engine
 
 from sqlease._db.driver import Driver, Lane
 from sqlease._db.engine import get_engine
+from sqlease._db.postgresql import pooler
 from sqlease._db.postgresql.dialect import CAPABILITIES
 from sqlease._db.postgresql.fastpath import FastPath
-from sqlease._db.wakeup import PostgresListener, Waker
+from sqlease._db.wakeup import PollingWaker, PostgresListener, Waker
 from sqlease.types import Fence, Message
+from sqlease.urls import to_sqlalchemy_url
 
 NOTIFY = text("SELECT pg_notify(:channel, :key)")
 
@@ -42,13 +44,24 @@ class PostgresDriver(Driver):
         super().__init__(engine)
         self.publish_sync_commit = publish_sync_commit
         ours = not isinstance(url, Engine)  # sqlease's own engines keep spare connections
+        #: What the URL says about a pooler in front of the server (see pooler.py).
+        self.pooling = pooler.split(
+            engine.url if isinstance(url, Engine) else to_sqlalchemy_url(url)
+        )[1]
+        if self.pooling.transaction:
+            # The no-flush pool is a session setting; behind the pooler a publish that skips
+            # the flush does it with SET LOCAL in its transaction (Lane.PUBLISH None), and the
+            # claims and acks wait for the flush as publishes do.
+            lease_sync_commit = True
         default = FastPath(
             engine if isinstance(url, Engine) else get_engine(url, generic_plans=True), spares=ours
         )
         # The pool whose commits do not wait for the flush, if anything uses it.
         no_flush = (
             FastPath(get_engine(url, generic_plans=True, wait_for_flush=False), spares=True)
-            if not isinstance(url, Engine) and not (lease_sync_commit and publish_sync_commit)
+            if not isinstance(url, Engine)
+            and not (lease_sync_commit and publish_sync_commit)
+            and not self.pooling.transaction
             else None
         )
         self._lanes: dict[Lane, FastPath | None] = {
@@ -96,7 +109,13 @@ class PostgresDriver(Driver):
         conn.execute(NOTIFY, {"channel": channel, "key": payload})
 
     def waker(self, channel: str, *, lock_key: int | None = None) -> Waker:
-        return PostgresListener(self.engine.url, channel, lock_key=lock_key)
+        if not self.pooling.transaction:
+            return PostgresListener(self.engine.url, channel, lock_key=lock_key)
+        if self.pooling.listen_url is not None:
+            # Past the pooler: LISTEN and the handoff's session lock on a connection of
+            # their own, as without a pooler (NOTIFY from pooled sessions reaches it).
+            return PostgresListener(self.pooling.listen_url, channel, lock_key=lock_key)
+        return PollingWaker()
 
     # PostgreSQL writes run locks and events inside the statements themselves.
 
