@@ -86,3 +86,26 @@ def test_pass_drops_the_handoff_offers_of_killed_workers_only(
             assert list(owners) == ["live"]
     finally:
         live.close()
+
+
+def test_dead_messages_and_unexpiring_results_leave_after_the_retention(
+    store: Store, clock: FakeClock
+) -> None:
+    from sqlalchemy import func, select
+
+    from sqlease.admin import Admin
+
+    admin = Admin(store.engine.url, store=store)
+    store.enqueue("q", "{}", task_id="cancelled")
+    admin.cancel("cancelled")  # a dead message and a REVOKED result without an expiry
+    store.enqueue("q", "{}", task_id="kept")
+    ResultStore(store).put("user-result", b"x")  # no expiry, not one sqlease wrote: kept
+    clock.advance(2 * DAY)
+    summary = run_pass(store, event_retention_ms=DAY)
+    assert summary["dead_messages_expired"] == 1
+    assert summary["unexpiring_results_expired"] == 1
+    assert admin._result_state("cancelled") is None
+    assert store.events(task_id="cancelled") == []  # its timeline went with it
+    with store._reading() as conn:
+        left = conn.execute(select(func.count()).select_from(store.tables.messages)).scalar()
+    assert left == 1 and ResultStore(store).get("user-result") == b"x"

@@ -1,10 +1,11 @@
 """The maintenance pass: every worker runs it periodically, one worker at a time (a named
 lease in ``<prefix>locks``), and ``sqlease maintain`` runs it once.
 
-It expires results and old events by retention, marks steps whose delivery died mid-step as
-``outcome_unknown``, clears leases and run locks left on parked or finished messages, drops
-broadcast copies (remote control, events) that nobody consumed within their TTL, drops the
-handoff offers of killed workers (PostgreSQL), and logs a summary.
+It expires results and old events by retention (and, after the same retention, dead
+messages and the results sqlease writes without an expiry), marks steps whose delivery died
+mid-step as ``outcome_unknown``, clears leases and run locks left on parked or finished
+messages, drops broadcast copies (remote control, events) that nobody consumed within their
+TTL, drops the handoff offers of killed workers (PostgreSQL), and logs a summary.
 """
 
 from __future__ import annotations
@@ -150,9 +151,38 @@ def _leftovers(conn: Connection, store: Store, now: int) -> dict[str, int]:
     return done
 
 
+#: Rows of one kind deleted per statement by the retention deletes below: each statement is
+#: short, so it never holds locks that delay claims for long; the rest go at the next pass.
+PRUNE_BATCH = 10_000
+
+
+def _retained(conn: Connection, t: Tables, horizon: int) -> dict[str, int]:
+    """What no expiry removes: dead messages (failed, exhausted, cancelled, undecodable),
+    and the FAILURE and REVOKED results that sqlease writes without an expiry (cancel,
+    revoke, exhausted, undecodable), once older than ``horizon``."""
+    m, r = t.messages, t.results
+    dead = select(m.c.id).where(m.c.state == "dead", m.c.created_at_ms < horizon)
+    unexpiring = select(r.c.key).where(
+        r.c.expires_at_ms.is_(None),
+        r.c.state.in_(("FAILURE", "REVOKED")),
+        r.c.updated_at_ms < horizon,
+    )
+    return {
+        "dead_messages_expired": _count(
+            conn.execute(delete(m).where(m.c.id.in_(dead.limit(PRUNE_BATCH).scalar_subquery())))
+        ),
+        "unexpiring_results_expired": _count(
+            conn.execute(
+                delete(r).where(r.c.key.in_(unexpiring.limit(PRUNE_BATCH).scalar_subquery()))
+            )
+        ),
+    }
+
+
 def _history(conn: Connection, t: Tables, horizon: int, store: Store) -> dict[str, int]:
-    """Events, task records, steps and answers older than ``horizon`` whose task has no
-    message left."""
+    """Dead messages and unexpiring results older than ``horizon`` (``_retained``), then the
+    events, task records, steps and answers older than it whose task has no message left."""
+    retained = _retained(conn, t, horizon)
     m, ev, steps, tasks, w = t.messages, t.events, t.steps, t.tasks, t.waits
     still_active = exists().where(m.c.task_id == ev.c.task_id)
     # A batch event (PostgreSQL) stays while any task it lists is still queued.
@@ -178,6 +208,7 @@ def _history(conn: Connection, t: Tables, horizon: int, store: Store) -> dict[st
         not_(exists().where(m.c.task_id == steps.c.task_id)),
     )
     return {
+        **retained,
         "events_expired": _count(conn.execute(events)),
         "task_records_expired": _count(
             conn.execute(delete(tasks).where(tasks.c.updated_at_ms < horizon, not_(task_active)))
