@@ -319,3 +319,15 @@ def test_a_bad_entry_in_a_batch_holds_back_only_itself(
         slot_task_id(prefix, f"good{i}", START + 60_000) for i in range(5)
     }
     assert s.entries.require("bad").next_run_at_ms == START + 60_000
+
+
+def test_a_full_batch_of_new_entries_ticks_again_at_once(
+    make_app: Callable[..., Celery], beat_clock: FakeClock, schedulers: list[Scheduler]
+) -> None:
+    from sqlease.beat._scheduler import BATCH
+
+    many = {f"e{i:04d}": EVERY_MINUTE for i in range(BATCH + 10)}
+    s = scheduler(make_app(many), beat_clock, schedulers)
+    assert s.tick() == 0.0  # a full batch planned: more are waiting
+    s.tick()
+    assert all(e.next_run_at_ms is not None for e in s.entries.all())

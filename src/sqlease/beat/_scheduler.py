@@ -190,8 +190,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         due = self.entries.due(now, BATCH)
         for entry in firing.fire_together(term, [e for e in due if self._ready(e)], now):
             self._guarded(entry, firing.fire_due, term, entry, now)
-        if len(due) == BATCH:
-            return 0.0
+        if len(due) == BATCH or len(unplanned) == BATCH:
+            return 0.0  # more to do now: a minute boundary of many entries, or a big sync
         next_due = self.entries.next_due_ms()
         wait = self.options.renew_every
         if next_due is not None:
