@@ -56,6 +56,19 @@ def pg_database_url() -> Iterator[str]:
         admin.dispose()
 
 
+@pytest.fixture(autouse=True)
+def _close_sqlite_files(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test, the engines of its SQLite files go with the files: the process-wide
+    engine cache would otherwise keep their connections open for the rest of the session
+    (a thousand tests later, descriptors past select()'s 1024)."""
+    folder = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if folder is not None:
+        from sqlease._db.engine import dispose_files
+
+        dispose_files(str(folder))
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()

@@ -218,6 +218,29 @@ def dispose_all(close: bool = False) -> None:
             _engines.clear()
 
 
+def dispose_files(folder: str) -> int:
+    """Close and forget the engines of the SQLite files under ``folder`` (their kept
+    connections, their pools, their checkpoints): for files about to be deleted, such as a
+    test's. Returns how many engines went."""
+    from sqlease._db import spares
+
+    prefix = os.path.join(os.path.abspath(folder), "")
+    with _lock:
+        gone = [
+            (key, engine)
+            for key, engine in _engines.items()
+            if engine.url.get_backend_name() == "sqlite"
+            and os.path.abspath(engine.url.database or "").startswith(prefix)
+        ]
+        for key, _ in gone:
+            del _engines[key]
+    for _, engine in gone:
+        spares.drop(spares.spares_of(engine))
+        engine.dispose(close=True)
+        checkpointer.forget(str(engine.url.database))
+    return len(gone)
+
+
 def _after_fork_in_child() -> None:
     # The lock may have been held by another thread at fork time: replace it.
     global _lock
