@@ -39,6 +39,10 @@ def _statements(name: str) -> dict[str, str | None]:
 
     for attr, value in sorted(vars(leader_statements(build_tables(PREFIX), name)).items()):
         rendered[f"leader {attr}"] = value.text
+    from sqlease._db.schedules import schedule_statements
+
+    for attr, value in sorted(vars(schedule_statements(build_tables(PREFIX))).items()):
+        rendered[f"schedule {attr}"] = value.text
     return rendered
 
 

@@ -24,6 +24,7 @@ from sqlalchemy import Connection, func, insert, select, update
 
 from sqlease._core.base import StoreBase, dump
 from sqlease._core.leaders import LeaderLease, Term
+from sqlease._db.schedules import schedule_statements
 from sqlease.errors import DuplicateSchedule, LeadershipLost, UnknownSchedule
 
 #: The events of an entry's timeline carry this task id prefix and the entry's name.
@@ -121,6 +122,7 @@ class ScheduleStore(LeaderLease):
     ) -> None:
         super().__init__(store, leader, clock=clock)
         self.t = store.tables.schedules
+        self._sql = schedule_statements(store.tables)
 
     # ---- reading -----------------------------------------------------------------------
 
@@ -264,27 +266,23 @@ class ScheduleStore(LeaderLease):
     ) -> bool:
         """Move the entry from the slot it was read with to ``next_ms`` (and record a fire
         of ``fired_ms``); False when an edit or another fire got there first."""
-        c = self.t.c
-        values: dict[str, Any] = {"next_run_at_ms": next_ms}
+        sql = self._sql
+        params: dict[str, Any] = {
+            "name": entry.name,
+            "revision": entry.revision,
+            "next": next_ms,
+            "expected": entry.next_run_at_ms,
+            "fired": fired_ms,
+            "task_id": task_id,
+        }
         if manual:
-            values = {"run_requested_at_ms": None}
-            where = [c.run_requested_at_ms == entry.run_requested_at_ms]
+            params["expected"] = entry.run_requested_at_ms
+            statement = sql.fire_requested
         elif entry.next_run_at_ms is None:
-            where = [c.next_run_at_ms.is_(None)]
+            statement = sql.plan
         else:
-            where = [c.next_run_at_ms == entry.next_run_at_ms]
-        if task_id is not None:
-            values.update(
-                last_run_at_ms=fired_ms,
-                last_task_id=task_id,
-                total_run_count=c.total_run_count + 1,
-            )
-        statement = (
-            update(self.t)
-            .where(c.name == entry.name, c.revision == entry.revision, *where)
-            .values(values)
-        )
-        return bool(conn.execute(statement).rowcount == 1)
+            statement = sql.fire if task_id is not None else sql.move
+        return bool(conn.execute(statement, params).rowcount == 1)
 
     def event(
         self, conn: Connection, name: str, kind: str, data: Any, now: int | None = None

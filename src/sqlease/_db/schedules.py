@@ -1,0 +1,47 @@
+"""The statements that move a periodic task entry on: each a compare-and-set on the slot (or
+run-now request) it was read with and on its revision. Plain text, built once per store: the
+leader runs one per fire, and building a Core UPDATE for each cost more than running it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import TextClause, text
+
+from sqlease._db.tables import Tables
+
+
+@dataclass(frozen=True)
+class ScheduleStatements:
+    #: A slot fired: the next slot, the fire recorded.
+    fire: TextClause
+    #: A run-now request fired: the request cleared, the fire recorded, the slots unchanged.
+    fire_requested: TextClause
+    #: Slots passed over without a fire (catch-up ``skip``): the next slot only.
+    move: TextClause
+    #: A new or rescheduled entry's first slot.
+    plan: TextClause
+
+
+def schedule_statements(tables: Tables) -> ScheduleStatements:
+    name = tables.schedules.name
+    same = "name = :name AND revision = :revision"
+    fired = (
+        "last_run_at_ms = :fired, last_task_id = :task_id, total_run_count = total_run_count + 1"
+    )
+    return ScheduleStatements(
+        fire=text(
+            f"UPDATE {name} SET next_run_at_ms = :next, {fired} "
+            f"WHERE {same} AND next_run_at_ms = :expected"
+        ),
+        fire_requested=text(
+            f"UPDATE {name} SET run_requested_at_ms = NULL, {fired} "
+            f"WHERE {same} AND run_requested_at_ms = :expected"
+        ),
+        move=text(
+            f"UPDATE {name} SET next_run_at_ms = :next WHERE {same} AND next_run_at_ms = :expected"
+        ),
+        plan=text(
+            f"UPDATE {name} SET next_run_at_ms = :next WHERE {same} AND next_run_at_ms IS NULL"
+        ),
+    )
