@@ -191,7 +191,7 @@ class ScheduleStore(LeaderLease):
             if self.get(row["name"], conn) is not None:
                 raise DuplicateSchedule(row["name"])
             conn.execute(insert(self.t).values(row))
-            self._event(conn, row["name"], "schedule_added", {"source": row["source"]}, at)
+            self.event(conn, row["name"], "schedule_added", {"source": row["source"]}, at)
         return self.require(row["name"])
 
     def revise(
@@ -216,7 +216,7 @@ class ScheduleStore(LeaderLease):
             done = conn.execute(update(self.t).where(self.t.c.name == name).values(values))
             if done.rowcount != 1:
                 raise UnknownSchedule(f"no periodic task entry named {name!r}")
-            self._event(conn, name, kind, {"fields": sorted(changes)}, at)
+            self.event(conn, name, kind, {"fields": sorted(changes)}, at)
         return self.require(name)
 
     def remove(self, name: str, *, now: int | None = None) -> None:
@@ -225,7 +225,7 @@ class ScheduleStore(LeaderLease):
             done = conn.execute(self.t.delete().where(self.t.c.name == name))
             if done.rowcount != 1:
                 raise UnknownSchedule(f"no periodic task entry named {name!r}")
-            self._event(conn, name, "schedule_removed", None, at)
+            self.event(conn, name, "schedule_removed", None, at)
 
     def request_run(self, name: str, *, now: int | None = None) -> None:
         at = self._now(now)
@@ -237,7 +237,7 @@ class ScheduleStore(LeaderLease):
             )
             if done.rowcount != 1:
                 raise UnknownSchedule(f"no periodic task entry named {name!r}")
-            self._event(conn, name, "run_requested", None, at)
+            self.event(conn, name, "run_requested", None, at)
 
     # ---- the leader's writes (inside ``firing``) --------------------------------------------
 
@@ -262,7 +262,6 @@ class ScheduleStore(LeaderLease):
         fired_ms: int | None,
         task_id: str | None,
         manual: bool = False,
-        now: int | None = None,
     ) -> bool:
         """Move the entry from the slot it was read with to ``next_ms`` (and record a fire
         of ``fired_ms``); False when an edit or another fire got there first."""
@@ -284,11 +283,6 @@ class ScheduleStore(LeaderLease):
             statement = sql.fire if task_id is not None else sql.move
         return bool(conn.execute(statement, params).rowcount == 1)
 
-    def event(
-        self, conn: Connection, name: str, kind: str, data: Any, now: int | None = None
-    ) -> None:
-        self._event(conn, name, kind, data, now)
-
     def on_task(self, conn: Connection, task_id: str, name: str, slot_ms: int | None) -> None:
         """The link from a sent task's own timeline back to the entry and slot it came from."""
         data = {"schedule": name, "slot_ms": slot_ms}
@@ -296,7 +290,10 @@ class ScheduleStore(LeaderLease):
             conn, task_id, None, None, "sent_by_schedule", dump(data), self._at(None)
         )
 
-    def _event(self, conn: Connection, name: str, kind: str, data: Any, now: int | None) -> None:
+    def event(
+        self, conn: Connection, name: str, kind: str, data: Any, now: int | None = None
+    ) -> None:
+        """Append an event to the entry's timeline inside the caller's transaction."""
         at = self._at(now)
         self.store._insert_event(conn, timeline_id(name), None, None, kind, dump(data), at)
 
