@@ -15,6 +15,8 @@ from typing import Any
 from celery import signals
 from celery._state import connect_on_app_finalize
 
+from sqlease import _task_limits as _task_limits
+
 logger = logging.getLogger(__name__)
 
 _DEFAULTS = {

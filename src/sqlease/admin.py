@@ -25,6 +25,7 @@ from sqlease._core.control import Control
 from sqlease._core.results import ResultStore
 from sqlease._core.rows import row_to_message
 from sqlease._core.steps import StepStore
+from sqlease._flow_admin import FlowAdmin
 from sqlease._schedules.admin import ScheduleAdmin
 from sqlease.errors import InvalidAnswer, InvalidTransition, UnknownTask
 from sqlease.store import Event, Message, Store
@@ -87,7 +88,7 @@ def _state_of(message: Message, now: int) -> str:
     return "queued"
 
 
-class Admin(ScheduleAdmin):
+class Admin(ScheduleAdmin, FlowAdmin):
     """Inspect and steer sqlease tasks in one database (the broker URL, with or without the
     ``sqlease+`` prefix)."""
 

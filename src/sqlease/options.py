@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sqlease._core.flow import check_limits
 from sqlease._db.tables import validate_prefix
 from sqlease.errors import ConfigurationError
 
@@ -117,6 +118,10 @@ class TransportOptions:
     #: crash of the database server (never of a worker or a producer) can then lose the last
     #: few hundred milliseconds of publishes, as Redis's and RabbitMQ's defaults can.
     publish_sync_commit: bool = True
+    #: Concurrency limits per task name and per queue, cluster-wide:
+    #: ``{"queue:images": 4, "task:app.resize": 2}``. A consuming worker writes them to the
+    #: database at start (replacing the ones there); ``None`` leaves the database's as they are.
+    concurrency_limits: dict[str, int] | None = None
 
     @property
     def lease_ms(self) -> int:
@@ -184,6 +189,10 @@ class TransportOptions:
             values["publish_sync_commit"] = _boolean(
                 "publish_sync_commit", raw.pop("publish_sync_commit")
             )
+        if "concurrency_limits" in raw:
+            value = raw.pop("concurrency_limits")
+            if value is not None:
+                values["concurrency_limits"] = check_limits(value)
         options = cls(**values)
         if options.heartbeat_seconds >= options.lease_seconds:
             raise ConfigurationError(

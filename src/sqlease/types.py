@@ -59,6 +59,12 @@ class NewMessage:
     task_id: str | None = None
     max_attempts: int | None = None
     record: bool = True
+    #: The Celery task name (per-task limits are looked up by it).
+    task_name: str | None = None
+    #: At most ``concurrency_limit`` messages of one ``concurrency_key`` hold a lease at once,
+    #: across every worker; both or neither.
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 class Outcome(StrEnum):

@@ -246,7 +246,12 @@ def main(out: Connection, name: str, kwargs: dict[str, Any]) -> None:
     """Process target: run worker ``name``; any failure is sent back as a traceback."""
     code = 0
     try:
-        WORKERS[name](out, **kwargs)
+        if name in WORKERS:
+            WORKERS[name](out, **kwargs)
+        else:  # flow control's workers, in their own module
+            from . import flow_workers
+
+            getattr(flow_workers, name)(out, **kwargs)
     except BaseException:
         code = 1
         out.send(("error", traceback.format_exc()))

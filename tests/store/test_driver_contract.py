@@ -145,6 +145,9 @@ def _new(queue: str, payload: str) -> dict[str, Any]:
         "task_id": None,
         "max_attempts": 3,
         "record": False,
+        "task_name": None,
+        "gate_key": None,
+        "gate_limit": None,
         "now": None,
         "channel": "unused",
     }

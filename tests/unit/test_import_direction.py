@@ -37,8 +37,17 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "background",
         "beat",
         "_cli_schedules",
+        "_task_limits",
     ),
-    "facade": ("store", "admin", "revokes", "transactions", "_registry", "_schedules"),
+    "facade": (
+        "store",
+        "admin",
+        "revokes",
+        "transactions",
+        "_registry",
+        "_schedules",
+        "_flow_admin",
+    ),
     "core": ("_core", "options"),
     "db": ("_db",),
     "base": ("errors", "types", "delivery", "_aliases", "urls", "testing"),
@@ -61,6 +70,8 @@ ADAPTER_EDGES = {
     ("_demo", "_demo_app"),
     # the beat finds the app's sqlease broker URL as the backend does
     ("beat", "_celery_defaults"),
+    # importing the Celery defaults connects the tasks' concurrency options
+    ("_celery_defaults", "_task_limits"),
 }
 FOREIGN = ("kombu", "celery", "billiard", "vine")
 

@@ -59,6 +59,9 @@ class Control:
         with self.store.engine.begin() as conn:
             rows = conn.execute(update(m).where(where).values(**values).returning(m)).fetchall()
             changed = [row_to_message(row) for row in rows]
+            if changed:  # their gate slots (PostgreSQL's; none on SQLite)
+                slots = self.t.slots
+                conn.execute(delete(slots).where(slots.c.message_id.in_([c.id for c in changed])))
             for message in changed:
                 if message.run_id is not None:
                     conn.execute(

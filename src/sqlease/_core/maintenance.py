@@ -127,6 +127,10 @@ def _leftovers(conn: Connection, store: Store, now: int) -> dict[str, int]:
     done["run_locks_pruned"] = _count(
         conn.execute(delete(runs).where(runs.c.lease_expires_at_ms <= now, not_(holder_alive)))
     )
+    slots = t.slots
+    done["gate_slots_pruned"] = _count(
+        conn.execute(delete(slots).where(slots.c.lease_expires_at_ms <= now))
+    )
     if store.driver.caps.offers:
         offers = t.offers
         # The lock test runs last (SQL does not promise an order; a live worker's lock only

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from sqlease._core.base import StoreBase
+from sqlease._core.flow import check_concurrency
 from sqlease._core.rows import row_to_message
 from sqlease._db.driver import Lane
 from sqlease._db.retry import transient
@@ -34,7 +35,13 @@ class Messages(StoreBase):
         max_attempts = self.max_attempts if msg.max_attempts is None else msg.max_attempts
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
+        key, limit = check_concurrency(msg.concurrency_key, msg.concurrency_limit)
+        if msg.task_name is not None and not isinstance(msg.task_name, str):
+            raise ConfigurationError(f"task name must be a string, not {msg.task_name!r}")
         return {
+            "task_name": msg.task_name,
+            "gate_key": key,
+            "gate_limit": limit,
             "queue": msg.queue,
             "payload": msg.payload,
             "priority": msg.priority,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy.engine import URL, Engine
 
 from sqlease._core.base import Clock
+from sqlease._core.flow import FlowLimits
 from sqlease._core.leases import Leases
 from sqlease._core.messages import Messages
 from sqlease._core.offers import Offers
@@ -20,7 +21,7 @@ from sqlease._db.tables import build_tables
 from sqlease.errors import ConfigurationError
 
 
-class Store(Messages, Offers, Leases, Transitions, Tasks, Topology):
+class Store(Messages, Offers, Leases, Transitions, Tasks, Topology, FlowLimits):
     """Lease operations on one database (SQLite file or PostgreSQL) and table prefix.
 
     The operations live in ``sqlease._core`` by aggregate (messages, leases, transitions,

@@ -81,6 +81,23 @@ def _migration_6(conn: Connection, tables: Tables) -> None:
             index.create(conn, checkfirst=True)
 
 
+def _migration_flow_control(conn: Connection, tables: Tables) -> None:
+    # Flow control: the messages' gate columns and index, the slots and the limits.
+    messages = tables.messages
+    present = {c["name"] for c in inspect(conn).get_columns(messages.name)}
+    for name in ("task_name", "gate_key", "gate_limit", "gate"):
+        if name not in present:
+            kind = messages.c[name].type.compile(dialect=conn.dialect)
+            conn.execute(text(f"ALTER TABLE {messages.name} ADD COLUMN {name} {kind}"))
+    for index in messages.indexes:
+        if index.name == f"{tables.prefix}messages_gate_ix":
+            index.create(conn, checkfirst=True)
+    for table in (tables.slots, tables.flow_limits):
+        table.create(conn, checkfirst=True)
+        for index in table.indexes:
+            index.create(conn, checkfirst=True)
+
+
 # Each entry moves the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_1,
@@ -89,6 +106,7 @@ MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_4,
     _migration_5,
     _migration_6,
+    _migration_flow_control,
 ]
 CURRENT_VERSION = len(MIGRATIONS)
 

@@ -18,7 +18,7 @@ SELECT_COLS = (
 #: The columns of a new message, in the order of ``insert_values``.
 INSERT_COLS = (
     "queue, payload, priority, available_at_ms, created_at_ms, run_id, task_id, "
-    "state, attempt, max_attempts"
+    "state, attempt, max_attempts, task_name, gate_key, gate_limit"
 )
 EVENT_COLS = "id, task_id, message_id, attempt, kind, data, at_ms"
 #: Delivery order.
@@ -28,13 +28,51 @@ ORDER = "ORDER BY m.priority DESC, m.available_at_ms, m.id"
 QUEUE_EQ = "m.queue = :queue"
 
 
+#: The flow-control values of a new message, in the order of ``INSERT_COLS``' last three.
+INSERT_FLOW = "CAST(:task_name AS TEXT), CAST(:gate_key AS TEXT), CAST(:gate_limit AS INTEGER)"
+
+
+# ---- flow control ------------------------------------------------------------------------
+
+
+def gate_joins(t: Tables) -> str:
+    """The configured limits of a message ``m`` without its own key: its task name's
+    (``tl``), else its queue's (``ql``)."""
+    fl = t.flow_limits.name
+    return (
+        f"LEFT JOIN {fl} tl ON m.gate_key IS NULL AND tl.name = 'task:' || m.task_name "
+        f"LEFT JOIN {fl} ql ON m.gate_key IS NULL AND tl.name IS NULL "
+        "AND ql.name = 'queue:' || m.queue"
+    )
+
+
+#: The one gate a claim of ``m`` goes through (with ``gate_joins``): its own concurrency key,
+#: else its task name's limit, else its queue's; NULL when none applies.
+GATE = (
+    "CASE WHEN m.gate_key IS NOT NULL THEN 'key:' || m.gate_key "
+    "WHEN tl.name IS NOT NULL THEN tl.name ELSE ql.name END"
+)
+GATE_LIMIT = (
+    "CASE WHEN m.gate_key IS NOT NULL THEN m.gate_limit "
+    "WHEN tl.name IS NOT NULL THEN tl.concurrency ELSE ql.concurrency END"
+)
+
+
+def gate_open(running: str, prefix: str = "g.") -> str:
+    """A candidate may be claimed as far as its gate goes: no gate, or fewer live leases
+    under it than its limit (``running``: the dialect's count for the gate ``<prefix>gate``).
+    Checked while the candidates are read, so a full gate is skipped and never blocks the
+    rows behind it."""
+    return f"({prefix}gate IS NULL OR {running} < {prefix}lim)"
+
+
 # ---- fragments ---------------------------------------------------------------------------
 
 
 def insert_values(now: str) -> str:
     return (
         f":queue, :payload, :priority, {now} + :delay_ms, {now}, :run_id, :task_id, "
-        "'ready', 0, :max_attempts"
+        f"'ready', 0, :max_attempts, {INSERT_FLOW}"
     )
 
 

@@ -20,10 +20,11 @@ from sqlalchemy import (
     Table,
     Text,
     false,
-    true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 
+from sqlease._db.flow_tables import flow_tables, message_columns, message_indexes
+from sqlease._db.schedule_tables import schedule_tables
 from sqlease.errors import ConfigurationError
 
 _PREFIX_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
@@ -71,6 +72,8 @@ class Tables:
     offers: Table
     schedules: Table
     leaders: Table
+    slots: Table
+    flow_limits: Table
 
     def name(self, short: str) -> str:
         return f"{self.prefix}{short}"
@@ -109,6 +112,7 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         Column("attempt", Integer, nullable=False, server_default="0"),
         Column("max_attempts", Integer, nullable=False),
         Column("last_error", Text),
+        *message_columns(),
         CheckConstraint("state IN ('ready', 'parked', 'dead')", name="state"),
         CheckConstraint("max_attempts >= 1", name="max_attempts"),
         sqlite_autoincrement=True,
@@ -295,6 +299,8 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
     # the index untouched, so the table stays small without vacuum.
     Index(f"{p}offers_queue_ix", offers.c.queue)
     schedules, leaders = schedule_tables(md, p)
+    message_indexes(messages, p)
+    slots, flow_limits = flow_tables(md, p)
     return Tables(
         p,
         md,
@@ -313,60 +319,9 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         offers,
         schedules,
         leaders,
+        slots,
+        flow_limits,
     )
-
-
-def schedule_tables(md: MetaData, p: str) -> tuple[Table, Table]:
-    """Periodic tasks (migration 6): the entries and the beat's leader lease."""
-    schedules = Table(
-        f"{p}schedules",
-        md,
-        Column("name", Text, primary_key=True),
-        Column("task", Text, nullable=False),
-        # The Celery schedule as JSON: {"kind": "interval" | "crontab" | "solar", ...}.
-        Column("schedule", Text, nullable=False),
-        Column("args", Text, nullable=False, server_default="[]"),
-        Column("kwargs", Text, nullable=False, server_default="{}"),
-        Column("options", Text, nullable=False, server_default="{}"),
-        Column("enabled", Boolean, nullable=False, server_default=true()),
-        Column("catch_up", Text, nullable=False, server_default="once"),
-        Column("catch_up_limit", Integer, nullable=False, server_default="100"),
-        # 'config': from beat_schedule (a sync may change or remove it); 'runtime': added
-        # through Admin or the CLI (a sync keeps it).
-        Column("source", Text, nullable=False),
-        Column("config_digest", Text),
-        # The next slot; NULL while the leader has yet to compute it (in the app's timezone)
-        # after an add or a change of the schedule.
-        Column("next_run_at_ms", BigInteger),
-        # A "run now" request, fired by the leader at its next tick.
-        Column("run_requested_at_ms", BigInteger),
-        Column("last_run_at_ms", BigInteger),
-        Column("last_task_id", Text),
-        Column("total_run_count", BigInteger, nullable=False, server_default="0"),
-        # Bumped by every edit: a fire compares it, so it never sends what an edit replaced.
-        Column("revision", BigInteger, nullable=False, server_default="0"),
-        Column("created_at_ms", BigInteger, nullable=False),
-        Column("updated_at_ms", BigInteger, nullable=False),
-        CheckConstraint("catch_up IN ('skip', 'once', 'all')", name="catch_up"),
-        CheckConstraint("source IN ('config', 'runtime')", name="source"),
-    )
-    # The leader's tick reads only what is due: O(entries due), not O(entries).
-    Index(f"{p}schedules_due_ix", schedules.c.enabled, schedules.c.next_run_at_ms)
-    Index(f"{p}schedules_requested_ix", schedules.c.run_requested_at_ms)
-    # One row per leader lease; ``term`` grows at every takeover and fences the leader's
-    # writes as ``attempt`` fences a task's.
-    leaders = Table(
-        f"{p}leaders",
-        md,
-        Column("name", Text, primary_key=True),
-        Column("owner", Text, nullable=False),
-        Column("term", BigInteger, nullable=False),
-        Column("expires_at_ms", BigInteger, nullable=False),
-        Column("acquired_at_ms", BigInteger, nullable=False),
-        # JSON the leader publishes: its app's task names and timezone, its host.
-        Column("info", Text),
-    )
-    return schedules, leaders
 
 
 #: kB of the batch-event index's pending list (PostgreSQL's default is 4 MB). The statement

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from sqlease._core.flow import check_concurrency
 from sqlease._core.heartbeat import heartbeat
 from sqlease.delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY
 from sqlease.errors import ConfigurationError
@@ -89,6 +90,8 @@ def new_message(queue: str, message: dict[str, Any]) -> NewMessage:
     run_id = headers.get("run_id")
     task_id = headers.get("id")
     max_attempts = _max_attempts(headers)
+    task_name = headers.get("task")
+    key, limit = _concurrency(headers)
     expiration = properties.get("expiration")
     if expiration is not None and ttl_ms(expiration) is None:
         raise ConfigurationError(
@@ -108,6 +111,9 @@ def new_message(queue: str, message: dict[str, Any]) -> NewMessage:
         task_id=None if task_id is None else str(task_id),
         max_attempts=max_attempts,
         record=task_id is not None,
+        task_name=task_name if isinstance(task_name, str) else None,
+        concurrency_key=key,
+        concurrency_limit=limit,
     )
 
 
@@ -128,6 +134,17 @@ def _max_attempts(headers: dict[str, Any]) -> Any:
             f"header 'max_attempts' must be an integer >= 1, not {max_attempts!r}"
         )
     return max_attempts
+
+
+def _concurrency(headers: dict[str, Any]) -> tuple[str | None, int | None]:
+    """The ``concurrency_key`` and ``concurrency_limit`` headers, refused at publish when
+    they are not a non-empty string and an integer >= 1, given together."""
+    if headers.get("sqlease_concurrency_error"):  # from the task's options (_task_limits)
+        raise ConfigurationError(str(headers["sqlease_concurrency_error"]))
+    try:
+        return check_concurrency(headers.get("concurrency_key"), headers.get("concurrency_limit"))
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"header {exc}; the message was not enqueued") from None
 
 
 def _without_foreign_properties(queue: str, message: dict[str, Any], error: Exception) -> str:

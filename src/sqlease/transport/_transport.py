@@ -76,6 +76,7 @@ class Transport(virtual.Transport):
         super().__init__(client, **kwargs)
         self.options = TransportOptions.parse(client.transport_options)
         self.polling_interval = self.options.polling_interval
+        self._limits_written = False
         hostname = client_url(
             client.hostname,
             transport=client.transport_cls,
@@ -272,7 +273,16 @@ class Transport(virtual.Transport):
 
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
         self._start_maintenance()
+        self._write_limits()
         self.loop.register(loop)  # (leaving a loop registered before)
+
+    def _write_limits(self) -> None:
+        # Once per transport: the configured limits become the cluster's (every worker should
+        # carry the same; the last one to start wins).
+        limits = self.options.concurrency_limits
+        if limits is not None and not self._limits_written:
+            self._limits_written = True
+            self.store.set_limits(limits, replace=True)
 
     def _start_maintenance(self) -> None:
         # Only consuming workers run it (they register with an event loop); producers don't.

@@ -72,6 +72,18 @@ def make_app(
         records.end(row)
         return seconds
 
+    @app.task(
+        name="e2e.tenant_sleep",
+        bind=True,
+        shared=False,
+        concurrency_key="tenant:{tenant}",
+        concurrency_limit=1,
+    )
+    def tenant_sleep(self: Any, tenant: str, seconds: float, label: str | None = None) -> None:
+        row = records.start(self, label or tenant)
+        time.sleep(seconds)
+        records.end(row)
+
     @app.task(name="e2e.block", bind=True, shared=False)
     def block(self: Any, path: str, limit: float = 60.0) -> None:
         """Runs until the file ``path`` exists (the test says when), at most ``limit`` s."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlease._db import sql_common as c
 from sqlease._db.postgresql import events, leases, messages, offers, results
-from sqlease._db.postgresql.dialect import CAPABILITIES, GREATEST, NOW, ROW_PREFIX
+from sqlease._db.postgresql.dialect import CAPABILITIES, NOW
 from sqlease._db.statements import Statements
 from sqlease._db.tables import Tables
 
@@ -33,7 +33,7 @@ def statements(t: Tables) -> Statements:
         ack=leases.ack(t),
         release_run=c.release_run(t),
         transition=leases.transition(t),
-        hold=c.hold(t, NOW, greatest=GREATEST, row_prefix=ROW_PREFIX),
+        hold=leases.hold(t),
         hold_run=c.run_lease(t),
         held_predicate=c.held(NOW),
         offer_and_next_due=offers.offer_and_next_due(t),

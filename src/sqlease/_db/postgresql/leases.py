@@ -18,14 +18,60 @@ from sqlease._db.postgresql.dialect import (
 from sqlease._db.tables import Tables
 
 
+def _running(t: Tables) -> str:
+    """The live slots of the gate ``g.gate`` (a primary-key range of at most its limit)."""
+    return (
+        f"(SELECT count(*) FROM {t.slots.name} s WHERE s.gate = g.gate "
+        f"AND s.lease_expires_at_ms > {NOW})"
+    )
+
+
 def _candidates(t: Tables, queue: str) -> str:
     """The claimable rows of ``queue`` (a predicate on ``m.queue``), locked with SKIP LOCKED
-    so claimers do not convoy on the head row."""
+    so claimers do not convoy on the head row; each with its gate and limit, a full gate's
+    rows skipped."""
     return (
         "SELECT m.id, m.run_id, m.attempt, (m.attempt >= m.max_attempts) AS exhausted, "
-        f"m.priority, m.available_at_ms FROM {t.messages.name} m "
+        f"m.priority, m.available_at_ms, g.gate, g.lim FROM {t.messages.name} m "
+        f"{c.gate_joins(t)} "
+        f"CROSS JOIN LATERAL (SELECT {c.GATE} AS gate, {c.GATE_LIMIT} AS lim) g "
         f"WHERE {c.ready(t, NOW, queue)} AND (m.run_id IS NULL OR {c.run_free(t, NOW)}) "
+        f"AND {c.gate_open(_running(t))} "
         f"{c.ORDER} LIMIT :limit FOR UPDATE OF m SKIP LOCKED"
+    )
+
+
+def _gate_locks(t: Tables) -> str:
+    """CTEs ``ranked``, ``free`` and ``gate_locks``: each gated candidate that got its run's
+    lock (or has no run) is matched with a free slot of its gate, by rank, and takes it with
+    an upsert that waits for a concurrent claimer's row lock and then re-checks the slot's
+    expiry on the newest row version, so two claimers never hold one slot. The snapshot's
+    free slots may be stale: a lost race only leaves that candidate for the next claim. The
+    search for free slots starts at a random one and stops at as many as are wanted, so a
+    large limit costs a few probes and concurrent claimers rarely aim at the same slot."""
+    sl = t.slots.name
+    return (
+        "ranked AS (SELECT c.id, c.attempt, c.gate, c.lim, row_number() OVER "
+        "(PARTITION BY c.gate ORDER BY c.priority DESC, c.available_at_ms, c.id) AS rk "
+        "FROM cand c WHERE c.gate IS NOT NULL AND NOT c.exhausted "
+        "AND (c.run_id IS NULL OR c.run_id IN (SELECT run_id FROM run_locks))), "
+        "free AS (SELECT k.gate, s.slot, row_number() OVER (PARTITION BY k.gate) AS rk "
+        "FROM (SELECT gate, min(lim) AS lim, count(*) AS wanted, "
+        "CAST(floor(random() * min(lim)) AS INTEGER) AS start FROM ranked GROUP BY gate) k "
+        "CROSS JOIN LATERAL (SELECT (k.start + i) % k.lim AS slot "
+        "FROM generate_series(0, k.lim - 1) AS g(i) "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {sl} x WHERE x.gate = k.gate "
+        f"AND x.slot = (k.start + i) % k.lim AND x.lease_expires_at_ms > {NOW}) "
+        "LIMIT k.wanted) s), "
+        f"gate_locks AS (INSERT INTO {sl} AS x (gate, slot, message_id, attempt, lease_owner, "
+        "lease_expires_at_ms) "
+        f"SELECT r.gate, f.slot, r.id, r.attempt + 1, CAST(:owner AS TEXT), {NOW} + :lease_ms "
+        "FROM ranked r JOIN free f ON f.gate = r.gate AND f.rk = r.rk "
+        "ON CONFLICT (gate, slot) DO UPDATE SET message_id = excluded.message_id, "
+        "attempt = excluded.attempt, lease_owner = excluded.lease_owner, "
+        "lease_expires_at_ms = excluded.lease_expires_at_ms "
+        f"WHERE x.lease_expires_at_ms <= {NOW} OR x.message_id = excluded.message_id "
+        "RETURNING x.message_id), "
     )
 
 
@@ -63,17 +109,20 @@ def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
         "lease_expires_at_ms = excluded.lease_expires_at_ms "
         f"WHERE r.lease_expires_at_ms <= {NOW} OR r.message_id = excluded.message_id "
         "RETURNING r.run_id), "
+        f"{_gate_locks(t)}"
         f"claimed AS (UPDATE {t.messages.name} m SET "
         "attempt = CASE WHEN c.exhausted THEN m.attempt ELSE m.attempt + 1 END, "
         "lease_owner = CASE WHEN c.exhausted THEN NULL ELSE CAST(:owner AS TEXT) END, "
         f"lease_expires_at_ms = CASE WHEN c.exhausted THEN NULL ELSE {NOW} + :lease_ms "
         "END, "
         "state = CASE WHEN c.exhausted THEN 'dead' ELSE 'ready' END, "
-        "reason = CASE WHEN c.exhausted THEN 'attempts_exhausted' ELSE m.reason END "
+        "reason = CASE WHEN c.exhausted THEN 'attempts_exhausted' ELSE m.reason END, "
+        "gate = CASE WHEN c.exhausted THEN m.gate ELSE c.gate END "
         "FROM cand c WHERE m.id = c.id AND m.state = 'ready' "
         f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
-        "AND (c.exhausted OR c.run_id IS NULL "
-        "OR c.run_id IN (SELECT run_id FROM run_locks)) "
+        "AND (c.exhausted OR ((c.run_id IS NULL "
+        "OR c.run_id IN (SELECT run_id FROM run_locks)) AND (c.gate IS NULL "
+        "OR c.id IN (SELECT message_id FROM gate_locks)))) "
         f"{c.returning(ROW_PREFIX)}), "
         f"e AS (INSERT INTO {t.events.name} (task_id, message_id, attempt, kind, data, at_ms) "
         f"SELECT m.task_id, m.id, m.attempt, 'attempts_exhausted', NULL, {NOW} "
@@ -97,6 +146,7 @@ def ack_ctes(t: Tables) -> str:
         "RETURNING m.id, m.task_id, m.attempt, m.run_id), "
         f"r AS (DELETE FROM {t.runs.name} r USING del WHERE r.run_id = del.run_id "
         "AND r.message_id = del.id), "
+        f"ds AS (DELETE FROM {t.slots.name} x USING del WHERE x.message_id = del.id), "
         f"ea AS ({batch_event(t, 'acked', 'NULL', 'del', 'true')})"
     )
 
@@ -125,9 +175,11 @@ def renew(t: Tables) -> TextClause:
         f"WITH f AS ({FENCES}), "
         f"up AS (UPDATE {t.messages.name} m SET lease_expires_at_ms = "
         f"{GREATEST}(m.lease_expires_at_ms, {NOW} + :lease_ms) FROM f "
-        f"WHERE {c.fenced_join(NOW)} RETURNING m.id, m.run_id, m.lease_expires_at_ms), "
+        f"WHERE {c.fenced_join(NOW)} "
+        "RETURNING m.id, m.run_id, m.attempt, m.lease_expires_at_ms), "
         f"r AS (UPDATE {t.runs.name} r SET lease_expires_at_ms = up.lease_expires_at_ms "
-        "FROM up WHERE r.run_id = up.run_id AND r.message_id = up.id) "
+        "FROM up WHERE r.run_id = up.run_id AND r.message_id = up.id), "
+        f"{_follow_slots(t, 'up')} "
         "SELECT id, lease_expires_at_ms FROM up"
     )
 
@@ -143,6 +195,7 @@ def transition(t: Tables) -> TextClause:
         "RETURNING m.id, m.task_id, m.attempt, m.run_id, m.queue), "
         f"r AS (DELETE FROM {t.runs.name} r USING up WHERE r.run_id = up.run_id "
         "AND r.message_id = up.id), "
+        f"s AS (DELETE FROM {t.slots.name} x USING up WHERE x.message_id = up.id), "
         f"e AS (INSERT INTO {t.events.name} (task_id, message_id, attempt, kind, data, at_ms) "
         f"SELECT task_id, id, attempt, CAST(:kind AS TEXT), CAST(:data AS TEXT), {NOW} "
         "FROM up), "
@@ -150,4 +203,29 @@ def transition(t: Tables) -> TextClause:
         "(SELECT DISTINCT queue FROM up WHERE CAST(:new_state AS TEXT) = 'ready' "
         "AND :delay_ms <= 0) q) "
         "SELECT id FROM up WHERE (SELECT count(*) FROM n) >= 0"
+    )
+
+
+def _follow_slots(t: Tables, source: str) -> str:
+    """CTE ``s``: the gate slots of the renewed deliveries in ``source`` (id, attempt,
+    lease_expires_at_ms) keep their message's new expiry: a slot must never expire before
+    the lease it stands for."""
+    return (
+        f"s AS (UPDATE {t.slots.name} x SET lease_expires_at_ms = {source}.lease_expires_at_ms "
+        f"FROM {source} WHERE x.message_id = {source}.id AND x.attempt = {source}.attempt)"
+    )
+
+
+def hold(t: Tables) -> TextClause:
+    """The compare-and-set's lease check (``sql_common.hold``) with the message's gate slot
+    renewed with it."""
+    return text(
+        f"WITH h AS (UPDATE {t.messages.name} AS m SET lease_expires_at_ms = "
+        f"{GREATEST}(m.lease_expires_at_ms, {NOW} + :lease_ms) "
+        f"WHERE m.id = :message_id AND m.attempt = :attempt AND {c.held(NOW)} "
+        "AND (CAST(:task_id AS TEXT) IS NULL OR m.task_id IS NULL "
+        "OR m.task_id = CAST(:task_id AS TEXT)) "
+        "RETURNING m.id, m.attempt, m.lease_expires_at_ms, m.run_id), "
+        f"{_follow_slots(t, 'h')} "
+        "SELECT id, lease_expires_at_ms, run_id FROM h"
     )

@@ -46,16 +46,27 @@ def _handoff(t: Tables) -> str:
     freshest live offer of an idle worker for its queue, if any. The offer is marked handed
     (one-shot, for that queue; SKIP LOCKED: two publishes never share one). Live: not
     handed, unexpired, and the worker's listening connection still holds its advisory lock,
-    so a killed worker (its connections closed) is never chosen."""
+    so a killed worker (its connections closed) is never chosen. A message under a
+    concurrency limit is never handed over: only a claim can take its gate's slot."""
     off = t.offers.name
     return (
         f"o AS (UPDATE {off} SET handed = true WHERE queue = :queue AND owner = "
         f"(SELECT w.owner FROM {off} w WHERE CAST(:run_id AS TEXT) IS NULL "
-        f"AND :delay_ms <= 0 AND w.queue = :queue AND NOT w.handed "
+        f"AND :delay_ms <= 0 AND {_ungated(t)} AND w.queue = :queue AND NOT w.handed "
         f"AND w.expires_at_ms > {NOW} "
         "AND NOT pg_try_advisory_xact_lock_shared(w.lock_key) "
         "ORDER BY w.expires_at_ms DESC LIMIT 1 FOR UPDATE SKIP LOCKED) "
         "RETURNING owner, lease_ms, offer_seq), "
+    )
+
+
+def _ungated(t: Tables) -> str:
+    """The new message has no concurrency key, and no limit is configured for its task name
+    or its queue."""
+    return (
+        f"CAST(:gate_key AS TEXT) IS NULL AND NOT EXISTS (SELECT 1 FROM {t.flow_limits.name} l "
+        "WHERE l.name = 'queue:' || CAST(:queue AS TEXT) "
+        "OR l.name = 'task:' || CAST(:task_name AS TEXT))"
     )
 
 
@@ -89,7 +100,7 @@ def enqueue(t: Tables) -> TextClause:
     handed_vals = (
         f":queue, :payload, :priority, {NOW} + :delay_ms, {NOW}, :run_id, :task_id, "
         "'ready', CASE WHEN o.owner IS NULL THEN 0 ELSE 1 END, :max_attempts, "
-        f"o.owner, {NOW} + o.lease_ms"
+        f"{c.INSERT_FLOW}, o.owner, {NOW} + o.lease_ms"
     )
     return text(
         f"WITH {_handoff(t)}"

@@ -18,6 +18,38 @@ def _fenced_ids(t: Tables) -> str:
     return f"SELECT m.id FROM {t.messages.name} m JOIN ({FENCES}) f ON {c.fenced_join(NOW)}"
 
 
+def _running(t: Tables, gate: str) -> str:
+    """The live leases claimed under the gate ``gate`` (one writer at a time: exact)."""
+    return (
+        f"(SELECT count(*) FROM {t.messages.name} h WHERE h.gate = {gate} "
+        f"AND h.state = 'ready' AND h.lease_expires_at_ms > {NOW})"
+    )
+
+
+def _picked(t: Tables, ready: str) -> str:
+    """The first ``:limit`` claimable rows in delivery order, each with its gate and limit; a
+    full gate's rows are skipped, so they never block the rows behind them. Then, per gate,
+    only as many as it has free places (``rk``: rank within the gate)."""
+    m = t.messages.name
+    rows = (
+        f"SELECT m.id, m.priority, m.available_at_ms, ({_EXHAUSTED}) AS exh, "
+        f"{c.GATE} AS gate, {c.GATE_LIMIT} AS lim FROM {m} m {c.gate_joins(t)} "
+        f"WHERE {ready} AND (m.run_id IS NULL OR {c.run_free(t, NOW)})"
+    )
+    first = (
+        f"SELECT g.* FROM ({rows}) g WHERE {c.gate_open(_running(t, 'g.gate'))} "
+        "ORDER BY g.priority DESC, g.available_at_ms, g.id LIMIT :limit"
+    )
+    ranked = (
+        "SELECT p.id, p.gate, p.lim, p.exh, row_number() OVER (PARTITION BY p.gate, p.exh "
+        f"ORDER BY p.priority DESC, p.available_at_ms, p.id) AS rk FROM ({first}) p"
+    )
+    return (
+        f"SELECT y.id AS cid, y.gate AS cgate FROM ({ranked}) y "
+        f"WHERE y.gate IS NULL OR y.exh OR y.rk <= y.lim - {_running(t, 'y.gate')}"
+    )
+
+
 def claim(t: Tables, *, single_queue: bool) -> TextClause:
     """Lease up to ``:limit`` messages of ``:queue`` (``single_queue``) or ``:queues`` to
     ``:owner``: the UPDATE picks and leases in one statement; an exhausted message goes dead
@@ -31,9 +63,9 @@ def claim(t: Tables, *, single_queue: bool) -> TextClause:
         f"ELSE {NOW} + :lease_ms END, "
         f"state = CASE WHEN {x} THEN 'dead' ELSE 'ready' END, "
         f"reason = CASE WHEN {x} THEN 'attempts_exhausted' ELSE reason END, "
+        f"gate = CASE WHEN {x} THEN gate ELSE y.cgate END, "
         f"attempt = CASE WHEN {x} THEN attempt ELSE attempt + 1 END "
-        f"WHERE m.id IN (SELECT m.id FROM {m} m WHERE {ready} "
-        f"AND (m.run_id IS NULL OR {c.run_free(t, NOW)}) {c.ORDER} LIMIT :limit) "
+        f"FROM ({_picked(t, ready)}) AS y WHERE m.id = y.cid "
         f"{c.returning(ROW_PREFIX)}"
     )
 

@@ -1,0 +1,72 @@
+"""Flow control's columns and tables (migration 8): a message's concurrency gate, the slots
+that hold gates on PostgreSQL, and the configured limits per task name and per queue."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+)
+
+
+def message_columns() -> list[Column[object]]:
+    """The messages' flow-control columns, all NULL for a message without limits."""
+    return [
+        # The Celery task name (the ``task`` header): per-task limits are looked up by it.
+        Column("task_name", Text),
+        # The message's own concurrency key and limit (the ``concurrency_key`` and
+        # ``concurrency_limit`` headers); both or neither.
+        Column("gate_key", Text),
+        Column("gate_limit", Integer),
+        # The gate the current (or last) lease was claimed under: ``key:<key>``,
+        # ``task:<name>`` or ``queue:<name>``. A key's running count is the live leases
+        # with that gate.
+        Column("gate", Text),
+    ]
+
+
+def message_indexes(messages: Table, prefix: str) -> list[Index]:
+    """The running count of a gate reads only that gate's rows."""
+    return [
+        Index(
+            f"{prefix}messages_gate_ix",
+            messages.c.gate,
+            messages.c.lease_expires_at_ms,
+            postgresql_where=messages.c.gate.isnot(None),
+            sqlite_where=messages.c.gate.isnot(None),
+        )
+    ]
+
+
+def flow_tables(md: MetaData, p: str) -> tuple[Table, Table]:
+    """``slots``: on PostgreSQL, one row per held place of a gate (``slot`` from 0 to the
+    limit - 1), the row lock that concurrent claimers serialise on, as the runs table does for
+    a run; a slot whose lease expired is free. ``flow_limits``: the limits per task name
+    (``task:<name>``) and per queue (``queue:<name>``) that workers write from their
+    transport options."""
+    slots = Table(
+        f"{p}slots",
+        md,
+        Column("gate", Text, nullable=False),
+        Column("slot", Integer, nullable=False),
+        Column("message_id", BigInteger, nullable=False),
+        Column("attempt", Integer, nullable=False),
+        Column("lease_owner", Text),
+        Column("lease_expires_at_ms", BigInteger, nullable=False),
+        PrimaryKeyConstraint("gate", "slot"),
+    )
+    Index(f"{p}slots_message_ix", slots.c.message_id)
+    flow_limits = Table(
+        f"{p}flow_limits",
+        md,
+        Column("name", Text, primary_key=True),
+        Column("concurrency", Integer, nullable=False),
+        Column("updated_at_ms", BigInteger, nullable=False),
+    )
+    return slots, flow_limits

@@ -1,0 +1,97 @@
+"""A task's default concurrency key and limit, from its own options.
+
+``@app.task(concurrency_key="tenant:{tenant_id}", concurrency_limit=3)``: every publish of
+the task that does not carry a ``concurrency_key`` header gets one, formatted with the call's
+keyword arguments (and ``args`` as ``{args[0]}``), or returned by the option when it is a
+callable taking the call's ``(*args, **kwargs)``. Applied by a ``before_task_publish``
+handler, which Celery calls with the headers it is about to send.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from celery import signals
+
+from sqlease.errors import ConfigurationError
+
+#: The header that carries a task option's error to the transport, which refuses the publish.
+ERROR_HEADER = "sqlease_concurrency_error"
+
+
+def _call_of(body: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    # Protocol 2: (args, kwargs, embed); protocol 1: a dict with args and kwargs.
+    if isinstance(body, tuple | list) and len(body) >= 2:
+        return tuple(body[0] or ()), dict(body[1] or {})
+    if isinstance(body, dict):
+        return tuple(body.get("args") or ()), dict(body.get("kwargs") or {})
+    return (), {}
+
+
+def key_for(task: Any, body: Any) -> tuple[str, int] | None:
+    """The task's default key and limit for this call, or None if it has none."""
+    # From the class: a function set as a task option would be bound to the task instance.
+    template = getattr(type(task), "concurrency_key", getattr(task, "concurrency_key", None))
+    limit = getattr(task, "concurrency_limit", None)
+    if template is None and limit is None:
+        return None
+    name = getattr(task, "name", task)
+    if template is None or limit is None:
+        raise ConfigurationError(
+            f"task {name!r} sets only one of concurrency_key and concurrency_limit: give both"
+        )
+    args, kwargs = _call_of(body)
+    try:
+        # Positional arguments by their parameter names too: delay("acme") fills {tenant}.
+        bound = inspect.signature(task.run).bind_partial(*args, **kwargs).arguments
+        kwargs = {**bound, **kwargs}
+    except (TypeError, ValueError):
+        pass
+    try:
+        key = (
+            template(*args, **kwargs)
+            if callable(template)
+            else str(template).format(*args, args=args, **kwargs)
+        )
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"task {name!r}: concurrency_key {template!r} could not be made from the call's "
+            f"arguments ({type(exc).__name__}: {exc}); the task was not sent"
+        ) from None
+    return key, limit
+
+
+def _task_named(name: str) -> Any:
+    """The task the publish is for: the signal names it but not its app, so the current app
+    is asked first, then every other live app (an app made with ``set_as_current=False``)."""
+    from celery import _state
+
+    current = _state.get_current_app()
+    apps = [current, *(a for a in _state._get_active_apps() if a is not current)]
+    for app in apps:
+        if app.finalized or app is current:
+            task = app.tasks.get(name)
+            if task is not None:
+                return task
+    return None
+
+
+def _apply_task_default(
+    sender: Any = None, body: Any = None, headers: Any = None, **_: Any
+) -> None:
+    if not isinstance(headers, dict) or "concurrency_key" in headers:
+        return
+    task = _task_named(sender) if isinstance(sender, str) else None
+    try:
+        found = None if task is None else key_for(task, body)
+    except ConfigurationError as exc:
+        # Celery logs and swallows a handler's exception; the transport refuses the message
+        # at publish with this text instead (sqlease.transport._codec).
+        headers[ERROR_HEADER] = str(exc)
+        return
+    if found is not None:
+        headers["concurrency_key"], headers["concurrency_limit"] = found
+
+
+signals.before_task_publish.connect(_apply_task_default, weak=False)

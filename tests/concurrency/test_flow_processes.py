@@ -1,0 +1,148 @@
+"""Flow control's concurrency claims, shown with real processes racing on PostgreSQL: no key,
+task name or queue ever has more deliveries running than its limit, judged from start and end
+times that the database's clock wrote; a SIGKILLed holder's place comes back at expiry."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from sqlease import NewMessage, Store
+
+from .flow_workers import log_table
+from .test_store_processes import Children, children, fresh_store  # noqa: F401
+
+pytestmark = [pytest.mark.pg, pytest.mark.concurrency]
+
+PROCESSES = 6
+BATCH = 4
+
+
+def _make_log(store: Store) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                f"CREATE TABLE {log_table(store.tables.prefix)} (message_id BIGINT, "
+                "attempt INT, owner TEXT, started_us BIGINT, ended_us BIGINT)"
+            )
+        )
+
+
+def _intervals(store: Store) -> list[dict[str, Any]]:
+    m = store.tables.messages.name
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                f"SELECT l.message_id, l.started_us, l.ended_us, l.owner "
+                f"FROM {log_table(store.tables.prefix)} l ORDER BY l.started_us"
+            )
+        ).fetchall()
+        conn.execute(text(f"SELECT 1 FROM {m} LIMIT 1"))
+        conn.rollback()
+    return [dict(r._mapping) for r in rows]
+
+
+def _peak(intervals: list[tuple[int, int]]) -> int:
+    """The most intervals open at one instant (an end at t comes before a start at t)."""
+    points = sorted(
+        [(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda p: (p[0], p[1])
+    )
+    open_now = peak = 0
+    for _, step in points:
+        open_now += step
+        peak = max(peak, open_now)
+    return peak
+
+
+@pytest.mark.timeout(180)
+def test_racing_workers_never_exceed_a_key_or_a_queue_limit(
+    pg_database_url: str,
+    children: Children,  # noqa: F811
+) -> None:
+    store = fresh_store(pg_database_url)
+    _make_log(store)
+    store.set_limits({"task:app.limited": 3})
+    keys = {f"tenant-{k}": 1 + k % 3 for k in range(8)}  # limits 1, 2 and 3
+    gate_of: dict[int, str] = {}
+    new: list[NewMessage] = []
+    labels: list[str] = []
+    for i in range(25):
+        for key, limit in keys.items():
+            new.append(
+                NewMessage(
+                    "flow", f"{key}:{i}", concurrency_key=key, concurrency_limit=limit, record=False
+                )
+            )
+            labels.append(f"key:{key}")
+        new.append(NewMessage("flow", f"limited:{i}", task_name="app.limited", record=False))
+        labels.append("task:app.limited")
+        new.append(NewMessage("flow", f"free:{i}", record=False))
+        labels.append("free")
+    ids = store.enqueue_many(new)
+    gate_of = dict(zip(ids, labels, strict=True))
+    limits = {f"key:{k}": v for k, v in keys.items()} | {"task:app.limited": 3}
+
+    pack = children.start_many(
+        PROCESSES,
+        "gate_executor",
+        url=pg_database_url,
+        prefix=store.tables.prefix,
+        queue="flow",
+        limit=BATCH,
+        lease_ms=60_000,
+        max_sleep_s=0.004,
+    )
+    children.release(pack)
+    done = [children.expect(c, "result", 150) for c in pack.members]
+    for c in pack.members:
+        children.finish(c)
+    assert sum(done) == len(ids)
+
+    rows = _intervals(store)
+    assert len(rows) == len(ids) and all(r["ended_us"] is not None for r in rows)
+    per_gate: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for r in rows:
+        per_gate[gate_of[r["message_id"]]].append((r["started_us"], r["ended_us"]))
+    for gate, limit in limits.items():
+        peak = _peak(per_gate[gate])
+        assert peak <= limit, f"{gate} had {peak} deliveries running at once, limit {limit}"
+    # Meaningful only if the workers raced: a gate reached its limit, ungated work overlapped.
+    assert any(_peak(per_gate[g]) == lim for g, lim in limits.items() if lim > 1)
+    assert _peak(per_gate["free"]) > 1
+
+
+@pytest.mark.timeout(120)
+def test_a_sigkilled_holders_place_comes_back_after_its_lease(
+    pg_database_url: str,
+    children: Children,  # noqa: F811
+) -> None:
+    store = fresh_store(pg_database_url)
+    first, second = store.enqueue_many(
+        [NewMessage("one", f"m{i}", concurrency_key="solo", concurrency_limit=1) for i in range(2)]
+    )
+    holder = children.start(
+        "gate_holder", url=pg_database_url, prefix=store.tables.prefix, queue="one", lease_ms=2_000
+    )
+    report = children.expect(holder, "holding", 60)
+    assert report["id"] == first
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.process.join(10)
+    assert store.claim(["one"], "heir", lease_ms=60_000) == []  # the place is still held
+    got: list[Any] = []
+    deadline = time.monotonic() + 15
+    while not got and time.monotonic() < deadline:
+        got = store.claim(["one"], "heir", lease_ms=60_000)
+        time.sleep(0.05)
+    [heir] = got
+    assert (heir.id, heir.attempt) == (first, 2)  # the oldest first: the crashed delivery
+    assert heir.lease_expires_at_ms - 60_000 >= report["expires"]
+    assert store.claim(["one"], "other", lease_ms=60_000) == []
+    assert store.ack([heir.fence]) == {first}
+    [nxt] = store.claim(["one"], "other", lease_ms=60_000)
+    assert nxt.id == second

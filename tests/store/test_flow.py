@@ -1,0 +1,290 @@
+"""Flow control in the claim, on both databases: per-key concurrency, limits per task name and
+per queue, no head-of-line blocking, expired leases freeing their slot, runs unchanged."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from sqlease import ConfigurationError, NewMessage, Store
+from sqlease.testing import FakeClock
+
+LEASE = 10_000
+
+
+def _put(
+    store: Store,
+    n: int,
+    *,
+    key: str | None = None,
+    limit: int | None = None,
+    queue: str = "q",
+    task: str | None = None,
+    run_id: str | None = None,
+) -> list[int]:
+    return store.enqueue_many(
+        [
+            NewMessage(
+                queue,
+                f"{key}-{i}",
+                task_name=task,
+                run_id=run_id,
+                concurrency_key=key,
+                concurrency_limit=limit,
+            )
+            for i in range(n)
+        ]
+    )
+
+
+def _claim(store: Store, owner: str = "w", limit: int = 50, queues: list[str] | None = None):
+    return store.claim(queues or ["q"], owner, lease_ms=LEASE, limit=limit)
+
+
+def test_a_key_holds_at_most_its_limit_and_an_ack_frees_a_place(store: Store) -> None:
+    _put(store, 5, key="tenant-1", limit=2)
+    first = _claim(store)
+    assert len(first) == 2
+    assert _claim(store, "other") == []  # full, for every worker
+    assert store.ack([first[0].fence]) == {first[0].id}
+    [third] = _claim(store, "other")
+    assert third.payload == "tenant-1-2"  # oldest first
+
+
+def test_a_full_key_does_not_block_the_messages_behind_it(store: Store) -> None:
+    """One claim reads the first rows in delivery order, so a key below its limit may crowd
+    the rest of that batch out; the next claim skips the full key and takes what lies behind
+    its backlog. A worker claims again at once when a claim brought anything."""
+    _put(store, 40, key="hot", limit=1)
+    _put(store, 3, key="cold", limit=5)
+    _put(store, 2)  # no key
+    got, claims = [], 0
+    while batch := _claim(store, limit=10):
+        got += batch
+        claims += 1
+    assert Counter(m.payload.split("-")[0] for m in got) == {"hot": 1, "cold": 3, "None": 2}
+    assert claims <= 2
+    assert _claim(store, "other", limit=10) == []  # the hot key is still full
+
+
+def test_one_claim_fills_a_key_up_to_its_free_places_only(store: Store) -> None:
+    _put(store, 10, key="k", limit=3)
+    got = _claim(store, limit=2)
+    assert len(got) == 2
+    assert len(_claim(store, "x", limit=10)) == 1
+    assert _claim(store, "y", limit=10) == []
+
+
+def test_an_expired_lease_frees_its_place(store: Store, clock: FakeClock) -> None:
+    _put(store, 3, key="k", limit=1)
+    [held] = _claim(store, "dead-worker")
+    assert _claim(store, "live") == []
+    clock.advance(LEASE + 1)
+    [again] = _claim(store, "live")
+    assert again.id == held.id and again.attempt == 2  # the crashed delivery is taken over
+    assert _claim(store, "another") == []  # and it holds the key's one place again
+    assert store.ack([held.fence]) == set()  # the stale worker can no longer ack
+
+
+def test_a_renewed_lease_keeps_its_place(store: Store, clock: FakeClock) -> None:
+    _put(store, 2, key="k", limit=1)
+    [held] = _claim(store)
+    for _ in range(3):
+        clock.advance(LEASE - 1000)
+        assert store.renew([held.fence], lease_ms=LEASE)
+        assert _claim(store, "other") == []
+
+
+def test_a_checkpoint_renewal_keeps_its_place(store: Store, clock: FakeClock) -> None:
+    _put(store, 2, key="k", limit=1)
+    [held] = _claim(store)
+    clock.advance(LEASE - 1000)
+    result = store.compare_and_set(held.fence, "task-1", 0, checkpoint={"n": 1}, lease_ms=LEASE)
+    assert result.outcome.value == "updated"
+    clock.advance(2000)  # past the claim's expiry, within the checkpoint's
+    assert _claim(store, "other") == []
+
+
+def test_release_and_fail_free_the_place(store: Store) -> None:
+    _put(store, 3, key="k", limit=1)
+    [a] = _claim(store)
+    store.release([a.fence])
+    [b] = _claim(store)
+    assert b.id == a.id
+    store.fail(b.fence, reason="boom")
+    [c] = _claim(store)
+    assert c.id != a.id
+
+
+def test_limits_are_per_key(store: Store) -> None:
+    for k in range(20):
+        _put(store, 3, key=f"tenant-{k}", limit=2)
+    got = _claim(store, limit=100)
+    assert Counter(m.payload.rsplit("-", 1)[0] for m in got) == {
+        f"tenant-{k}": 2 for k in range(20)
+    }
+
+
+def test_a_task_name_limit_and_a_queue_limit(store: Store) -> None:
+    store.set_limits({"task:app.resize": 2, "queue:images": 3})
+    _put(store, 5, task="app.resize")
+    _put(store, 5, task="app.other")
+    got = _claim(store, limit=20)
+    names = Counter(m.payload for m in got)
+    assert len(got) == 7 and sum(1 for m in got if m.payload.startswith("None")) == 7
+    _put(store, 6, queue="images", task="app.thumb")
+    assert len(_claim(store, queues=["images"], limit=20)) == 3
+    assert _claim(store, queues=["images"], limit=20) == []
+    assert names  # (kept for the failure message)
+
+
+def test_a_key_is_more_specific_than_its_task_limit(store: Store) -> None:
+    store.set_limits({"task:app.t": 1})
+    _put(store, 3, key="k", limit=3, task="app.t")
+    assert len(_claim(store, limit=10)) == 3
+
+
+def test_removing_a_limit_opens_the_gate(store: Store) -> None:
+    store.set_limits({"queue:q": 1})
+    _put(store, 3)
+    assert len(_claim(store, limit=10)) == 1
+    assert store.limits() == {"queue:q": 1}
+    assert store.remove_limit("queue:q")
+    assert len(_claim(store, limit=10)) == 2
+    store.set_limits({"task:x": 4, "queue:q": 2})
+    store.set_limits({"task:x": 5}, replace=True)
+    assert store.limits() == {"task:x": 5}
+
+
+def test_a_run_stays_ordered_under_a_key(store: Store) -> None:
+    _put(store, 3, key="k", limit=5, run_id="r1")
+    [head] = _claim(store, limit=10)
+    assert head.payload == "k-0"
+    assert _claim(store, "other", limit=10) == []
+    store.ack([head.fence])
+    [nxt] = _claim(store, limit=10)
+    assert nxt.payload == "k-1"
+
+
+def test_pausing_a_running_task_frees_its_place(store: Store) -> None:
+    from sqlease import Admin
+
+    ids = _put(store, 2, key="k", limit=1)
+    [held] = _claim(store)
+    assert held.id == ids[0]
+    admin = Admin("unused", store=store)
+    with store.engine.begin() as conn:
+        conn.execute(
+            store.tables.messages.update()
+            .where(store.tables.messages.c.id == held.id)
+            .values(task_id="t-held")
+        )
+    assert admin.pause("t-held") == 1
+    [other] = _claim(store, "x")
+    assert other.id == ids[1]
+
+
+@pytest.mark.parametrize(
+    ("key", "limit", "named"),
+    [
+        ("k", 0, "concurrency_limit"),
+        ("k", -1, "concurrency_limit"),
+        ("k", "3", "concurrency_limit"),
+        ("k", True, "concurrency_limit"),
+        (5, 2, "concurrency_key"),
+        ("", 2, "concurrency_key"),
+        ("k", None, "concurrency_limit"),
+        (None, 2, "concurrency_key"),
+    ],
+)
+def test_bad_concurrency_is_refused_and_nothing_is_enqueued(
+    store: Store, key: object, limit: object, named: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        store.enqueue_many(
+            [
+                NewMessage("q", "ok"),
+                NewMessage(
+                    "q",
+                    "x",
+                    concurrency_key=key,  # type: ignore[arg-type]
+                    concurrency_limit=limit,
+                ),
+            ]  # type: ignore[arg-type]
+        )
+    assert store.size("q") == 0
+
+
+@pytest.mark.parametrize(
+    ("limits", "named"),
+    [
+        ({"images": 3}, "'images'"),
+        ({"queue:": 3}, "'queue:'"),
+        ({"queue:images": 0}, "queue:images"),
+        ({"task:t": "2"}, "task:t"),
+        ([("queue:q", 2)], "mapping"),
+    ],
+)
+def test_bad_limits_are_refused(store: Store, limits: object, named: str) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        store.set_limits(limits)  # type: ignore[arg-type]
+    assert store.limits() == {}
+
+
+def test_the_flow_migration_upgrades_a_version_6_database(
+    make_store: Callable[..., Store], db_url: str
+) -> None:
+    from sqlalchemy import inspect, text, update
+
+    from sqlease._db.migrations import CURRENT_VERSION, MIGRATIONS, read_version
+
+    old = make_store()
+    old.enqueue("q", "kept")
+    m = old.tables.messages.name
+    version = MIGRATIONS.index(MIGRATIONS[5]) + 1  # the schema before flow control
+    with old.engine.begin() as conn:
+        conn.execute(text(f"DROP INDEX {old.tables.prefix}messages_gate_ix"))
+        for column in ("task_name", "gate_key", "gate_limit", "gate"):
+            conn.execute(text(f"ALTER TABLE {m} DROP COLUMN {column}"))
+        conn.execute(text(f"DROP TABLE {old.tables.slots.name}"))
+        conn.execute(text(f"DROP TABLE {old.tables.flow_limits.name}"))
+        conn.execute(update(old.tables.schema_version).values(version=version))
+    new = make_store()
+    with new._reading() as conn:
+        assert read_version(conn, new.tables) == CURRENT_VERSION
+        assert inspect(conn).has_table(new.tables.slots.name)
+    _put(new, 2, key="k", limit=1)
+    got = new.claim(["q"], "w", lease_ms=LEASE, limit=10)
+    assert sorted(x.payload for x in got) == ["k-0", "kept"]
+
+
+def test_admin_shows_each_gates_running_limit_and_waiting(store: Store) -> None:
+    from sqlease import Admin
+
+    admin = Admin("unused", store=store)
+    admin.set_limits({"task:app.resize": 2, "queue:images": 1})
+    _put(store, 4, key="tenant-1", limit=3)
+    _put(store, 3, task="app.resize")
+    _put(store, 2, queue="images")
+    _claim(store, limit=3)
+    _claim(store, limit=3)
+    _claim(store, queues=["images"])
+    states = {g.gate: g.to_dict() for g in admin.gates()}
+    assert states["key:tenant-1"] == {
+        "gate": "key:tenant-1",
+        "running": 3,
+        "limit": 3,
+        "waiting": 1,
+        "full": True,
+    }
+    assert states["task:app.resize"] == {
+        "gate": "task:app.resize",
+        "running": 2,
+        "limit": 2,
+        "waiting": 1,
+        "full": True,
+    }
+    assert states["queue:images"]["running"] == 1 and states["queue:images"]["waiting"] == 1
+    assert admin.limits() == {"queue:images": 1, "task:app.resize": 2}
