@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import select
 
-from sqlease import Fence, Message, Outcome, Store
+from sqlease import Fence, Message, NewMessage, Outcome, Store
 from sqlease.store import expand_event_rows
 from sqlease.testing import FakeClock
 
@@ -51,13 +51,16 @@ CLAIM_ARGS = {
 _prefixes = itertools.count()
 
 
-NewSpec = tuple[str, str | None, int, int, int | None]
+#: Concurrency keys and their limits (None: no key).
+KEYS = (None, None, None, ("k1", 1), ("k2", 2))
+NewSpec = tuple[str, str | None, int, int, int | None, tuple[str, int] | None]
 new_specs = st.tuples(
     st.sampled_from(["a", "a", "b"]),  # queue
     st.sampled_from(RUNS),  # run_id
     st.sampled_from([0, 0, 1, 5]),  # priority
     st.sampled_from([0, 0, 0, 0, 100, 1_500]),  # delay_ms
     st.sampled_from([None, None, None, 1, 3]),  # max_attempts (None: the store's default)
+    st.sampled_from(KEYS),  # concurrency key and limit
 )
 
 
@@ -75,6 +78,7 @@ class ModelMessage:
     run_id: str | None
     task_id: str
     max_attempts: int
+    key: tuple[str, int] | None = None
     state: str = "ready"
     reason: str | None = None
     owner: str | None = None
@@ -187,6 +191,18 @@ class StoreMachine(RuleBasedStateMachine):
             and m.expires > self.now
         )
 
+    def running(self, key: str) -> int:
+        """Live leases of the key's messages (the claim counts them per gate)."""
+        return sum(
+            1
+            for m in self.msgs.values()
+            if m.key is not None
+            and m.key[0] == key
+            and m.state == "ready"
+            and m.expires is not None
+            and m.expires > self.now
+        )
+
     def claimable(self, queues: Iterable[str]) -> list[ModelMessage]:
         now = self.now
         heads: dict[str, int] = {}
@@ -201,6 +217,7 @@ class StoreMachine(RuleBasedStateMachine):
             and m.available_at <= now
             and (m.expires is None or m.expires <= now)
             and (m.run_id is None or heads[m.run_id] == m.id)
+            and (m.key is None or self.running(m.key[0]) < m.key[1])
         ]
         return sorted(ready, key=ModelMessage.order)
 
@@ -219,18 +236,24 @@ class StoreMachine(RuleBasedStateMachine):
     # ---- rules -----------------------------------------------------------------------------
 
     def _enqueue(self, spec: NewSpec) -> None:
-        queue, run_id, priority, delay_ms, max_attempts = spec
+        queue, run_id, priority, delay_ms, max_attempts, key = spec
         n = next(self.counter)
         task_id = f"task-{n}"
         payload = f"payload-{n}"
-        mid = self.store.enqueue(
-            queue,
-            payload,
-            priority=priority,
-            delay_ms=delay_ms,
-            run_id=run_id,
-            task_id=task_id,
-            max_attempts=max_attempts,
+        [mid] = self.store.enqueue_many(
+            [
+                NewMessage(
+                    queue,
+                    payload,
+                    priority=priority,
+                    delay_ms=delay_ms,
+                    run_id=run_id,
+                    task_id=task_id,
+                    max_attempts=max_attempts,
+                    concurrency_key=None if key is None else key[0],
+                    concurrency_limit=None if key is None else key[1],
+                )
+            ]
         )
         # Ids are never reused and grow with enqueue order (runs are ordered by id).
         assert all(mid > old for old in self.enqueued), (mid, self.enqueued)
@@ -245,6 +268,7 @@ class StoreMachine(RuleBasedStateMachine):
             run_id=run_id,
             task_id=task_id,
             max_attempts=MAX_ATTEMPTS if max_attempts is None else max_attempts,
+            key=key,
         )
         self.expected_events.append((mid, 0, "enqueued"))
 
@@ -279,7 +303,13 @@ class StoreMachine(RuleBasedStateMachine):
         expected: list[ModelMessage] = []
         while len(expected) < limit:
             batch = self.claimable(queues)[: limit - len(expected)]
+            # A key gets at most its free places of the batch (counted before the batch).
+            free = {m.key[0]: m.key[1] - self.running(m.key[0]) for m in batch if m.key}
             for m in batch:
+                if m.key is not None and m.attempt < m.max_attempts:
+                    if free[m.key[0]] <= 0:
+                        continue  # left for a later claim
+                    free[m.key[0]] -= 1
                 if m.attempt >= m.max_attempts:
                     m.state, m.reason, m.owner, m.expires = "dead", "attempts_exhausted", None, None
                     self.expected_events.append((m.id, m.attempt, "attempts_exhausted"))
@@ -534,6 +564,17 @@ class StoreMachine(RuleBasedStateMachine):
         assert set(self.enqueued) == self.acked | set(rows)
         assert not self.acked & set(rows)
         assert {m["state"] for m in messages} <= {"ready", "dead"}
+        # No key ever has more live leases than its limit.
+        for key, limit in (k for k in KEYS if k is not None):
+            live = [
+                m
+                for m in messages
+                if m["gate_key"] == key
+                and m["lease_expires_at_ms"] is not None
+                and int(m["lease_expires_at_ms"]) > now
+                and m["state"] == "ready"
+            ]
+            assert len(live) <= limit, (key, live)
         for m in messages:
             if m["state"] == "dead":
                 assert m["reason"] == "attempts_exhausted" and m["lease_owner"] is None
