@@ -55,6 +55,8 @@ def flow_tables(md: MetaData, p: str) -> tuple[Table, Table]:
         md,
         Column("gate", Text, nullable=False),
         Column("slot", Integer, nullable=False),
+        # The gate's limit when the slot was taken: a claim finds the full gates by it.
+        Column("lim", Integer, nullable=False),
         Column("message_id", BigInteger, nullable=False),
         Column("attempt", Integer, nullable=False),
         Column("lease_owner", Text),

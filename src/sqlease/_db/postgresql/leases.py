@@ -18,25 +18,28 @@ from sqlease._db.postgresql.dialect import (
 from sqlease._db.tables import Tables
 
 
-def _running(t: Tables) -> str:
-    """The live slots of the gate ``g.gate`` (a primary-key range of at most its limit)."""
+def _full_gates(t: Tables) -> str:
+    """CTE ``full_gates``: the gates whose live slots reach the limit they were taken under, read
+    once per claim (a scan of the live slots, as many as gated deliveries are running) so that
+    each candidate row's test is a hash lookup."""
     return (
-        f"(SELECT count(*) FROM {t.slots.name} s WHERE s.gate = g.gate "
-        f"AND s.lease_expires_at_ms > {NOW})"
+        f"full_gates AS (SELECT s.gate FROM {t.slots.name} s WHERE s.lease_expires_at_ms > {NOW} "
+        "GROUP BY s.gate HAVING count(*) >= min(s.lim)), "
     )
 
 
 def _candidates(t: Tables, queue: str) -> str:
     """The claimable rows of ``queue`` (a predicate on ``m.queue``), locked with SKIP LOCKED
     so claimers do not convoy on the head row; each with its gate and limit, a full gate's
-    rows skipped."""
+    rows skipped (``full_gates``: the slots' own limit decides; a candidate whose limit is higher
+    waits until the gate drains below it, one whose limit is lower finds no free slot)."""
     return (
         "SELECT m.id, m.run_id, m.attempt, (m.attempt >= m.max_attempts) AS exhausted, "
         f"m.priority, m.available_at_ms, g.gate, g.lim FROM {t.messages.name} m "
         f"{c.gate_joins(t)} "
         f"CROSS JOIN LATERAL (SELECT {c.GATE} AS gate, {c.GATE_LIMIT} AS lim) g "
         f"WHERE {c.ready(t, NOW, queue)} AND (m.run_id IS NULL OR {c.run_free(t, NOW)}) "
-        f"AND {c.gate_open(_running(t))} "
+        "AND (g.gate IS NULL OR g.gate NOT IN (SELECT gate FROM full_gates)) "
         f"{c.ORDER} LIMIT :limit FOR UPDATE OF m SKIP LOCKED"
     )
 
@@ -58,16 +61,18 @@ def _gate_locks(t: Tables) -> str:
         "free AS (SELECT k.gate, s.slot, row_number() OVER (PARTITION BY k.gate) AS rk "
         "FROM (SELECT gate, min(lim) AS lim, count(*) AS wanted, "
         "CAST(floor(random() * min(lim)) AS INTEGER) AS start FROM ranked GROUP BY gate) k "
-        "CROSS JOIN LATERAL (SELECT (k.start + i) % k.lim AS slot "
+        "CROSS JOIN LATERAL (SELECT mod(k.start + i, k.lim) AS slot "
         "FROM generate_series(0, k.lim - 1) AS g(i) "
         f"WHERE NOT EXISTS (SELECT 1 FROM {sl} x WHERE x.gate = k.gate "
-        f"AND x.slot = (k.start + i) % k.lim AND x.lease_expires_at_ms > {NOW}) "
+        f"AND x.slot = mod(k.start + i, k.lim) AND x.lease_expires_at_ms > {NOW}) "
         "LIMIT k.wanted) s), "
-        f"gate_locks AS (INSERT INTO {sl} AS x (gate, slot, message_id, attempt, lease_owner, "
-        "lease_expires_at_ms) "
-        f"SELECT r.gate, f.slot, r.id, r.attempt + 1, CAST(:owner AS TEXT), {NOW} + :lease_ms "
+        f"gate_locks AS (INSERT INTO {sl} AS x (gate, slot, lim, message_id, attempt, "
+        "lease_owner, lease_expires_at_ms) "
+        "SELECT r.gate, f.slot, r.lim, r.id, r.attempt + 1, CAST(:owner AS TEXT), "
+        f"{NOW} + :lease_ms "
         "FROM ranked r JOIN free f ON f.gate = r.gate AND f.rk = r.rk "
-        "ON CONFLICT (gate, slot) DO UPDATE SET message_id = excluded.message_id, "
+        "ON CONFLICT (gate, slot) DO UPDATE SET lim = excluded.lim, "
+        "message_id = excluded.message_id, "
         "attempt = excluded.attempt, lease_owner = excluded.lease_owner, "
         "lease_expires_at_ms = excluded.lease_expires_at_ms "
         f"WHERE x.lease_expires_at_ms <= {NOW} OR x.message_id = excluded.message_id "
@@ -97,6 +102,7 @@ def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
     them."""
     claimed_batch = batch_event(t, "claimed", JSON_OWNER, "claimed", "m.state = 'ready'")
     return (
+        f"{_full_gates(t)}"
         f"cand AS ({_cand(t, single_queue=single_queue)}), "
         "run_locks AS ("
         f"INSERT INTO {t.runs.name} AS r (run_id, message_id, attempt, lease_owner, "

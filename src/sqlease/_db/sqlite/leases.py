@@ -19,10 +19,12 @@ def _fenced_ids(t: Tables) -> str:
 
 
 def _running(t: Tables, gate: str) -> str:
-    """The live leases claimed under the gate ``gate`` (one writer at a time: exact)."""
+    """The live leases claimed under the gate ``gate`` (one writer at a time: exact). Read
+    from the gate index alone: a live lease implies a ready message (every transition out of
+    ready clears the lease)."""
     return (
         f"(SELECT count(*) FROM {t.messages.name} h WHERE h.gate = {gate} "
-        f"AND h.state = 'ready' AND h.lease_expires_at_ms > {NOW})"
+        f"AND h.lease_expires_at_ms > {NOW})"
     )
 
 
