@@ -72,6 +72,13 @@ def _durable_defaults(app: Any) -> None:
         for key, (old_key, value) in _DEFAULTS.items():
             if not _explicit(app.conf, key, old_key):
                 app.conf[key] = value
+        options = app.conf.get("broker_transport_options") or {}
+        if options.get("cluster_rate_limits") and not _explicit(
+            app.conf, "worker_disable_rate_limits", "CELERY_DISABLE_RATE_LIMITS"
+        ):
+            # The claim enforces each task's rate_limit across the cluster; Celery's own
+            # per-worker bucket would only hold claimed tasks back in worker memory.
+            app.conf["worker_disable_rate_limits"] = True
     except Exception:  # never break an app's finalization over a default
         logger.debug("sqlease could not apply durable defaults", exc_info=True)
 

@@ -51,6 +51,13 @@ class FlowAdmin:
     def remove_limit(self, name: str) -> bool:
         return self.store.remove_limit(name)
 
+    def rate_limits(self) -> dict[str, dict[str, Any]]:
+        """The rate limits: ``{"task:<name>": {"rate", "interval_ms", "next_at_ms"}}``."""
+        return self.store.rate_limits()
+
+    def set_rate_limits(self, rates: Mapping[str, Any], *, replace: bool = False) -> None:
+        self.store.set_rate_limits(rates, replace=replace)
+
     def gates(self) -> list[GateState]:
         """Every gate that has running or waiting messages or a configured limit, busiest
         first."""

@@ -95,3 +95,16 @@ def _apply_task_default(
 
 
 signals.before_task_publish.connect(_apply_task_default, weak=False)
+
+
+def task_rate_limits() -> dict[str, str]:
+    """The ``rate_limit`` of each task of the worker's app, as ``{"task:<name>": rate}``
+    (the ``cluster_rate_limits`` transport option)."""
+    from celery import current_app
+
+    found: dict[str, str] = {}
+    for name, task in current_app.tasks.items():
+        limit = getattr(task, "rate_limit", None)
+        if limit:
+            found[f"task:{name}"] = str(limit)
+    return found

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlease._core.flow import check_limits
+from sqlease._core.flow import check_limits, check_rates
 from sqlease._db.tables import validate_prefix
 from sqlease.errors import ConfigurationError
 
@@ -122,6 +122,13 @@ class TransportOptions:
     #: ``{"queue:images": 4, "task:app.resize": 2}``. A consuming worker writes them to the
     #: database at start (replacing the ones there); ``None`` leaves the database's as they are.
     concurrency_limits: dict[str, int] | None = None
+    #: Rate limits per task name, queue or concurrency key, cluster-wide, in Celery's rate
+    #: syntax: ``{"task:app.call_api": "100/m", "queue:mail": "10/s"}``. Written at a
+    #: consuming worker's start as ``concurrency_limits`` are.
+    rate_limits: dict[str, str] | None = None
+    #: Each task's own ``rate_limit`` (``@app.task(rate_limit="10/m")``) holds across the
+    #: cluster, enforced at claim time, instead of per worker.
+    cluster_rate_limits: bool = False
 
     @property
     def lease_ms(self) -> int:
@@ -193,6 +200,14 @@ class TransportOptions:
             value = raw.pop("concurrency_limits")
             if value is not None:
                 values["concurrency_limits"] = check_limits(value)
+        if "rate_limits" in raw:
+            value = raw.pop("rate_limits")
+            if value is not None:
+                values["rate_limits"] = {n: text for n, (text, _) in check_rates(value).items()}
+        if "cluster_rate_limits" in raw:
+            values["cluster_rate_limits"] = _boolean(
+                "cluster_rate_limits", raw.pop("cluster_rate_limits")
+            )
         options = cls(**values)
         if options.heartbeat_seconds >= options.lease_seconds:
             raise ConfigurationError(

@@ -4,6 +4,8 @@ options; other keys' tasks and ungated tasks run alongside."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from sqlease import ConfigurationError
@@ -65,3 +67,24 @@ def test_a_bad_key_is_refused_at_publish(e2e: E2E) -> None:
     with pytest.raises(ConfigurationError, match="concurrency_key"):
         app.tasks["e2e.tenant_sleep"].delay("x" * 300, 0.1)  # a key too long
     assert e2e.store.size("celery") == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_tasks_rate_limit_holds_across_two_workers(e2e: E2E) -> None:
+    """With ``cluster_rate_limits``, ``@app.task(rate_limit="5/s")`` is one limit for the
+    whole cluster: two workers together start a delivery at most every 200 ms."""
+    opts = '{"cluster_rate_limits": true}'
+    e2e.start_worker(concurrency=2, E2E_TRANSPORT_OPTIONS=opts)
+    e2e.start_worker(concurrency=2, E2E_TRANSPORT_OPTIONS=opts)
+    app = e2e.app()
+    for _ in range(8):
+        app.tasks["e2e.rated"].delay()
+    wait_for(lambda: len(e2e.finished(name="e2e.rated")) == 8, 60, "the rated tasks")
+    rows = e2e.finished(name="e2e.rated")
+    claimed = sorted(
+        e.at_ms for r in rows for e in e2e.store.events(task_id=r["task_id"]) if e.kind == "claimed"
+    )
+    assert len(claimed) == 8
+    gaps = [b - a for a, b in itertools.pairwise(claimed)]
+    assert min(gaps) >= 200, gaps  # by the database's clock, which the limit compares with
+    assert len({r["hostname"] for r in rows}) == 2

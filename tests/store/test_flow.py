@@ -288,3 +288,82 @@ def test_admin_shows_each_gates_running_limit_and_waiting(store: Store) -> None:
     }
     assert states["queue:images"]["running"] == 1 and states["queue:images"]["waiting"] == 1
     assert admin.limits() == {"queue:images": 1, "task:app.resize": 2}
+
+
+# ---- rate limits -----------------------------------------------------------------------------
+
+
+def test_a_rate_limit_lets_one_delivery_through_per_interval(
+    store: Store, clock: FakeClock
+) -> None:
+    store.set_rate_limits({"task:app.api": "10/s"})  # one per 100 ms
+    _put(store, 5, task="app.api")
+    _put(store, 2, task="app.other")
+    first = _claim(store, limit=10)
+    assert sorted(m.payload.split("-")[0] for m in first) == ["None"] * 3
+    assert sum(1 for m in first if m.id <= 5) == 1  # one of the rated task, the others free
+    assert _claim(store, limit=10) == []
+    clock.advance(99)
+    assert _claim(store, limit=10) == []
+    clock.advance(1)
+    assert len(_claim(store, limit=10)) == 1
+    clock.advance(1_000)  # no burst: an idle second does not save up deliveries
+    assert len(_claim(store, limit=10)) == 1
+    assert store.rate_limits()["task:app.api"]["rate"] == "10/s"
+
+
+def test_a_queue_rate_and_a_key_rate(store: Store, clock: FakeClock) -> None:
+    store.set_rate_limits({"queue:slow": "2/m", "key:api:pay": "1/s"})
+    _put(store, 3, queue="slow")
+    _put(store, 3, key="api:pay", limit=10)
+    assert len(_claim(store, queues=["slow"], limit=10)) == 1
+    assert len(_claim(store, limit=10)) == 1
+    clock.advance(1_000)
+    assert len(_claim(store, limit=10)) == 1
+    assert _claim(store, queues=["slow"], limit=10) == []
+    clock.advance(29_000)
+    assert len(_claim(store, queues=["slow"], limit=10)) == 1
+
+
+def test_a_rate_and_a_concurrency_limit_together(store: Store, clock: FakeClock) -> None:
+    store.set_rate_limits({"task:app.t": "1/s"})
+    store.set_limits({"task:app.t": 1})
+    _put(store, 3, task="app.t")
+    [a] = _claim(store)
+    clock.advance(1_000)
+    assert _claim(store) == []  # the rate allows one, the concurrency limit does not
+    store.ack([a.fence])
+    assert len(_claim(store)) == 1
+    assert store.limits() == {"task:app.t": 1}
+    store.set_limits({}, replace=True)
+    assert store.limits() == {} and "task:app.t" in store.rate_limits()
+
+
+@pytest.mark.parametrize(
+    ("rates", "named"),
+    [
+        ({"task:x": "ten/s"}, "task:x"),
+        ({"task:x": "10/d"}, "task:x"),
+        ({"task:x": "0/s"}, "task:x"),
+        ({"task:x": "-1/m"}, "task:x"),
+        ({"task:x": True}, "task:x"),
+        ({"task:x": "5000/s"}, "fastest"),
+        ({"worker:x": "1/s"}, "'worker:x'"),
+        ("10/s", "mapping"),
+    ],
+)
+def test_bad_rates_are_refused(store: Store, rates: object, named: str) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        store.set_rate_limits(rates)  # type: ignore[arg-type]
+    assert store.rate_limits() == {}
+
+
+def test_an_idle_worker_is_told_when_a_rate_limit_reopens(store: Store, clock: FakeClock) -> None:
+    store.set_rate_limits({"task:app.api": "2/s"})
+    _put(store, 3, task="app.api")
+    assert len(_claim(store)) == 1
+    assert store.next_due_in_ms(["q"]) == 500  # the next delivery's moment, not a poll
+    clock.advance(200)
+    assert store.next_due_in_ms(["q"]) == 300
+    store.enqueue("q", "later", delay_ms=100)
+    assert store.next_due_in_ms(["q"]) == 100  # the sooner of the two

@@ -72,6 +72,8 @@ ADAPTER_EDGES = {
     ("beat", "_celery_defaults"),
     # importing the Celery defaults connects the tasks' concurrency options
     ("_celery_defaults", "_task_limits"),
+    # a consuming worker writes its tasks' rate limits (cluster_rate_limits)
+    ("transport", "_task_limits"),
 }
 FOREIGN = ("kombu", "celery", "billiard", "vine")
 

@@ -14,6 +14,12 @@ from sqlease.errors import ConfigurationError
 
 #: The kinds of configured limit, the prefix of their gate's name.
 LIMIT_KINDS = ("task", "queue")
+#: Rate limits may also name a concurrency key.
+RATE_KINDS = ("task", "queue", "key")
+#: Seconds per unit of Celery's rate syntax ("100/m").
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+#: The fastest rate a limit may have: one delivery per millisecond (the statements' clock).
+MAX_RATE_PER_S = 1000.0
 #: Longest key accepted (it is stored in every gated message and slot row).
 MAX_KEY_LENGTH = 200
 
@@ -44,6 +50,48 @@ def check_concurrency(key: Any, limit: Any) -> tuple[str | None, int | None]:
     return key, check_limit(limit, f"concurrency_limit of key {key!r}")
 
 
+def parse_rate(value: Any, what: str) -> tuple[str, int]:
+    """Celery's rate syntax, ``"100/m"``, ``"10/s"``, ``"5/h"`` or a number per second, as
+    the text and the interval between deliveries in milliseconds."""
+    text = str(value).strip() if isinstance(value, str | int | float) else None
+    number, unit = ([*text.split("/", 1), "s"])[:2] if text else ("", "")
+    try:
+        per_s = float(number) / _UNITS[unit.strip() or "s"]
+    except (KeyError, ValueError):
+        per_s = -1.0
+    if isinstance(value, bool) or not per_s > 0 or per_s != per_s:
+        raise ConfigurationError(
+            f"{what} must be a rate such as '100/m', '10/s' or '5/h', not {value!r}"
+        )
+    if per_s > MAX_RATE_PER_S:
+        raise ConfigurationError(
+            f"{what} {value!r} is over {MAX_RATE_PER_S:.0f}/s, the fastest rate a limit can "
+            "have; use a concurrency limit instead"
+        )
+    return text or "", max(1, round(1000.0 / per_s))
+
+
+def check_rates(rates: Any) -> dict[str, tuple[str, int]]:
+    """``{"task:<name>": "100/m", "queue:<name>": "10/s", "key:<key>": "5/s"}``, as the
+    ``rate_limits`` transport option gives it: each as its text and interval."""
+    if rates is None:
+        return {}
+    if not isinstance(rates, Mapping):
+        raise ConfigurationError(
+            f"rate_limits must be a mapping such as {{'task:app.call_api': '100/m'}}, not {rates!r}"
+        )
+    checked: dict[str, tuple[str, int]] = {}
+    for name, value in rates.items():
+        kind, _, target = name.partition(":") if isinstance(name, str) else ("", "", "")
+        if kind not in RATE_KINDS or not target:
+            raise ConfigurationError(
+                f"rate_limits key {name!r} must be 'task:<task name>', 'queue:<queue name>' "
+                "or 'key:<concurrency key>'"
+            )
+        checked[name] = parse_rate(value, f"rate_limits[{name!r}]")
+    return checked
+
+
 def check_limits(limits: Any) -> dict[str, int]:
     """``{"task:<name>": n, "queue:<name>": n}``, as the ``concurrency_limits`` transport
     option gives it."""
@@ -69,31 +117,71 @@ def check_limits(limits: Any) -> dict[str, int]:
 class FlowLimits(StoreBase):
     """The configured limits per task name and per queue."""
 
+    def _upsert(self, conn: Any, name: str, values: dict[str, Any]) -> None:
+        fl = self.tables.flow_limits
+        if not conn.execute(fl.update().where(fl.c.name == name).values(**values)).rowcount:
+            conn.execute(fl.insert().values(name=name, **values))
+
+    def _stamp(self, now: int | None) -> int:
+        at = self._now(now)
+        return self.now_ms() if at is None else at
+
     @transient
     def set_limits(
         self, limits: Mapping[str, int], *, replace: bool = False, now: int | None = None
     ) -> None:
-        """Write ``limits`` (see ``check_limits``); with ``replace``, drop the others."""
+        """Write concurrency ``limits`` (see ``check_limits``); with ``replace``, drop the
+        other concurrency limits (rate limits stay)."""
         checked = check_limits(limits)
         fl = self.tables.flow_limits
-        at = self._now(now)
-        stamp = self.now_ms() if at is None else at
+        stamp = self._stamp(now)
         with self.engine.begin() as conn:
             if replace:
-                conn.execute(delete(fl).where(fl.c.name.notin_(list(checked))))
+                conn.execute(
+                    fl.update().where(fl.c.name.notin_(list(checked))).values(concurrency=None)
+                )
             for name, limit in checked.items():
-                updated = conn.execute(
-                    fl.update()
-                    .where(fl.c.name == name)
-                    .values(concurrency=limit, updated_at_ms=stamp)
-                ).rowcount
-                if not updated:
-                    conn.execute(
-                        fl.insert().values(name=name, concurrency=limit, updated_at_ms=stamp)
-                    )
+                self._upsert(conn, name, {"concurrency": limit, "updated_at_ms": stamp})
+            conn.execute(delete(fl).where(fl.c.concurrency.is_(None), fl.c.interval_ms.is_(None)))
+
+    @transient
+    def set_rate_limits(
+        self, rates: Mapping[str, Any], *, replace: bool = False, now: int | None = None
+    ) -> None:
+        """Write rate limits (see ``check_rates``); with ``replace``, drop the other rate
+        limits (concurrency limits stay). A changed rate starts afresh."""
+        checked = check_rates(rates)
+        fl = self.tables.flow_limits
+        stamp = self._stamp(now)
+        none = {"interval_ms": None, "tau_ms": None, "tat_ms": None, "rate": None}
+        with self.engine.begin() as conn:
+            if replace:
+                conn.execute(fl.update().where(fl.c.name.notin_(list(checked))).values(**none))
+            current = {
+                r.name: r.interval_ms
+                for r in conn.execute(
+                    select(fl.c.name, fl.c.interval_ms).where(fl.c.name.in_(checked))
+                )
+            }
+            for name, (text, interval) in checked.items():
+                if current.get(name) == interval:
+                    continue  # unchanged: keep its state
+                self._upsert(
+                    conn,
+                    name,
+                    {
+                        "interval_ms": interval,
+                        "tau_ms": 0,
+                        "tat_ms": None,
+                        "rate": text,
+                        "updated_at_ms": stamp,
+                    },
+                )
+            conn.execute(delete(fl).where(fl.c.concurrency.is_(None), fl.c.interval_ms.is_(None)))
 
     @transient
     def remove_limit(self, name: str) -> bool:
+        """Drop the concurrency and the rate limit named ``name``."""
         fl = self.tables.flow_limits
         with self.engine.begin() as conn:
             return bool(conn.execute(delete(fl).where(fl.c.name == name)).rowcount)
@@ -102,5 +190,28 @@ class FlowLimits(StoreBase):
     def limits(self) -> dict[str, int]:
         fl = self.tables.flow_limits
         with self._reading() as conn:
-            rows = conn.execute(select(fl.c.name, fl.c.concurrency).order_by(fl.c.name))
+            rows = conn.execute(
+                select(fl.c.name, fl.c.concurrency)
+                .where(fl.c.concurrency.isnot(None))
+                .order_by(fl.c.name)
+            )
             return {str(r.name): int(r.concurrency) for r in rows}
+
+    @transient
+    def rate_limits(self) -> dict[str, dict[str, Any]]:
+        """Each rate limit: its text, interval and when its next delivery may start."""
+        fl = self.tables.flow_limits
+        with self._reading() as conn:
+            rows = conn.execute(
+                select(fl.c.name, fl.c.rate, fl.c.interval_ms, fl.c.tau_ms, fl.c.tat_ms)
+                .where(fl.c.interval_ms.isnot(None))
+                .order_by(fl.c.name)
+            ).all()
+        return {
+            str(r.name): {
+                "rate": r.rate,
+                "interval_ms": int(r.interval_ms),
+                "next_at_ms": None if r.tat_ms is None else int(r.tat_ms) - int(r.tau_ms or 0),
+            }
+            for r in rows
+        }

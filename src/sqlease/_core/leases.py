@@ -9,6 +9,7 @@ ack + claim); on SQLite one short transaction with the bookkeeping beside the st
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -120,8 +121,18 @@ class Leases(StoreBase):
         owner: str,
         now: int | None,
     ) -> list[Message]:
-        claimed = [row_to_message(r) for r in conn.execute(statement, params).fetchall()]
+        rows = conn.execute(statement, params).fetchall()
+        claimed = [row_to_message(r) for r in rows]
         self.driver.after_claim(conn, claimed, owner, now)
+        rated = Counter(
+            r._mapping["rate_gate"]
+            for r, m in zip(rows, claimed, strict=True)
+            if m.state == "ready" and r._mapping.get("rate_gate") is not None
+        )
+        if rated and self.sql.rate_take is not None:
+            conn.execute(
+                self.sql.rate_take, [{"name": n, "n": k, "now": now} for n, k in rated.items()]
+            )
         return claimed
 
     # ---- ack and claim together --------------------------------------------------------

@@ -28,6 +28,8 @@ def message_columns() -> list[Column[object]]:
         # ``task:<name>`` or ``queue:<name>``. A key's running count is the live leases
         # with that gate.
         Column("gate", Text),
+        # The rate limit the current (or last) lease was claimed under.
+        Column("rate_gate", Text),
     ]
 
 
@@ -48,8 +50,8 @@ def flow_tables(md: MetaData, p: str) -> tuple[Table, Table]:
     """``slots``: on PostgreSQL, one row per held place of a gate (``slot`` from 0 to the
     limit - 1), the row lock that concurrent claimers serialise on, as the runs table does for
     a run; a slot whose lease expired is free. ``flow_limits``: the limits per task name
-    (``task:<name>``) and per queue (``queue:<name>``) that workers write from their
-    transport options."""
+    (``task:<name>``), per queue (``queue:<name>``) and per key (``key:<key>``, rates only)
+    that workers write from their transport options."""
     slots = Table(
         f"{p}slots",
         md,
@@ -68,7 +70,15 @@ def flow_tables(md: MetaData, p: str) -> tuple[Table, Table]:
         f"{p}flow_limits",
         md,
         Column("name", Text, primary_key=True),
-        Column("concurrency", Integer, nullable=False),
+        # At most this many deliveries at once (NULL: no concurrency limit).
+        Column("concurrency", Integer),
+        # A rate limit as a generic cell rate algorithm: one delivery per ``interval_ms``,
+        # ``tau_ms`` of burst tolerance, ``tat_ms`` the theoretical arrival time of the next
+        # (NULL: no rate limit).
+        Column("interval_ms", BigInteger),
+        Column("tau_ms", BigInteger),
+        Column("tat_ms", BigInteger),
+        Column("rate", Text),
         Column("updated_at_ms", BigInteger, nullable=False),
     )
     return slots, flow_limits

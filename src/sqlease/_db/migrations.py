@@ -85,7 +85,7 @@ def _migration_flow_control(conn: Connection, tables: Tables) -> None:
     # Flow control: the messages' gate columns and index, the slots and the limits.
     messages = tables.messages
     present = {c["name"] for c in inspect(conn).get_columns(messages.name)}
-    for name in ("task_name", "gate_key", "gate_limit", "gate"):
+    for name in ("task_name", "gate_key", "gate_limit", "gate", "rate_gate"):
         if name not in present:
             kind = messages.c[name].type.compile(dialect=conn.dialect)
             conn.execute(text(f"ALTER TABLE {messages.name} ADD COLUMN {name} {kind}"))

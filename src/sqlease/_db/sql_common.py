@@ -36,26 +36,67 @@ INSERT_FLOW = "CAST(:task_name AS TEXT), CAST(:gate_key AS TEXT), CAST(:gate_lim
 
 
 def gate_joins(t: Tables) -> str:
-    """The configured limits of a message ``m`` without its own key: its task name's
-    (``tl``), else its queue's (``ql``)."""
+    """The configured limits of a message ``m``: its key's (``kl``, rates), its task
+    name's (``tl``) and its queue's (``ql``)."""
     fl = t.flow_limits.name
     return (
-        f"LEFT JOIN {fl} tl ON m.gate_key IS NULL AND tl.name = 'task:' || m.task_name "
-        f"LEFT JOIN {fl} ql ON m.gate_key IS NULL AND tl.name IS NULL "
-        "AND ql.name = 'queue:' || m.queue"
+        f"LEFT JOIN {fl} kl ON kl.name = 'key:' || m.gate_key "
+        f"LEFT JOIN {fl} tl ON tl.name = 'task:' || m.task_name "
+        f"LEFT JOIN {fl} ql ON ql.name = 'queue:' || m.queue"
     )
 
 
-#: The one gate a claim of ``m`` goes through (with ``gate_joins``): its own concurrency key,
-#: else its task name's limit, else its queue's; NULL when none applies.
+#: The one concurrency gate a claim of ``m`` goes through (with ``gate_joins``): its own
+#: concurrency key, else its task name's limit, else its queue's; NULL when none applies.
 GATE = (
     "CASE WHEN m.gate_key IS NOT NULL THEN 'key:' || m.gate_key "
-    "WHEN tl.name IS NOT NULL THEN tl.name ELSE ql.name END"
+    "WHEN tl.concurrency IS NOT NULL THEN tl.name "
+    "WHEN ql.concurrency IS NOT NULL THEN ql.name END"
 )
 GATE_LIMIT = (
     "CASE WHEN m.gate_key IS NOT NULL THEN m.gate_limit "
-    "WHEN tl.name IS NOT NULL THEN tl.concurrency ELSE ql.concurrency END"
+    "WHEN tl.concurrency IS NOT NULL THEN tl.concurrency ELSE ql.concurrency END"
 )
+
+
+def _rate_case(column: str) -> str:
+    return (
+        f"CASE WHEN kl.interval_ms IS NOT NULL THEN kl.{column} "
+        f"WHEN tl.interval_ms IS NOT NULL THEN tl.{column} "
+        f"WHEN ql.interval_ms IS NOT NULL THEN ql.{column} END"
+    )
+
+
+#: The one rate limit a claim of ``m`` goes through: its key's, else its task name's, else
+#: its queue's; with its interval, burst tolerance and theoretical arrival time.
+RATE = _rate_case("name")
+RATE_INTERVAL = _rate_case("interval_ms")
+RATE_TAU = _rate_case("tau_ms")
+RATE_TAT = _rate_case("tat_ms")
+
+
+def rate_open(now: str, prefix: str = "g.") -> str:
+    """The candidate's rate limit lets one more delivery through now (GCRA: the next
+    theoretical arrival, less the burst tolerance, is not in the future)."""
+    return f"({prefix}rate IS NULL OR COALESCE({prefix}tat, 0) - {prefix}tau <= {now})"
+
+
+def rate_allowed(now: str, prefix: str, greatest: str) -> str:
+    """How many deliveries the rate limit lets through now, for a candidate whose
+    ``rate_open`` holds (the numerator is then >= 0, so integer division floors)."""
+    return (
+        f"(({now} + {prefix}tau - {greatest}(COALESCE({prefix}tat, 0), {now})) / {prefix}ivl + 1)"
+    )
+
+
+def rate_due(t: Tables, now: str) -> str:
+    """When the next rate limit lets a delivery through again, if any is closed now: an
+    idle worker wakes then instead of waiting for its safety poll (at most one empty claim
+    when nothing waits for that limit)."""
+    return (
+        f"(SELECT min(r.tat_ms - r.tau_ms) FROM {t.flow_limits.name} r "
+        f"WHERE r.interval_ms IS NOT NULL AND r.tat_ms - r.tau_ms > {now})"
+    )
 
 
 def gate_open(running: str, prefix: str = "g.") -> str:

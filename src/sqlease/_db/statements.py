@@ -57,6 +57,8 @@ class Statements:
     claim_single: TextClause
     #: SQLite: the run locks of a claim, written by the caller.
     claim_runs: TextClause | None
+    #: SQLite: the rate limits a claim let deliveries through, advanced by the caller.
+    rate_take: TextClause | None
     #: PostgreSQL: the acks and the refill claim in one statement.
     ack_claim: TextClause | None
     ack_claim_single: TextClause | None

@@ -8,6 +8,7 @@ separate SQLite file, which the tests assert on."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -36,6 +37,7 @@ def make_app(
     backend: str | None = None,
     broadcast: str | None = None,
     worker_direct: bool = False,
+    transport_options: dict[str, Any] | None = None,
 ) -> Celery:
     """The e2e app. Nothing about acknowledgement is configured: sqlease's defaults apply.
     The lease is 10 s unless a test is about leases: long enough that a loaded machine never
@@ -47,6 +49,7 @@ def make_app(
             "lease_seconds": lease_seconds,
             "polling_interval": polling_interval,
             "table_prefix": prefix,
+            **(transport_options or {}),
         },
         broker_connection_retry_on_startup=True,
         worker_prefetch_multiplier=prefetch_multiplier,
@@ -83,6 +86,10 @@ def make_app(
         row = records.start(self, label or tenant)
         time.sleep(seconds)
         records.end(row)
+
+    @app.task(name="e2e.rated", bind=True, shared=False, rate_limit="5/s")
+    def rated(self: Any) -> None:
+        records.end(records.start(self, None))
 
     @app.task(name="e2e.block", bind=True, shared=False)
     def block(self: Any, path: str, limit: float = 60.0) -> None:
@@ -166,6 +173,7 @@ def _from_env() -> Celery:
         backend=env.get("E2E_BACKEND") or None,
         broadcast=env.get("E2E_BROADCAST") or None,
         worker_direct=env.get("E2E_WORKER_DIRECT") == "1",
+        transport_options=json.loads(env.get("E2E_TRANSPORT_OPTIONS") or "{}"),
     )
 
 

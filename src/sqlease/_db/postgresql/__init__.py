@@ -26,6 +26,7 @@ def statements(t: Tables) -> Statements:
         claim=leases.claim(t, single_queue=False),
         claim_single=leases.claim(t, single_queue=True),
         claim_runs=None,
+        rate_take=None,
         ack_claim=leases.ack_claim(t, single_queue=False),
         ack_claim_single=leases.ack_claim(t, single_queue=True),
         renew=leases.renew(t),

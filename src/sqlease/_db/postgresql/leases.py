@@ -35,12 +35,43 @@ def _candidates(t: Tables, queue: str) -> str:
     waits until the gate drains below it, one whose limit is lower finds no free slot)."""
     return (
         "SELECT m.id, m.run_id, m.attempt, (m.attempt >= m.max_attempts) AS exhausted, "
-        f"m.priority, m.available_at_ms, g.gate, g.lim FROM {t.messages.name} m "
-        f"{c.gate_joins(t)} "
-        f"CROSS JOIN LATERAL (SELECT {c.GATE} AS gate, {c.GATE_LIMIT} AS lim) g "
+        "m.priority, m.available_at_ms, g.gate, g.lim, g.rate, g.ivl, g.tau, g.tat "
+        f"FROM {t.messages.name} m {c.gate_joins(t)} "
+        f"CROSS JOIN LATERAL (SELECT {c.GATE} AS gate, {c.GATE_LIMIT} AS lim, "
+        f"{c.RATE} AS rate, {c.RATE_INTERVAL} AS ivl, {c.RATE_TAU} AS tau, "
+        f"{c.RATE_TAT} AS tat) g "
         f"WHERE {c.ready(t, NOW, queue)} AND (m.run_id IS NULL OR {c.run_free(t, NOW)}) "
         "AND (g.gate IS NULL OR g.gate NOT IN (SELECT gate FROM full_gates)) "
+        f"AND {c.rate_open(NOW)} "
         f"{c.ORDER} LIMIT :limit FOR UPDATE OF m SKIP LOCKED"
+    )
+
+
+#: The candidates that passed their rate limit (or have none) and may take their locks.
+RATE_PASSED = "(c.rate IS NULL OR c.id IN (SELECT id FROM rate_ok))"
+
+
+def _rate_takes(t: Tables) -> str:
+    """CTEs ``rated``, ``rate_take`` and ``rate_ok``: per rate limit, as many candidates as
+    it lets through now, taken by advancing its theoretical arrival time. The UPDATE waits for
+    a concurrent claimer's row lock and then re-checks, on the newest row version, that the k
+    deliveries still fit, so two claimers never spend the same allowance; a lost race spends
+    nothing and leaves the candidates for the next claim."""
+    fl = t.flow_limits.name
+    allowed = c.rate_allowed(NOW, "c.", GREATEST)
+    return (
+        "rated AS (SELECT c.id, c.rate, row_number() OVER (PARTITION BY c.rate "
+        "ORDER BY c.priority DESC, c.available_at_ms, c.id) AS rk FROM cand c "
+        "WHERE c.rate IS NOT NULL AND NOT c.exhausted), "
+        f"rate_take AS (UPDATE {fl} r SET tat_ms = {GREATEST}(COALESCE(r.tat_ms, 0), {NOW}) "
+        "+ x.k * r.interval_ms "
+        f"FROM (SELECT c.rate, LEAST(count(*), min({allowed})) AS k FROM cand c "
+        "WHERE c.rate IS NOT NULL AND NOT c.exhausted GROUP BY c.rate) x "
+        "WHERE r.name = x.rate AND x.k > 0 AND r.interval_ms IS NOT NULL "
+        f"AND {GREATEST}(COALESCE(r.tat_ms, 0), {NOW}) + (x.k - 1) * r.interval_ms "
+        f"- r.tau_ms <= {NOW} RETURNING r.name, x.k), "
+        "rate_ok AS (SELECT rd.id FROM rated rd JOIN rate_take k ON k.name = rd.rate "
+        "AND rd.rk <= k.k), "
     )
 
 
@@ -56,7 +87,7 @@ def _gate_locks(t: Tables) -> str:
     return (
         "ranked AS (SELECT c.id, c.attempt, c.gate, c.lim, row_number() OVER "
         "(PARTITION BY c.gate ORDER BY c.priority DESC, c.available_at_ms, c.id) AS rk "
-        "FROM cand c WHERE c.gate IS NOT NULL AND NOT c.exhausted "
+        f"FROM cand c WHERE c.gate IS NOT NULL AND NOT c.exhausted AND {RATE_PASSED} "
         "AND (c.run_id IS NULL OR c.run_id IN (SELECT run_id FROM run_locks))), "
         "free AS (SELECT k.gate, s.slot, row_number() OVER (PARTITION BY k.gate) AS rk "
         "FROM (SELECT gate, min(lim) AS lim, count(*) AS wanted, "
@@ -104,12 +135,13 @@ def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
     return (
         f"{_full_gates(t)}"
         f"cand AS ({_cand(t, single_queue=single_queue)}), "
+        f"{_rate_takes(t)}"
         "run_locks AS ("
         f"INSERT INTO {t.runs.name} AS r (run_id, message_id, attempt, lease_owner, "
         "lease_expires_at_ms) "
         f"SELECT c.run_id, c.id, c.attempt + 1, CAST(:owner AS TEXT), {NOW} + :lease_ms "
         "FROM cand c "
-        "WHERE c.run_id IS NOT NULL AND NOT c.exhausted "
+        f"WHERE c.run_id IS NOT NULL AND NOT c.exhausted AND {RATE_PASSED} "
         "ON CONFLICT (run_id) DO UPDATE SET message_id = excluded.message_id, "
         "attempt = excluded.attempt, lease_owner = excluded.lease_owner, "
         "lease_expires_at_ms = excluded.lease_expires_at_ms "
@@ -123,10 +155,11 @@ def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
         "END, "
         "state = CASE WHEN c.exhausted THEN 'dead' ELSE 'ready' END, "
         "reason = CASE WHEN c.exhausted THEN 'attempts_exhausted' ELSE m.reason END, "
-        "gate = CASE WHEN c.exhausted THEN m.gate ELSE c.gate END "
+        "gate = CASE WHEN c.exhausted THEN m.gate ELSE c.gate END, "
+        "rate_gate = CASE WHEN c.exhausted THEN m.rate_gate ELSE c.rate END "
         "FROM cand c WHERE m.id = c.id AND m.state = 'ready' "
         f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
-        "AND (c.exhausted OR ((c.run_id IS NULL "
+        f"AND (c.exhausted OR ({RATE_PASSED} AND (c.run_id IS NULL "
         "OR c.run_id IN (SELECT run_id FROM run_locks)) AND (c.gate IS NULL "
         "OR c.id IN (SELECT message_id FROM gate_locks)))) "
         f"{c.returning(ROW_PREFIX)}), "

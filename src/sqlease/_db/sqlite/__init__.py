@@ -31,6 +31,7 @@ def statements(t: Tables) -> Statements:
         claim=leases.claim(t, single_queue=False),
         claim_single=leases.claim(t, single_queue=True),
         claim_runs=leases.claim_runs(t),
+        rate_take=leases.rate_take(t),
         ack_claim=None,
         ack_claim_single=None,
         renew=leases.renew(t),

@@ -35,20 +35,26 @@ def _picked(t: Tables, ready: str) -> str:
     m = t.messages.name
     rows = (
         f"SELECT m.id, m.priority, m.available_at_ms, ({_EXHAUSTED}) AS exh, "
-        f"{c.GATE} AS gate, {c.GATE_LIMIT} AS lim FROM {m} m {c.gate_joins(t)} "
+        f"{c.GATE} AS gate, {c.GATE_LIMIT} AS lim, {c.RATE} AS rate, "
+        f"{c.RATE_INTERVAL} AS ivl, {c.RATE_TAU} AS tau, {c.RATE_TAT} AS tat "
+        f"FROM {m} m {c.gate_joins(t)} "
         f"WHERE {ready} AND (m.run_id IS NULL OR {c.run_free(t, NOW)})"
     )
     first = (
         f"SELECT g.* FROM ({rows}) g WHERE {c.gate_open(_running(t, 'g.gate'))} "
+        f"AND {c.rate_open(NOW)} "
         "ORDER BY g.priority DESC, g.available_at_ms, g.id LIMIT :limit"
     )
     ranked = (
-        "SELECT p.id, p.gate, p.lim, p.exh, row_number() OVER (PARTITION BY p.gate, p.exh "
-        f"ORDER BY p.priority DESC, p.available_at_ms, p.id) AS rk FROM ({first}) p"
+        "SELECT p.*, row_number() OVER (PARTITION BY p.gate, p.exh "
+        "ORDER BY p.priority DESC, p.available_at_ms, p.id) AS rk, "
+        "row_number() OVER (PARTITION BY p.rate, p.exh "
+        f"ORDER BY p.priority DESC, p.available_at_ms, p.id) AS rrk FROM ({first}) p"
     )
     return (
-        f"SELECT y.id AS cid, y.gate AS cgate FROM ({ranked}) y "
-        f"WHERE y.gate IS NULL OR y.exh OR y.rk <= y.lim - {_running(t, 'y.gate')}"
+        f"SELECT y.id AS cid, y.gate AS cgate, y.rate AS crate FROM ({ranked}) y "
+        f"WHERE y.exh OR ((y.gate IS NULL OR y.rk <= y.lim - {_running(t, 'y.gate')}) "
+        f"AND (y.rate IS NULL OR y.rrk <= {c.rate_allowed(NOW, 'y.', GREATEST)}))"
     )
 
 
@@ -66,9 +72,19 @@ def claim(t: Tables, *, single_queue: bool) -> TextClause:
         f"state = CASE WHEN {x} THEN 'dead' ELSE 'ready' END, "
         f"reason = CASE WHEN {x} THEN 'attempts_exhausted' ELSE reason END, "
         f"gate = CASE WHEN {x} THEN gate ELSE y.cgate END, "
+        f"rate_gate = CASE WHEN {x} THEN rate_gate ELSE y.crate END, "
         f"attempt = CASE WHEN {x} THEN attempt ELSE attempt + 1 END "
         f"FROM ({_picked(t, ready)}) AS y WHERE m.id = y.cid "
-        f"{c.returning(ROW_PREFIX)}"
+        f"{c.returning(ROW_PREFIX)}, rate_gate"
+    )
+
+
+def rate_take(t: Tables) -> TextClause:
+    """After a claim, in its transaction: each rate limit's theoretical arrival time moves on
+    by the deliveries it let through (one executemany per claim that had any)."""
+    return text(
+        f"UPDATE {t.flow_limits.name} SET tat_ms = "
+        f"{GREATEST}(COALESCE(tat_ms, 0), {NOW}) + :n * interval_ms WHERE name = :name"
     )
 
 

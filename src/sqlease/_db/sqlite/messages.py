@@ -28,8 +28,12 @@ def take(t: Tables) -> TextClause:
 
 def next_due(t: Tables) -> TextClause:
     """When the next delayed message of ``:queues`` is due, in milliseconds from now (lets an
-    idle worker sleep until exactly then instead of polling)."""
-    return text(
-        f"SELECT min(available_at_ms) - {NOW} FROM {t.messages.name} WHERE state = 'ready' "
-        f"AND {in_json('queue', 'queues')} AND available_at_ms > {NOW}"
+    idle worker sleep until exactly then instead of polling); a closed rate limit's
+    reopening counts as a due time."""
+    due = (
+        f"(SELECT min(available_at_ms) FROM {t.messages.name} WHERE state = 'ready' "
+        f"AND {in_json('queue', 'queues')} AND available_at_ms > {NOW})"
     )
+    rate = c.rate_due(t, NOW)
+    # SQLite's two-argument min is NULL if either is: each falls back on the other.
+    return text(f"SELECT min(COALESCE({due}, {rate}), COALESCE({rate}, {due})) - {NOW}")
