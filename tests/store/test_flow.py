@@ -233,20 +233,25 @@ def test_bad_limits_are_refused(store: Store, limits: object, named: str) -> Non
     assert store.limits() == {}
 
 
-def test_the_flow_migration_upgrades_a_version_6_database(
+def test_the_flow_migration_upgrades_the_schema_before_it(
     make_store: Callable[..., Store], db_url: str
 ) -> None:
     from sqlalchemy import inspect, text, update
 
-    from sqlease._db.migrations import CURRENT_VERSION, MIGRATIONS, read_version
+    from sqlease._db.migrations import (
+        CURRENT_VERSION,
+        MIGRATIONS,
+        _migration_flow_control,
+        read_version,
+    )
 
     old = make_store()
     old.enqueue("q", "kept")
     m = old.tables.messages.name
-    version = MIGRATIONS.index(MIGRATIONS[5]) + 1  # the schema before flow control
+    version = MIGRATIONS.index(_migration_flow_control)  # the schema before flow control
     with old.engine.begin() as conn:
         conn.execute(text(f"DROP INDEX {old.tables.prefix}messages_gate_ix"))
-        for column in ("task_name", "gate_key", "gate_limit", "gate"):
+        for column in ("task_name", "gate_key", "gate_limit", "gate", "rate_gate"):
             conn.execute(text(f"ALTER TABLE {m} DROP COLUMN {column}"))
         conn.execute(text(f"DROP TABLE {old.tables.slots.name}"))
         conn.execute(text(f"DROP TABLE {old.tables.flow_limits.name}"))
@@ -367,3 +372,26 @@ def test_an_idle_worker_is_told_when_a_rate_limit_reopens(store: Store, clock: F
     assert store.next_due_in_ms(["q"]) == 300
     store.enqueue("q", "later", delay_ms=100)
     assert store.next_due_in_ms(["q"]) == 100  # the sooner of the two
+
+
+def test_a_held_task_gets_an_event_naming_the_limit(store: Store, clock: FakeClock) -> None:
+    from sqlease._core.maintenance import run_pass
+
+    store.set_rate_limits({"task:app.api": "1/m"})
+    store.enqueue_many(
+        [
+            NewMessage("q", "k1", task_id="t-k1", concurrency_key="k", concurrency_limit=1),
+            NewMessage("q", "k2", task_id="t-k2", concurrency_key="k", concurrency_limit=1),
+            NewMessage("q", "a1", task_id="t-a1", task_name="app.api"),
+            NewMessage("q", "a2", task_id="t-a2", task_name="app.api"),
+        ]
+    )
+    assert len(_claim(store, limit=10)) == 2
+    summary = run_pass(store, event_retention_ms=0)
+    assert summary["waiting_for_limit"] == 2
+    [held] = [e for e in store.events(task_id="t-k2") if e.kind == "waiting_for_limit"]
+    assert held.data == {"limit": "key:k", "kind": "concurrency", "running": 1, "max": 1}
+    [rated] = [e for e in store.events(task_id="t-a2") if e.kind == "waiting_for_limit"]
+    assert rated.data["limit"] == "task:app.api" and rated.data["kind"] == "rate"
+    assert rated.data["opens_at_ms"] == clock() + 60_000
+    assert run_pass(store, event_retention_ms=0)["waiting_for_limit"] == 0  # once per attempt

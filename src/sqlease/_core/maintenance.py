@@ -28,6 +28,7 @@ from sqlalchemy import (
     update,
 )
 
+from sqlease._core.flow_events import record_waits
 from sqlease._core.results import ResultStore
 from sqlease._core.store import Store
 from sqlease._db.tables import Tables
@@ -65,6 +66,7 @@ def run_pass(store: Store, *, event_retention_ms: int, now: int | None = None) -
     with store.engine.begin() as conn:
         summary["steps_outcome_unknown"] = _interrupted_steps(conn, store, now)
         summary.update(_leftovers(conn, store, now))
+        summary["waiting_for_limit"] = record_waits(conn, store, now)
         if event_retention_ms > 0:
             summary.update(_history(conn, store.tables, now - event_retention_ms, store))
     return summary
