@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-from sqlalchemy import Connection, Table, text
+from sqlalchemy import Connection, Table, any_, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Engine
 
@@ -104,6 +104,12 @@ class PostgresDriver(Driver):
 
     def insert(self, table: Table) -> Any:
         return pg_insert(table)
+
+    def one_of(self, column: Any, keys: Any) -> Any:
+        # ``= ANY(ARRAY(subquery))``: the batch's keys become one array, looked up through
+        # the key's index. With ``IN (subquery)`` the planner may join instead, and on a
+        # table it thinks small it hashes the batch and reads the whole table.
+        return column == any_(func.array(keys.scalar_subquery()))
 
     def notify(self, conn: Connection, channel: str, payload: str) -> None:
         conn.execute(NOTIFY, {"channel": channel, "key": payload})
