@@ -53,13 +53,20 @@ class PostgresDriver(Driver):
             # the flush does it with SET LOCAL in its transaction (Lane.PUBLISH None), and the
             # claims and acks wait for the flush as publishes do.
             lease_sync_commit = True
-        default = FastPath(
-            engine if isinstance(url, Engine) else get_engine(url, generic_plans=True), spares=ours
-        )
+        # shared_pool=true: one engine (the URL's) serves every lane, as an engine passed in
+        # does: a third of the connections, for generic plans and the no-flush claims.
+        single = isinstance(url, Engine) or self.pooling.shared
+        if self.pooling.shared:
+            lease_sync_commit = True
+        hot = engine
+        if not isinstance(url, Engine) and not single:
+            hot = get_engine(url, generic_plans=True)
+        default = FastPath(hot, spares=ours)
         # The pool whose commits do not wait for the flush, if anything uses it.
         no_flush = (
             FastPath(get_engine(url, generic_plans=True, wait_for_flush=False), spares=True)
-            if not isinstance(url, Engine)
+            if not single
+            and not isinstance(url, Engine)
             and not (lease_sync_commit and publish_sync_commit)
             and not self.pooling.transaction
             else None
