@@ -195,3 +195,51 @@ def test_a_steady_load_keeps_every_table_bounded(store: Store, clock: FakeClock)
         assert not grown, grown
     assert store.has_queue(worker_pidbox)
     assert history[-1]["queues"] <= 3  # celery, the worker's pidbox, at most this cycle's
+
+
+def test_a_version_6_database_gets_migration_7(db_url: str) -> None:
+    """Migration 7 adds the queues' idle expiry, the retention indexes and (PostgreSQL) the
+    hot tables' storage settings to a database made before it, queues and all."""
+    from sqlalchemy import inspect, text, update
+
+    from conftest import unique_prefix
+    from sqlease._db.migrations import CURRENT_VERSION, read_version
+    from sqlease._db.postgresql.storage import TABLE_SETTINGS
+    from sqlease._db.tables import retention_indexes
+
+    prefix = unique_prefix()
+    old = Store(db_url, table_prefix=prefix)
+    old.declare_queue("celery")
+    t = old.tables
+    with old.engine.begin() as conn:  # as version 6 left it
+        for index in retention_indexes(t):
+            conn.execute(text(f"DROP INDEX {index.name}"))
+        for column in ("expires_ms", "expires_at_ms"):
+            conn.execute(text(f"ALTER TABLE {t.queues.name} DROP COLUMN {column}"))
+        if old.is_postgresql:
+            for short, settings in TABLE_SETTINGS.items():
+                names = ", ".join(k for k, _ in settings if k != "fillfactor")
+                if names:
+                    conn.execute(text(f"ALTER TABLE {t.name(short)} RESET ({names})"))
+        conn.execute(update(t.schema_version).values(version=6))
+    new = Store(db_url, table_prefix=prefix)
+    with new._reading() as conn:
+        assert read_version(conn, new.tables) == CURRENT_VERSION
+        columns = {c["name"] for c in inspect(conn).get_columns(t.queues.name)}
+        assert {"expires_ms", "expires_at_ms"} <= columns
+        present = {
+            i["name"]
+            for table in t.metadata.sorted_tables
+            for i in inspect(conn).get_indexes(table.name)
+        }
+        assert {index.name for index in retention_indexes(t)} <= present
+        if new.is_postgresql:
+            options = conn.execute(
+                text("SELECT reloptions FROM pg_class WHERE relname = :name"),
+                {"name": t.messages.name},
+            ).scalar()
+            assert "autovacuum_vacuum_cost_delay=0" in options
+            assert "autovacuum_vacuum_scale_factor=0.01" in options
+    assert new.has_queue("celery")
+    new.declare_queue("x.reply.celery.pidbox", expires_ms=1_000)
+    assert new.touch_queues(["x.reply.celery.pidbox"]) == {"x.reply.celery.pidbox"}

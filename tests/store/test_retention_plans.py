@@ -181,4 +181,3 @@ def test_the_check_finds_a_statement_without_an_index(pg_store: Store) -> None:
     # A whole index read in its order (no condition on its columns) counts as a scan too.
     whole_index = select(m.c.id).order_by(m.c.id).limit(5)
     assert big_table_scans(pg_store, plan(pg_store, whole_index)) == [m.name]
-
