@@ -1,7 +1,8 @@
 """What real ``celery inspect`` calls and an event receiver leave behind (both databases):
 their reply and event queues are recorded with an idle expiry (Kombu declares them
-auto_delete / x-expires), the maintenance pass removes them, with their bindings, once idle for longer
-than it, and keeps the worker's own remote-control queue, which its consumer touches."""
+auto_delete / x-expires), the maintenance pass removes them, with their bindings, once
+idle for longer than it, and keeps the worker's own remote-control queue, which its
+consumer touches."""
 
 from __future__ import annotations
 
