@@ -106,6 +106,13 @@ class TransportOptions:
     maintenance_interval: float = 60.0
     #: Days to keep events, checkpoints and answers of finished tasks (0 keeps them forever).
     event_retention_days: float = 30.0
+    #: Days to keep dead messages and the FAILURE/REVOKED results sqlease writes without an
+    #: expiry (None: event_retention_days; 0 keeps them forever).
+    dead_retention_days: float | None = None
+    #: Seconds an auto-delete queue (auto_delete, exclusive or x-expires: Celery's reply,
+    #: event and remote-control queues) lives on after its last declaration or consumer
+    #: (the longer of this and its own x-expires); its live consumers keep it.
+    idle_queue_expiry: float = 600.0
     #: PostgreSQL: an idle worker offers to take its queues' next message, and a publish that
     #: finds the offer leases the message to it in the same statement (no claim round trip).
     handoff: bool = True
@@ -137,6 +144,32 @@ class TransportOptions:
     @property
     def event_retention_ms(self) -> int:
         return int(self.event_retention_days * 86_400_000)
+
+    @property
+    def dead_retention_ms(self) -> int:
+        days = (
+            self.event_retention_days
+            if self.dead_retention_days is None
+            else (self.dead_retention_days)
+        )
+        return int(days * 86_400_000)
+
+    def queue_expiry_ms(self, auto_delete: bool, arguments: Mapping[str, Any] | None) -> int | None:
+        """The idle expiry of a queue declared so (None: it stays until deleted)."""
+        expires = (arguments or {}).get("x-expires")
+        if not auto_delete and expires is None:
+            return None
+        floor = int(self.idle_queue_expiry * 1000)
+        try:
+            return max(floor, int(expires or 0))
+        except (TypeError, ValueError):
+            return floor
+
+    @property
+    def queue_touch_seconds(self) -> float:
+        """How often a consumer pushes its auto-delete queues' expiry forward: five times
+        per expiry, at least once a minute."""
+        return min(60.0, self.idle_queue_expiry / 5.0)
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -185,6 +218,14 @@ class TransportOptions:
         if "event_retention_days" in raw:
             values["event_retention_days"] = _seconds(
                 "event_retention_days", raw.pop("event_retention_days"), minimum=0.0
+            )
+        if "dead_retention_days" in raw:
+            value = raw.pop("dead_retention_days")
+            if value is not None:
+                values["dead_retention_days"] = _seconds("dead_retention_days", value, minimum=0.0)
+        if "idle_queue_expiry" in raw:
+            values["idle_queue_expiry"] = _seconds(
+                "idle_queue_expiry", raw.pop("idle_queue_expiry"), minimum=1.0
             )
         if "handoff" in raw:
             values["handoff"] = _boolean("handoff", raw.pop("handoff"))

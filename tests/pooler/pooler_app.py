@@ -20,10 +20,11 @@ def _total(values: list[int]) -> int:
 
 
 def _slow(self: object, seconds: float) -> dict[str, object]:
+    started = time.time()
     time.sleep(seconds)
     properties = getattr(self.request, "properties", None) or {}  # type: ignore[attr-defined]
     info = properties.get("delivery_info") or {}
-    return {"attempt": info.get("sqlease_attempt"), "pid": os.getpid()}
+    return {"attempt": info.get("sqlease_attempt"), "pid": os.getpid(), "started": started}
 
 
 def make_app(url: str, prefix: str, *, lease_seconds: float = 2.0) -> Celery:

@@ -31,6 +31,7 @@ def test_pass_recovers_interrupted_steps_and_expires_old_data(
     StepStore(store).start(ctx.fence, "t", "charge")
     ctx.checkpoint({"n": 1})
     ResultStore(store).put("old", b"x", expires_ms=1_000)
+    store.declare_queue("w1.celery.pidbox")  # as Kombu declares (and binds) it
     store.enqueue("w1.celery.pidbox", "{}", record=False)
     clock.advance(20_000)  # the worker died mid-step; its lease expired
     summary = run_pass(store, event_retention_ms=DAY)

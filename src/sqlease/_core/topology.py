@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Connection
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import Connection, update
 
 from sqlease._core.base import StoreBase
 from sqlease._db.retry import transient
@@ -12,13 +15,52 @@ class Topology(StoreBase):
     """Queues and bindings."""
 
     @transient
-    def declare_queue(self, queue: str, *, connection: Connection | None = None) -> None:
+    def declare_queue(
+        self,
+        queue: str,
+        *,
+        expires_ms: int | None = None,
+        connection: Connection | None = None,
+    ) -> None:
+        """Make sure ``queue`` exists. ``expires_ms``: the queue is deleted (with its
+        bindings and messages) once nobody declared it or consumed from it for that long
+        (``touch_queues``); a declaration without it leaves any expiry as it was."""
         params = {"queue": queue, "now": self._now(None)}
         if connection is not None:  # inside the caller's transaction (transactional enqueue)
-            connection.execute(self.sql.declare_queue, params)
+            self._declare(connection, params, expires_ms)
             return
         with self.engine.begin() as conn:
-            conn.execute(self.sql.declare_queue, params)
+            self._declare(conn, params, expires_ms)
+
+    def _declare(self, conn: Connection, params: Mapping[str, Any], expires_ms: int | None) -> None:
+        conn.execute(self.sql.declare_queue, params)
+        if expires_ms is not None:
+            q = self.tables.queues
+            now = int(conn.execute(self.sql.now, {"now": params["now"]}).scalar_one())
+            conn.execute(
+                update(q)
+                .where(q.c.name == params["queue"])
+                .values(expires_ms=int(expires_ms), expires_at_ms=now + int(expires_ms))
+            )
+
+    @transient
+    def touch_queues(self, queues: Iterable[str], *, now: int | None = None) -> set[str]:
+        """A live consumer's sign: push the idle expiry of these queues forward. Returns the
+        queues that have an expiry and still exist (one missing was deleted while its
+        consumer did not touch it: the consumer declares it again)."""
+        names = sorted(set(queues))
+        if not names:
+            return set()
+        q = self.tables.queues
+        with self.engine.begin() as conn:
+            at = int(conn.execute(self.sql.now, {"now": self._now(now)}).scalar_one())
+            rows = conn.execute(
+                update(q)
+                .where(q.c.name.in_(names), q.c.expires_ms.isnot(None))
+                .values(expires_at_ms=at + q.c.expires_ms)
+                .returning(q.c.name)
+            ).scalars()
+            return set(rows)
 
     @transient
     def has_queue(self, queue: str) -> bool:

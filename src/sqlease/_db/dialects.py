@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sqlalchemy import Connection
 from sqlalchemy.engine import URL
 
 from sqlease._db import postgresql, sqlite
+from sqlease._db.postgresql import storage
 from sqlease._db.statements import Capabilities, Statements
 from sqlease._db.tables import Tables
 
@@ -18,10 +20,16 @@ class Dialect:
     caps: Capabilities
     #: The statements for a table prefix (build once and keep: see ``Statements``).
     statements: Callable[[Tables], Statements]
+    #: Sets the dialect's storage parameters on the tables (migration 7).
+    tune_tables: Callable[[Connection, Tables], None]
 
 
-POSTGRESQL = Dialect("postgresql", postgresql.CAPABILITIES, postgresql.statements)
-SQLITE = Dialect("sqlite", sqlite.CAPABILITIES, sqlite.statements)
+def _nothing_to_tune(conn: Connection, tables: Tables) -> None:
+    """SQLite has no per-table storage or vacuum parameters."""
+
+
+POSTGRESQL = Dialect("postgresql", postgresql.CAPABILITIES, postgresql.statements, storage.apply)
+SQLITE = Dialect("sqlite", sqlite.CAPABILITIES, sqlite.statements, _nothing_to_tune)
 
 
 def dialect_for(name: str) -> Dialect:

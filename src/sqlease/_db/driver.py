@@ -161,6 +161,11 @@ class Driver(ABC):
     def insert(self, table: Table) -> Any:
         """The dialect's INSERT construct for ``table`` (with ``on_conflict_do_…``)."""
 
+    def one_of(self, column: Any, keys: Any) -> Any:
+        """``column`` is one of the keys the SELECT ``keys`` (one column, with a LIMIT)
+        returns: the condition a batch delete takes its rows by."""
+        return column.in_(keys.scalar_subquery())
+
     @abstractmethod
     def notify(self, conn: Connection, channel: str, payload: str) -> None:
         """Inside ``conn``'s transaction: wake the listeners of ``channel`` at commit."""

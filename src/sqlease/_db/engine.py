@@ -130,6 +130,18 @@ NO_FLUSH_WAIT_OPTION = "-c synchronous_commit=off"
 CONNECT_TIMEOUT_S = 10
 
 
+#: pg_stat_activity's application_name of sqlease's connections, unless the URL names one.
+APPLICATION_NAME = "sqlease"
+
+
+def application_name(url: URL) -> str:
+    """The URL's ``application_name``, else sqlease's."""
+    value = url.query.get("application_name")
+    if isinstance(value, tuple):
+        value = value[-1]
+    return value or APPLICATION_NAME
+
+
 def postgresql_connect_args(
     url: URL, *, generic_plans: bool = False, wait_for_flush: bool = True
 ) -> dict[str, Any]:
@@ -170,7 +182,9 @@ def postgresql_connect_args(
     # Behind a pooler in transaction mode no startup options go out (see pooler.py); the
     # URL's own options are the user's business and go out as given.
     args: dict[str, Any] = {
-        "application_name": "sqlease",
+        # The URL's own application_name wins (psycopg would otherwise get ours over it):
+        # pg_stat_activity then tells one deployment's connections from another's.
+        "application_name": application_name(clean),
         **pooler.connect_args(pooling, session if not own else f"{session} {own}"),
     }
     if pooling.transaction and own:
@@ -184,10 +198,13 @@ def postgresql_connect_args(
 
 def _create_postgresql(url: URL, options: dict[str, Any]) -> Engine:
     clean, pooling = pooler.split(url)
+    # ?pool_size= / ?max_overflow= cap every engine of the URL (docs/howto/operations.md,
+    # "Connections").
+    pool_size, max_overflow = pooler.pool_limits(url)
     engine = create_engine(
         clean,
-        pool_size=options["pool_size"],
-        max_overflow=10,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
         # No pre-ping: it costs a round trip per operation. A connection broken by a server
         # restart raises a disconnect error once, SQLAlchemy then drops the whole pool, and
         # Kombu/Celery retry the operation as a connection error.

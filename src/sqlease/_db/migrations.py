@@ -16,6 +16,7 @@ from sqlease._db.tables import (
     Tables,
     batch_events_index,
     offers_sequence,
+    retention_indexes,
 )
 from sqlease.errors import SchemaError, SchemaMissing, SchemaVersionMismatch
 
@@ -81,6 +82,23 @@ def _migration_6(conn: Connection, tables: Tables) -> None:
             index.create(conn, checkfirst=True)
 
 
+def _migration_7(conn: Connection, tables: Tables) -> None:
+    # Bounded tables: the idle expiry of auto-delete queues (two columns), the indexes the
+    # retention deletes use, and (PostgreSQL) autovacuum and fillfactor on the hot tables.
+    # Only what is missing is added: a database made by migration 1 of this code has it.
+    from sqlease._db.dialects import dialect_for
+
+    queues = tables.queues
+    present = {c["name"] for c in inspect(conn).get_columns(queues.name)}
+    for name in ("expires_ms", "expires_at_ms"):
+        if name not in present:
+            kind = queues.c[name].type.compile(dialect=conn.dialect)
+            conn.execute(text(f"ALTER TABLE {queues.name} ADD COLUMN {name} {kind}"))
+    for index in retention_indexes(tables):
+        index.create(conn, checkfirst=True)
+    dialect_for(conn.dialect.name).tune_tables(conn, tables)
+
+
 def _migration_flow_control(conn: Connection, tables: Tables) -> None:
     # Flow control: the messages' gate columns and index, the slots and the limits.
     messages = tables.messages
@@ -106,6 +124,7 @@ MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_4,
     _migration_5,
     _migration_6,
+    _migration_7,
     _migration_flow_control,
 ]
 CURRENT_VERSION = len(MIGRATIONS)

@@ -53,9 +53,20 @@ def take(spares: deque[Any], pool: Any) -> Any | None:
         _close(fairy)
 
 
+def room(pool: Any) -> int:
+    """How many connections the engine may keep: SPARES_PER_ENGINE, but under a hard cap
+    (``max_overflow=0``) always one fewer than the pool's size, so that a caller of the
+    pool itself never waits for a connection that sits idle here."""
+    size = pool.size() if hasattr(pool, "size") else SPARES_PER_ENGINE + 1
+    overflow = getattr(pool, "_max_overflow", 1)
+    if overflow != 0:
+        return SPARES_PER_ENGINE
+    return max(0, min(SPARES_PER_ENGINE, size - 1))
+
+
 def keep(spares: deque[Any], fairy: Any, pool: Any) -> bool:
     """Keep ``fairy`` for the next call if there is room (False: the caller gives it back)."""
-    if len(spares) < SPARES_PER_ENGINE and fairy._pool is pool:
+    if len(spares) < room(pool) and fairy._pool is pool:
         spares.append(fairy)
         return True
     return False

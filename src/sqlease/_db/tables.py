@@ -147,6 +147,22 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         postgresql_where=messages.c.state != "ready",
         sqlite_where=messages.c.state != "ready",
     )
+    # Retention (migration 7): dead messages by age. On created_at_ms, which no update
+    # changes, and partial, so ready rows (the hot ones) never enter it.
+    Index(
+        f"{p}messages_dead_ix",
+        messages.c.created_at_ms,
+        postgresql_where=messages.c.state == "dead",
+        sqlite_where=messages.c.state == "dead",
+    )
+    # Migration 7: leases left on rows that are no longer ready (the maintenance pass
+    # clears them). Normally empty: it holds exactly the rows that statement changes.
+    Index(
+        f"{p}messages_stray_ix",
+        messages.c.id,
+        postgresql_where=(messages.c.state != "ready") & messages.c.lease_owner.isnot(None),
+        sqlite_where=(messages.c.state != "ready") & messages.c.lease_owner.isnot(None),
+    )
     # One row per run whose head is (or was) leased: the per-run lock that concurrent
     # claimers serialise on (a NOT EXISTS read alone lets two transactions both pass).
     runs = Table(
@@ -170,6 +186,9 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         Column("created_at_ms", BigInteger, nullable=False),
         Column("updated_at_ms", BigInteger, nullable=False),
     )
+    # Retention (migration 7): old task records by creation time, which no update changes
+    # (an index on updated_at_ms would make every checkpoint write a non-HOT update).
+    Index(f"{p}tasks_created_ix", tasks.c.created_at_ms)
     events = Table(
         f"{p}events",
         md,
@@ -189,6 +208,8 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         sqlite_autoincrement=True,
     )
     Index(f"{p}events_task_ix", events.c.task_id, events.c.id)
+    # Retention (migration 7): old events are found by time, not by a scan of the table.
+    Index(f"{p}events_at_ix", events.c.at_ms)
     Index(f"{p}events_message_ix", events.c.message_id, events.c.id)
     batch_events_index(events)
     bindings = Table(
@@ -200,11 +221,26 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         Column("pattern", Text, nullable=False, server_default=""),
         PrimaryKeyConstraint("exchange", "queue", "routing_key", "pattern"),
     )
+    # Migration 7: a queue's bindings go with it (an idle queue's expiry, queue_delete).
+    Index(f"{p}bindings_queue_ix", bindings.c.queue)
     queues = Table(
         f"{p}queues",
         md,
         Column("name", Text, primary_key=True),
         Column("created_at_ms", BigInteger, nullable=False),
+        # Migration 7. A queue declared auto_delete, exclusive or with x-expires (Celery's
+        # reply queues ``*.reply.celery.pidbox``, event receivers' ``celeryev.*``, workers'
+        # ``*.celery.pidbox``) is deleted, with its bindings and messages, once nobody has
+        # declared or consumed it for ``expires_ms``; its consumers push ``expires_at_ms``
+        # forward while they live. NULL: a queue that stays until deleted.
+        Column("expires_ms", BigInteger),
+        Column("expires_at_ms", BigInteger),
+    )
+    Index(
+        f"{p}queues_expires_ix",
+        queues.c.expires_at_ms,
+        postgresql_where=queues.c.expires_at_ms.isnot(None),
+        sqlite_where=queues.c.expires_at_ms.isnot(None),
     )
     # Celery results (the result backend's key/value space), each written under the lease of
     # the delivery that produced it when fenced.
@@ -223,6 +259,13 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
     Index(f"{p}results_message_ix", results.c.message_id)
     Index(f"{p}results_expires_ix", results.c.expires_at_ms)
     Index(f"{p}results_task_ix", results.c.task_id)
+    # Retention (migration 7): the results nothing expires, by age.
+    Index(
+        f"{p}results_unexpiring_ix",
+        results.c.updated_at_ms,
+        postgresql_where=results.c.expires_at_ms.is_(None),
+        sqlite_where=results.c.expires_at_ms.is_(None),
+    )
     counters = Table(
         f"{p}counters",
         md,
@@ -230,6 +273,7 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         Column("value", BigInteger, nullable=False),
         Column("expires_at_ms", BigInteger),
     )
+    Index(f"{p}counters_expires_ix", counters.c.expires_at_ms)
     # Durable steps: one row per (task, step name); "started" with no outcome after a crash
     # means the side effect may or may not have happened.
     steps = Table(
@@ -249,6 +293,16 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
             "status IN ('started', 'succeeded', 'failed', 'outcome_unknown')", name="status"
         ),
     )
+    # Migration 7: old steps by age (retention), and the steps still open (the maintenance
+    # pass looks for those whose delivery died).
+    Index(f"{p}steps_started_ix", steps.c.started_at_ms)
+    Index(
+        f"{p}steps_open_ix",
+        steps.c.message_id,
+        steps.c.attempt,
+        postgresql_where=steps.c.status == "started",
+        sqlite_where=steps.c.status == "started",
+    )
     # A task waiting for a person: one row per (task, key); the answer is kept so that the
     # delivery after it (which runs the task again from its checkpoint) finds it.
     waits = Table(
@@ -266,6 +320,8 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         CheckConstraint("kind IN ('input', 'approval')", name="kind"),
         CheckConstraint("status IN ('waiting', 'answered')", name="status"),
     )
+    # Retention (migration 7): old waits by creation time.
+    Index(f"{p}waits_created_ix", waits.c.created_at_ms)
     # Named leases for singletons such as the maintenance pass (one worker at a time).
     locks = Table(
         f"{p}locks",
@@ -345,6 +401,31 @@ def batch_events_index(events: Table) -> Index:
         postgresql_where=events.c.task_ids.isnot(None),
         postgresql_with={"gin_pending_list_limit": BATCH_EVENTS_PENDING_LIST_KB},
     ).ddl_if(dialect="postgresql")
+
+
+#: The indexes migration 7 adds (the retention deletes' and the idle queues'), by table.
+RETENTION_INDEXES = {
+    "messages": ("messages_dead_ix", "messages_stray_ix"),
+    "tasks": ("tasks_created_ix",),
+    "events": ("events_at_ix",),
+    "queues": ("queues_expires_ix",),
+    "bindings": ("bindings_queue_ix",),
+    "results": ("results_unexpiring_ix",),
+    "counters": ("counters_expires_ix",),
+    "steps": ("steps_started_ix", "steps_open_ix"),
+    "waits": ("waits_created_ix",),
+}
+
+
+def retention_indexes(tables: Tables) -> list[Index]:
+    """The indexes of RETENTION_INDEXES, as built for ``tables``."""
+    wanted = {tables.name(n) for names in RETENTION_INDEXES.values() for n in names}
+    return [
+        index
+        for table in tables.metadata.sorted_tables
+        for index in table.indexes
+        if index.name in wanted
+    ]
 
 
 def offers_sequence(tables: Tables) -> str:

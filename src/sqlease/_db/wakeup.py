@@ -80,6 +80,8 @@ class PostgresListener:
     def __init__(self, url: URL, channel: str, *, lock_key: int | None = None) -> None:
         self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._connect_args: dict[str, Any] = {}
+        name = url.query.get("application_name")
+        self._application_name = (name[-1] if isinstance(name, tuple) else name) or "sqlease"
         if "connect_timeout" not in url.query:
             self._connect_args["connect_timeout"] = CONNECT_TIMEOUT_S  # as the engines
         # Connections a forked child inherited and let go of (see _detach_after_fork).
@@ -101,7 +103,7 @@ class PostgresListener:
             conn = psycopg.connect(
                 self._dsn,
                 autocommit=True,
-                application_name="sqlease-listen",
+                application_name=f"{self._application_name}-listen",
                 **self._connect_args,
             )
             conn.execute(f'LISTEN "{self._channel}"')

@@ -286,7 +286,19 @@ class Channel(virtual.Channel):
     # ---- queues and bindings -----------------------------------------------------------
 
     def _new_queue(self, queue: str, **kwargs: Any) -> None:
-        self.connection.declare_queue(queue)
+        # auto_delete / exclusive / x-expires (Celery's reply, event and remote-control
+        # queues): the queue expires once idle (TransportOptions.idle_queue_expiry).
+        self.connection.declare_queue(
+            queue,
+            auto_delete=bool(kwargs.get("auto_delete") or kwargs.get("exclusive")),
+            arguments=kwargs.get("arguments"),
+        )
+
+    def bind_again(self, queue: str) -> None:
+        """Write this channel's bindings of ``queue`` again (after the queue expired)."""
+        for exchange, routing_key, arguments in self.state.queue_bindings(queue):
+            meta = self.typeof(exchange).prepare_bind(queue, exchange, routing_key, arguments)
+            self._queue_bind(exchange, *meta)
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
         return self.store.has_queue(queue)

@@ -103,6 +103,10 @@ class Transport(virtual.Transport):
         self._results: ResultStore | None = None
         self._waker: Waker | None = None
         self._declared: set[str] = set()
+        #: This process's auto-delete queues and their idle expiry (ms): consumed, they are
+        #: touched every queue_touch_seconds (see keep_queues_alive).
+        self._expiring: dict[str, int] = {}
+        self._next_touch = 0.0
         self._maintenance: Any = None
         self.drain = DrainState()
         self.leases = Leases(self)
@@ -168,17 +172,53 @@ class Transport(virtual.Transport):
                 )
         return conn
 
-    def declare_queue(self, queue: str) -> None:
-        if queue not in self._declared:
+    def declare_queue(
+        self, queue: str, *, auto_delete: bool = False, arguments: Any = None
+    ) -> None:
+        expires_ms = self.options.queue_expiry_ms(auto_delete, arguments)
+        if expires_ms is not None:
+            self._expiring[queue] = expires_ms
+        if queue not in self._declared or expires_ms is not None:
             # In a transactional enqueue the declaration joins the caller's transaction too:
             # on SQLite a second connection would wait for the caller's write lock.
             connection = self.caller_transaction()
-            self.store.declare_queue(queue, connection=connection)
+            self.store.declare_queue(queue, expires_ms=expires_ms, connection=connection)
             if connection is None:
                 self._declared.add(queue)
 
     def forget_queue(self, queue: str) -> None:
         self._declared.discard(queue)
+        self._expiring.pop(queue, None)
+
+    def keep_queues_alive(self) -> None:
+        """Touch the auto-delete queues this process consumes, every queue_touch_seconds,
+        so that the maintenance pass never expires a queue with a live consumer. One that
+        expired all the same (this process stood still longer than its expiry) is declared
+        and bound again, as Kombu would after a reconnect."""
+        if not self._expiring:
+            return
+        clock = time.monotonic()
+        if clock < self._next_touch:
+            return
+        self._next_touch = clock + self.options.queue_touch_seconds
+        consumed = {
+            queue
+            for channel in self.sql_channels()
+            if channel.consuming
+            for queue in channel.active_queues()
+            if queue in self._expiring
+        }
+        if not consumed:
+            return
+        gone = consumed - self.store.touch_queues(consumed)
+        for queue in sorted(gone):
+            logger.warning(
+                "sqlease: auto-delete queue %r had expired under its consumer; declaring it again",
+                queue,
+            )
+            self.store.declare_queue(queue, expires_ms=self._expiring[queue])
+            for channel in self.sql_channels():
+                channel.bind_again(queue)
 
     # ---- wake-ups --------------------------------------------------------------------------
 
@@ -242,6 +282,7 @@ class Transport(virtual.Transport):
     def drain_ready(self) -> bool:
         """Deliver until nothing more is ready or credit runs out; True if anything came."""
         drain = self.drain
+        self.keep_queues_alive()
         got = self.take_noack_first() > 0
         for _ in range(50):  # bounded, so the event loop stays responsive
             drain.begin_round()
@@ -303,6 +344,7 @@ class Transport(virtual.Transport):
                 self.owner,
                 interval=self.options.maintenance_interval,
                 event_retention_ms=self.options.event_retention_ms,
+                dead_retention_ms=self.options.dead_retention_ms,
             ).start()
 
     # ---- clients without an event loop (synchronous drain) --------------------------------
@@ -315,6 +357,7 @@ class Transport(virtual.Transport):
         waker.fileno()  # listen before looking, so no notification falls in between
         assert self.cycle is not None
         while True:
+            self.keep_queues_alive()
             if self.take_noack_first():
                 return
             try:

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-from sqlalchemy import Connection, Table, text
+from sqlalchemy import Connection, Table, any_, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Engine
 
@@ -53,13 +53,20 @@ class PostgresDriver(Driver):
             # the flush does it with SET LOCAL in its transaction (Lane.PUBLISH None), and the
             # claims and acks wait for the flush as publishes do.
             lease_sync_commit = True
-        default = FastPath(
-            engine if isinstance(url, Engine) else get_engine(url, generic_plans=True), spares=ours
-        )
+        # shared_pool=true: one engine (the URL's) serves every lane, as an engine passed in
+        # does: a third of the connections, for generic plans and the no-flush claims.
+        single = isinstance(url, Engine) or self.pooling.shared
+        if self.pooling.shared:
+            lease_sync_commit = True
+        hot = engine
+        if not isinstance(url, Engine) and not single:
+            hot = get_engine(url, generic_plans=True)
+        default = FastPath(hot, spares=ours)
         # The pool whose commits do not wait for the flush, if anything uses it.
         no_flush = (
             FastPath(get_engine(url, generic_plans=True, wait_for_flush=False), spares=True)
-            if not isinstance(url, Engine)
+            if not single
+            and not isinstance(url, Engine)
             and not (lease_sync_commit and publish_sync_commit)
             and not self.pooling.transaction
             else None
@@ -104,6 +111,12 @@ class PostgresDriver(Driver):
 
     def insert(self, table: Table) -> Any:
         return pg_insert(table)
+
+    def one_of(self, column: Any, keys: Any) -> Any:
+        # ``= ANY(ARRAY(subquery))``: the batch's keys become one array, looked up through
+        # the key's index. With ``IN (subquery)`` the planner may join instead, and on a
+        # table it thinks small it hashes the batch and reads the whole table.
+        return column == any_(func.array(keys.scalar_subquery()))
 
     def notify(self, conn: Connection, channel: str, payload: str) -> None:
         conn.execute(NOTIFY, {"channel": channel, "key": payload})

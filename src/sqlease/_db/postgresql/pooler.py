@@ -29,7 +29,23 @@ logger = logging.getLogger("sqlease")
 
 MODES = ("none", "session", "transaction")
 #: Query parameters sqlease reads (and removes) from a PostgreSQL URL.
-OURS = ("pooler", "pgbouncer", "listen_host", "listen_port", "prepare_threshold")
+OURS = (
+    "pooler",
+    "pgbouncer",
+    "listen_host",
+    "listen_port",
+    "prepare_threshold",
+    "pool_size",
+    "max_overflow",
+    "shared_pool",
+)
+#: Connections each of sqlease's engines keeps open per process, and how many more it may
+#: open for a burst (closed again when returned), unless the URL says.
+POOL_SIZE = 5
+MAX_OVERFLOW = 10
+#: The least pool_size + max_overflow accepted: a worker's main process uses up to three
+#: connections of one engine at once (measured), and the pool keeps one spare beside them.
+MIN_CONNECTIONS = 4
 #: Session settings sqlease sets at connect without a pooler, and checks behind one.
 WANTED = {"idle_in_transaction_session_timeout": "60000", "jit": "off"}
 #: The servers warned about (once per process each).
@@ -45,6 +61,9 @@ class Pooling:
     listen_url: URL | None
     #: psycopg's prepare_threshold: None never prepares; "default" leaves psycopg's own.
     prepare_threshold: int | str | None
+    #: ``shared_pool=true``: every lane of a process on the one engine of the URL (fewer
+    #: connections; no generic plans, and claims and acks wait for the WAL flush).
+    shared: bool = False
 
     @property
     def transaction(self) -> bool:
@@ -116,7 +135,40 @@ def split(url: URL) -> tuple[URL, Pooling]:
             raise ConfigurationError(
                 f"URL parameter listen_port={port!r}: expected a port number"
             ) from None
-    return clean, Pooling(mode, listen, threshold)
+    shared = _one(url, "shared_pool")
+    return clean, Pooling(
+        mode, listen, threshold, shared is not None and _flag("shared_pool", shared)
+    )
+
+
+def _count(url: URL, name: str, default: int, minimum: int) -> int:
+    text = _one(url, name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigurationError(
+            f"URL parameter {name}={text!r}: expected a whole number >= {minimum}"
+        ) from None
+    if value < minimum:
+        raise ConfigurationError(f"URL parameter {name}={text!r}: must be >= {minimum}")
+    return value
+
+
+def pool_limits(url: URL) -> tuple[int, int]:
+    """``(pool_size, max_overflow)`` of each of sqlease's engines for this URL: the
+    connections kept open per engine and process, and the extra ones a burst may open."""
+    size = _count(url, "pool_size", POOL_SIZE, 1)
+    overflow = _count(url, "max_overflow", MAX_OVERFLOW, 0)
+    if size + overflow < MIN_CONNECTIONS:
+        raise ConfigurationError(
+            f"URL parameters pool_size={size} and max_overflow={overflow} allow "
+            f"{size + overflow} connections per engine: a worker's main process uses up to "
+            f"{MIN_CONNECTIONS - 1} of an engine at once (its event loop's, the heartbeat's, "
+            f"the maintenance pass's), so give pool_size + max_overflow >= {MIN_CONNECTIONS}"
+        )
+    return size, overflow
 
 
 def connect_args(pooling: Pooling, session_options: str | None) -> dict[str, Any]:
