@@ -59,6 +59,8 @@ class NewMessage:
     task_id: str | None = None
     max_attempts: int | None = None
     record: bool = True
+    #: The Celery task name, kept in the task row (``Admin.tasks`` shows it).
+    task_name: str | None = None
 
 
 class Outcome(StrEnum):

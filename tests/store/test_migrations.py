@@ -53,7 +53,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) ->
         Store(db_url, table_prefix=prefix, auto_migrate=False)
     new = Store(db_url, table_prefix=prefix)
     with new._reading() as conn:
-        assert read_version(conn, new.tables) == CURRENT_VERSION == 6
+        assert read_version(conn, new.tables) == CURRENT_VERSION == 7
         assert inspect(conn).has_table(new.tables.schedules.name)
         assert inspect(conn).has_table(new.tables.leaders.name)
         columns = {c["name"] for c in inspect(conn).get_columns(events)}

@@ -165,6 +165,12 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         Column("run_id", Text),
         Column("created_at_ms", BigInteger, nullable=False),
         Column("updated_at_ms", BigInteger, nullable=False),
+        # Migration 9: what a person asks of a finished task, written by the publish and the
+        # claim statements themselves (sqlease._db.task_rows), kept after the ack deletes the
+        # message: the Celery task name, its queue and the latest delivery's attempt.
+        Column("task_name", Text),
+        Column("queue", Text),
+        Column("attempt", Integer, nullable=False, server_default="0"),
     )
     events = Table(
         f"{p}events",

@@ -108,6 +108,7 @@ def new_message(queue: str, message: dict[str, Any]) -> NewMessage:
         task_id=None if task_id is None else str(task_id),
         max_attempts=max_attempts,
         record=task_id is not None,
+        task_name=None if headers.get("task") is None else str(headers.get("task")),
     )
 
 
