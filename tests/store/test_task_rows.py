@@ -39,8 +39,8 @@ def test_ack_and_claim_fills_the_attempts(store: Store) -> None:
     store.enqueue("q", "{}", task_id="a", task_name="app.a")
     store.enqueue("q", "{}", task_id="b", task_name="app.b")
     [a] = store.claim(["q"], "w", lease_ms=1000)
-    acked, [b] = store.ack_and_claim([a.fence], ["q"], "w", lease_ms=1000, limit=1)
-    assert acked == {a.id}
+    acked, [claimed] = store.ack_and_claim([a.fence], ["q"], "w", lease_ms=1000, limit=1)
+    assert acked == {a.id} and claimed.task_id == "b"
     assert row(store, "a") == ("app.a", "q", 1) and row(store, "b") == ("app.b", "q", 1)
 
 
