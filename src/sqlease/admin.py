@@ -128,4 +128,3 @@ class Admin(TaskReads, StatsAdmin, ScheduleAdmin):
         except UnknownTask:
             raise UnknownTask(f"no task {task_id!r} in this database") from None
         raise InvalidTransition(f"cannot {verb} task {task_id}: {why} (it is {snapshot.state})")
-
