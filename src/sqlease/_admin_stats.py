@@ -65,6 +65,11 @@ class StatsAdmin:
     t: Tables
 
     def _scan(self, now: int) -> list[Any]:
+        """Rows (queue, state, owner, count, oldest due, first and last lease expiry) from
+        one pass over the messages table, grouped by queue and lease owner. (Grouping by a
+        CASE that names each row's state instead made PostgreSQL misjudge the number of
+        groups and sort 1,000,000 rows through temporary files rather than hash a few dozen
+        groups: slower, benchmarks/metrics_scrape.py.)"""
         m = self.t.messages
         live = and_(m.c.state == "ready", m.c.lease_expires_at_ms > now)
         unleased = and_(
@@ -72,6 +77,8 @@ class StatsAdmin:
             or_(m.c.lease_expires_at_ms.is_(None), m.c.lease_expires_at_ms <= now),
         )
         ready = and_(unleased, m.c.available_at_ms <= now)
+        parked = m.c.state == "parked"
+        asking = m.c.reason.in_(("waiting_input", "waiting_approval"))
         owner = case((live, m.c.lease_owner), else_=None).label("owner")
         query = select(
             m.c.queue,
@@ -79,14 +86,12 @@ class StatsAdmin:
             func.count().filter(ready),
             func.count().filter(and_(unleased, m.c.available_at_ms > now)),
             func.count().filter(live),
-            func.count().filter(and_(m.c.state == "parked", m.c.reason == "waiting_input")),
-            func.count().filter(and_(m.c.state == "parked", m.c.reason == "waiting_approval")),
+            func.count().filter(and_(parked, m.c.reason == "waiting_input")),
+            func.count().filter(and_(parked, m.c.reason == "waiting_approval")),
+            func.count().filter(and_(parked, or_(m.c.reason.is_(None), ~asking))),
             func.count().filter(
-                and_(
-                    m.c.state == "parked", m.c.reason.notin_(("waiting_input", "waiting_approval"))
-                )
+                and_(m.c.state == "dead", or_(m.c.reason.is_(None), m.c.reason != "cancelled"))
             ),
-            func.count().filter(and_(m.c.state == "dead", m.c.reason != "cancelled")),
             func.count().filter(and_(m.c.state == "dead", m.c.reason == "cancelled")),
             func.min(m.c.available_at_ms).filter(ready),
             func.min(m.c.lease_expires_at_ms).filter(live),
@@ -94,56 +99,43 @@ class StatsAdmin:
         ).group_by(m.c.queue, owner)
         q = self.t.queues
         with self.store._reading() as conn:
-            rows: list[Any] = list(conn.execute(query))
+            found = list(conn.execute(query))
             declared = [r[0] for r in conn.execute(select(q.c.name))]
-        rows += [(name, None, *([0] * 8), None, None, None) for name in declared]
+        rows: list[Any] = [(name, None, None, 0, None, None, None) for name in declared]
+        for queue, holder, *counts, oldest, low, high in found:
+            for state, count in zip(QUEUE_STATES, counts, strict=True):
+                if count:
+                    running = state == "running"
+                    rows.append(
+                        (
+                            queue,
+                            state,
+                            holder if running else None,
+                            int(count),
+                            oldest if state == "queued" else None,
+                            low if running else None,
+                            high if running else None,
+                        )
+                    )
         return rows
+
+    def overview(self) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+        """``stats()`` and ``leases()`` from one pass over the messages table."""
+        now = self.store.now_ms()
+        rows = self._scan(now)
+        return _stats(rows, now), _leases(rows)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per queue, every declared queue included: the number of tasks in each state of
         ``QUEUE_STATES``, and ``ready`` (= queued), ``leased`` (= running), ``waiting``
         (input + approval), ``dead`` (failed + cancelled), and ``oldest_ready_age_s``, the
         seconds since the oldest ready message became due (None when none is ready)."""
-        now = self.store.now_ms()
-        out: dict[str, dict[str, Any]] = {}
-        oldest: dict[str, int] = {}
-        for row in self._scan(now):
-            entry = out.setdefault(row[0], _empty())
-            for state, value in zip(QUEUE_STATES, row[2:10], strict=True):
-                entry[state] += int(value)
-            if row[10] is not None:
-                oldest[row[0]] = min(int(row[10]), oldest.get(row[0], int(row[10])))
-        for name, entry in out.items():
-            entry["ready"], entry["leased"] = entry["queued"], entry["running"]
-            entry["waiting"] = entry["waiting_input"] + entry["waiting_approval"]
-            entry["dead"] = entry["failed"] + entry["cancelled"]
-            if name in oldest:
-                entry["oldest_ready_age_s"] = round(max(0, now - oldest[name]) / 1000, 3)
-        return dict(sorted(out.items()))
+        return self.overview()[0]
 
     def leases(self) -> list[dict[str, Any]]:
         """The owners holding live leases (one per worker process): how many messages each
         holds, per queue, and the earliest and latest expiry among them."""
-        found: dict[str, dict[str, Any]] = {}
-        for row in self._scan(self.store.now_ms()):
-            if row[1] is None:
-                continue
-            entry = found.setdefault(
-                row[1],
-                {"owner": row[1], "leases": 0, "queues": {}, "expires_at_ms": [None, None]},
-            )
-            entry["leases"] += int(row[4])
-            entry["queues"][row[0]] = int(row[4])
-            low, high = entry["expires_at_ms"]
-            entry["expires_at_ms"] = [
-                int(row[11]) if low is None else min(low, int(row[11])),
-                int(row[12]) if high is None else max(high, int(row[12])),
-            ]
-        out = []
-        for entry in sorted(found.values(), key=lambda e: e["owner"]):
-            low, high = entry.pop("expires_at_ms")
-            out.append({**entry, "next_expiry_at_ms": low, "last_expiry_at_ms": high})
-        return out
+        return self.overview()[1]
 
     def event_totals(self, kinds: Iterable[str] = COUNTED_EVENTS) -> dict[str, int]:
         """How many events of each kind were ever written (one per message: a PostgreSQL
@@ -210,3 +202,44 @@ class StatsAdmin:
                 conn.execute(update(c).where(c.c.key == key).values(value=value))
             else:
                 conn.execute(c.insert().values(key=key, value=value))
+
+
+def _stats(rows: list[Any], now: int) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for queue, state, _, count, oldest, _, _ in rows:
+        entry = out.setdefault(queue, _empty())
+        if state is None:
+            continue  # a declared queue
+        entry[state] += int(count)
+        if state == "queued" and oldest is not None:
+            age = round(max(0, now - int(oldest)) / 1000, 3)
+            entry["oldest_ready_age_s"] = max(age, entry["oldest_ready_age_s"] or 0.0)
+    for entry in out.values():
+        entry["ready"], entry["leased"] = entry["queued"], entry["running"]
+        entry["waiting"] = entry["waiting_input"] + entry["waiting_approval"]
+        entry["dead"] = entry["failed"] + entry["cancelled"]
+    return dict(sorted(out.items()))
+
+
+def _leases(rows: list[Any]) -> list[dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for queue, _, owner, count, _, low, high in rows:
+        if owner is None:
+            continue
+        entry = found.setdefault(
+            owner, {"owner": owner, "leases": 0, "queues": {}, "next": None, "last": None}
+        )
+        entry["leases"] += int(count)
+        entry["queues"][queue] = entry["queues"].get(queue, 0) + int(count)
+        entry["next"] = int(low) if entry["next"] is None else min(entry["next"], int(low))
+        entry["last"] = int(high) if entry["last"] is None else max(entry["last"], int(high))
+    return [
+        {
+            "owner": e["owner"],
+            "leases": e["leases"],
+            "queues": e["queues"],
+            "next_expiry_at_ms": e["next"],
+            "last_expiry_at_ms": e["last"],
+        }
+        for e in sorted(found.values(), key=lambda e: e["owner"])
+    ]

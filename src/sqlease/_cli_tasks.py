@@ -29,8 +29,7 @@ _STATUS_COLUMNS = (
 def status_data(admin: Any) -> dict[str, Any]:
     """What ``status --json`` prints (keys documented in docs/reference/cli.md)."""
     now = admin.store.now_ms()
-    queues = admin.stats()
-    owners = admin.leases()
+    queues, owners = admin.overview()
     totals = {state: sum(q[state] for q in queues.values()) for state, _ in _STATUS_COLUMNS}
     return {
         "at_ms": now,

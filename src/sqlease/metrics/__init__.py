@@ -5,7 +5,7 @@ reads the database at each scrape, through ``sqlease.Admin`` (the dashboard moun
 ``/metrics``); ``serve(admin, host=..., port=...)`` is the standalone exporter that
 ``sqlease metrics`` runs. Every name and label is in docs/reference/metrics.md.
 
-A scrape is three short statements: one GROUP BY over the messages table (counts per queue
+A scrape is a few short statements: one GROUP BY over the messages table (counts per queue
 and state, live leases), the declared queues, and the event totals, which fold in only the
 events written since the previous scrape and keep their sums in the ``counters`` table
 (``sqlease._admin_stats``), so the counters stay monotonic while the maintenance pass
@@ -81,8 +81,7 @@ class SqleaseCollector(Collector):
         yield took
 
     def _read(self) -> Iterator[Metric]:
-        stats = self.admin.stats()
-        leases = self.admin.leases()
+        stats, leases = self.admin.overview()
         totals = self.admin.event_totals([kind for kind, _ in COUNTERS.values()])
         tasks = GaugeMetricFamily(
             "sqlease_tasks",
