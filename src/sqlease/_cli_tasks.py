@@ -48,7 +48,7 @@ def _status_text(data: dict[str, Any]) -> str:
     ]
     if queues:
         rows.append(["(all)", *(data["totals"][key] for key, _ in _STATUS_COLUMNS), ""])
-    lines = [f"sqlease at {r.local(now)}", "", f"Queues ({len(queues)})"]
+    lines = [f"at {r.local(now)} (the database's clock)", "", f"Queues ({len(queues)})"]
     lines.append(r.table(rows, ["queue", *(h for _, h in _STATUS_COLUMNS), "oldest ready"]))
     if not queues:
         lines.append("no queue yet: a worker declares its queues when it starts")
