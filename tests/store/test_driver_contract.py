@@ -145,6 +145,7 @@ def _new(queue: str, payload: str) -> dict[str, Any]:
         "task_id": None,
         "max_attempts": 3,
         "record": False,
+        "task_name": None,
         "now": None,
         "channel": "unused",
     }
