@@ -52,6 +52,12 @@ TOTAL_KEY = "sqlease:events:total:"
 EVENT_SETTLE_MS = 10_000
 
 
+def _internal(queue: str) -> bool:
+    """Kombu's own queues (Celery's remote control and event queues), which Celery declares
+    per worker and per client: listed only while they hold messages."""
+    return queue.endswith(".pidbox") or queue.startswith("celeryev.")
+
+
 def _empty() -> dict[str, Any]:
     row: dict[str, Any] = dict.fromkeys(QUEUE_STATES, 0)
     row.update(ready=0, leased=0, waiting=0, dead=0, oldest_ready_age_s=None)
@@ -100,7 +106,7 @@ class StatsAdmin:
         q = self.t.queues
         with self.store._reading() as conn:
             found = list(conn.execute(query))
-            declared = [r[0] for r in conn.execute(select(q.c.name))]
+            declared = [r[0] for r in conn.execute(select(q.c.name)) if not _internal(r[0])]
         rows: list[Any] = [(name, None, None, 0, None, None, None) for name in declared]
         for queue, holder, *counts, oldest, low, high in found:
             for state, count in zip(QUEUE_STATES, counts, strict=True):

@@ -89,6 +89,13 @@ def status(ctx: click.Context) -> None:
 # ---- tasks and show ------------------------------------------------------------------------
 
 
+def _state(task: dict[str, Any]) -> str:
+    """The state, with its reason when that says more (``failed (attempts_exhausted)``)."""
+    reason = task.get("reason")
+    state = str(task["state"])
+    return state + (f" ({reason})" if reason and reason != state else "")
+
+
 def _attempt(task: dict[str, Any]) -> str:
     if task.get("max_attempts"):
         return f"{task['attempt']}/{task['max_attempts']}"
@@ -106,7 +113,7 @@ def _tasks_text(found: list[dict[str, Any]], now: int) -> str:
         [
             t["task_id"],
             t.get("task_name"),
-            t["state"] + (f" ({t['reason']})" if t.get("reason") else ""),
+            _state(t),
             _attempt(t),
             t.get("queue"),
             r.when(t.get("created_at_ms"), now),
@@ -140,7 +147,7 @@ def tasks(
 def _show_text(snap: dict[str, Any], now: int) -> str:
     fields: list[tuple[str, Any]] = [
         ("task", snap.get("task_name")),
-        ("state", snap["state"] + (f" ({snap['reason']})" if snap.get("reason") else "")),
+        ("state", _state(snap)),
         ("attempt", _attempt(snap)),
         ("queue", snap.get("queue")),
         ("run", snap.get("run_id")),

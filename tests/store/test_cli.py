@@ -95,6 +95,26 @@ def test_status_shows_every_declared_queue_and_the_leases(cli, clock: FakeClock)
     assert held["queues"] == {"celery": 1}
 
 
+def test_kombu_queues_and_dead_reasons(cli, clock: FakeClock) -> None:
+    store: Store = cli.store
+    store.declare_queue("worker1@host.celery.pidbox")  # Celery's remote control, per worker
+    store.declare_queue("celeryev.4f1c")
+    store.enqueue("celery", "{}", task_id="dies", task_name="app.dies", max_attempts=1)
+    store.claim(["celery"], "w", lease_ms=1000)
+    clock.advance(2000)
+    store.claim(["celery"], "w", lease_ms=1000)  # its budget spent: dead
+    data = json.loads(cli("--json", "status")[1])
+    assert set(data["queues"]) == {"celery"}  # empty Kombu queues are left out
+    assert data["queues"]["celery"]["failed"] == 1
+    out = cli("tasks")[1]
+    assert "failed (attempts_exhausted)" in out
+    store.enqueue("q", "{}", task_id="asks")
+    [m] = store.claim(["q"], "w", lease_ms=60_000)
+    store.park(m.fence, "waiting_input")
+    [line] = [x for x in cli("show", "asks")[1].splitlines() if x.split()[:1] == ["state"]]
+    assert line.split() == ["state", "waiting_input"]  # the reason only when it says more
+
+
 def test_finished_tasks_keep_name_queue_and_attempt(cli, clock: FakeClock) -> None:
     store: Store = cli.store
     store.enqueue("celery", "{}", task_id="done", task_name="app.report")
