@@ -12,11 +12,15 @@ sqlease schedules leader
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
+import click
+
+from sqlease import _cli_render as r
+from sqlease._cli_base import VerbGroup, admin_of, common, out
 from sqlease.errors import InvalidSchedule
 
 COLUMNS = [
@@ -32,37 +36,6 @@ COLUMNS = [
 ]
 
 
-def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    parser = sub.add_parser("schedules", parents=[common], help="periodic task entries")
-    verbs = parser.add_subparsers(dest="verb", required=True)
-    verbs.add_parser("list", parents=[common], help="every entry: next and last run")
-    verbs.add_parser("leader", parents=[common], help="the beat holding the leader lease")
-    for verb, text in [
-        ("show", "one entry and its timeline"),
-        ("enable", "enable an entry"),
-        ("disable", "disable an entry"),
-        ("remove", "remove an entry"),
-        ("run", "send an entry's task at the leader's next tick"),
-    ]:
-        verbs.add_parser(verb, parents=[common], help=text).add_argument("name")
-    add = verbs.add_parser("add", parents=[common], help="add an entry at runtime")
-    add.add_argument("name")
-    add.add_argument("task")
-    update = verbs.add_parser("update", parents=[common], help="change an entry")
-    update.add_argument("name")
-    update.add_argument("--task")
-    for p in (add, update):
-        p.add_argument("--every", type=float, help="an interval in seconds")
-        p.add_argument("--crontab", help='five fields: "minute hour day month weekday"')
-        p.add_argument("--args", help="positional arguments as a JSON list")
-        p.add_argument("--kwargs", help="keyword arguments as a JSON object")
-        p.add_argument("--options", help="apply_async options as a JSON object")
-        p.add_argument("--queue", help="shorthand for options.queue")
-        p.add_argument("--catch-up", choices=["once", "skip", "all"])
-        p.add_argument("--catch-up-limit", type=int)
-    add.add_argument("--disabled", action="store_true", help="add it disabled")
-
-
 def _json(name: str, field: str, text: str | None) -> Any:
     if text is None:
         return None
@@ -72,76 +45,197 @@ def _json(name: str, field: str, text: str | None) -> Any:
         raise InvalidSchedule(name, field, f"not JSON: {error}") from error
 
 
-def _fields(args: argparse.Namespace) -> dict[str, Any]:
+def _fields(name: str, given: dict[str, Any]) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for key in ("args", "kwargs", "options"):
-        value = _json(args.name, key, getattr(args, key))
+        value = _json(name, key, given.get(key))
         if value is not None:
             fields[key] = value
-    if args.queue is not None:
-        fields["options"] = dict(fields.get("options") or {}, queue=args.queue)
-    if args.every is not None:
-        fields["every"] = args.every
-    if args.crontab is not None:
-        fields["crontab"] = args.crontab
-    if args.catch_up is not None:
-        fields["catch_up"] = args.catch_up
-    if args.catch_up_limit is not None:
-        fields["catch_up_limit"] = args.catch_up_limit
+    if given.get("queue") is not None:
+        fields["options"] = dict(fields.get("options") or {}, queue=given["queue"])
+    for key in ("every", "crontab", "catch_up", "catch_up_limit"):
+        if given.get(key) is not None:
+            fields[key] = given[key]
     return fields
 
 
-def _describe(entry: dict[str, Any]) -> str:
-    lines = [
-        f"{k}: {entry[k]}"
-        for k in (*COLUMNS, "catch_up", "last_task_id", "args", "kwargs", "options")
-        if k in entry
+def _ms(iso: Any) -> int | None:
+    if not iso:
+        return None
+    return int(datetime.fromisoformat(str(iso)).timestamp() * 1000)
+
+
+def _when(iso: Any, now: int) -> str:
+    return r.when(_ms(iso), now)
+
+
+def _list_text(entries: list[dict[str, Any]], now: int) -> str:
+    rows = [
+        [
+            e["name"],
+            e["task"],
+            e["schedule"],
+            "yes" if e["enabled"] else "no",
+            _when(e.get("next_run_at"), now),
+            _when(e.get("last_run_at"), now),
+            e.get("last_state"),
+            e.get("total_run_count"),
+            e.get("source"),
+        ]
+        for e in entries
     ]
+    headers = ["name", "task", "schedule", "enabled", "next run", "last run", "last state"]
+    text = r.table(rows, [*headers, "runs", "source"])
+    return text + ("" if entries else "\nno periodic task entry")
+
+
+def _describe(entry: dict[str, Any], now: int) -> str:
+    lines = []
+    for k in (*COLUMNS, "catch_up", "last_task_id", "args", "kwargs", "options"):
+        if k not in entry:
+            continue
+        value = entry[k]
+        if k.endswith("_at"):
+            value = _when(value, now)
+        lines.append(f"{k}: {r.NONE if value is None else value}")
     if entry.get("events"):
         lines.append("events:")
-        lines += [f"  {e['at']}  {e['kind']}  {json.dumps(e['data'])}" for e in entry["events"]]
+        lines += [
+            f"  {_when(e['at'], now)}  {e['kind']}  {json.dumps(e['data'])}"
+            for e in entry["events"]
+        ]
     return "\n".join(lines)
 
 
-def run(
-    args: argparse.Namespace,
-    admin: Any,
-    out: Callable[..., None],
-    table: Callable[[list[dict[str, Any]], list[str]], str],
-) -> int:
-    verb = args.verb
-    if verb == "list":
-        entries = admin.list_schedules()
-        out(args, entries, table(entries, COLUMNS))
-    elif verb == "leader":
-        leader = admin.beat_leader()
-        out(
-            args,
-            leader,
-            "(no beat has led yet)"
-            if leader is None
-            else "\n".join(f"{k}: {v}" for k, v in leader.items() if k != "info")
-            + (f"\nhost: {leader['info'].get('host')}" if leader["info"] else ""),
-        )
-    elif verb == "show":
-        entry = admin.get_schedule(args.name)
-        out(args, entry, _describe(entry))
-    elif verb == "add":
-        entry = admin.add_schedule(args.name, args.task, enabled=not args.disabled, **_fields(args))
-        out(args, entry, f"added {args.name}: {entry['schedule']}")
-    elif verb == "update":
-        fields = _fields(args)
-        if args.task is not None:
-            fields["task"] = args.task
-        entry = admin.update_schedule(args.name, **fields)
-        out(args, entry, f"updated {args.name}: {entry['schedule']}")
-    elif verb == "remove":
-        admin.remove_schedule(args.name)
-        out(args, {"removed": args.name}, f"removed {args.name}")
-    elif verb == "run":
-        admin.run_schedule(args.name)
-        out(args, {"requested": args.name}, f"{args.name} runs at the leader's next tick")
-    else:  # enable, disable
-        entry = getattr(admin, f"{verb}_schedule")(args.name)
-        out(args, entry, f"{verb}d {args.name}")
-    return 0
+@click.group(cls=VerbGroup, help="periodic task entries")
+@common
+def schedules() -> None:
+    pass
+
+
+@schedules.command("list", help="every entry: next and last run")
+@common
+@click.pass_context
+def list_entries(ctx: click.Context) -> None:
+    admin = admin_of(ctx)
+    entries = admin.list_schedules()
+    now = admin.store.now_ms()
+    out(ctx, entries, lambda: _list_text(entries, now))
+
+
+@schedules.command(help="the beat holding the leader lease")
+@common
+@click.pass_context
+def leader(ctx: click.Context) -> None:
+    found = admin_of(ctx).beat_leader()
+    out(
+        ctx,
+        found,
+        "(no beat has led yet)"
+        if found is None
+        else "\n".join(f"{k}: {v}" for k, v in found.items() if k != "info")
+        + (f"\nhost: {found['info'].get('host')}" if found["info"] else ""),
+    )
+
+
+@schedules.command(help="one entry and its timeline")
+@click.argument("name")
+@common
+@click.pass_context
+def show(ctx: click.Context, name: str) -> None:
+    admin = admin_of(ctx)
+    entry = admin.get_schedule(name)
+    now = admin.store.now_ms()
+    out(ctx, entry, lambda: _describe(entry, now))
+
+
+def _entry_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    for decorator in reversed(
+        [
+            click.option("--every", type=float, help="an interval in seconds"),
+            click.option("--crontab", help='five fields: "minute hour day month weekday"'),
+            click.option("--args", "args_json", help="positional arguments as a JSON list"),
+            click.option("--kwargs", "kwargs_json", help="keyword arguments as a JSON object"),
+            click.option("--options", "options_json", help="apply_async options as JSON"),
+            click.option("--queue", help="shorthand for options.queue"),
+            click.option("--catch-up", type=click.Choice(["once", "skip", "all"])),
+            click.option("--catch-up-limit", type=int),
+        ]
+    ):
+        command = decorator(command)
+    return command
+
+
+def _given(kw: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "args": kw.get("args_json"),
+        "kwargs": kw.get("kwargs_json"),
+        "options": kw.get("options_json"),
+        "queue": kw.get("queue"),
+        "every": kw.get("every"),
+        "crontab": kw.get("crontab"),
+        "catch_up": kw.get("catch_up"),
+        "catch_up_limit": kw.get("catch_up_limit"),
+    }
+
+
+@schedules.command(help="add an entry at runtime")
+@click.argument("name")
+@click.argument("task")
+@_entry_options
+@click.option("--disabled", is_flag=True, help="add it disabled")
+@common
+@click.pass_context
+def add(ctx: click.Context, /, name: str, task: str, disabled: bool, **kw: Any) -> None:
+    entry = admin_of(ctx).add_schedule(
+        name, task, enabled=not disabled, **_fields(name, _given(kw))
+    )
+    out(ctx, entry, f"added {name}: {entry['schedule']}")
+
+
+@schedules.command(help="change an entry")
+@click.argument("name")
+@click.option("--task", help="another task")
+@_entry_options
+@common
+@click.pass_context
+def update(ctx: click.Context, /, name: str, task: str | None, **kw: Any) -> None:
+    fields = _fields(name, _given(kw))
+    if task is not None:
+        fields["task"] = task
+    entry = admin_of(ctx).update_schedule(name, **fields)
+    out(ctx, entry, f"updated {name}: {entry['schedule']}")
+
+
+@schedules.command(help="remove an entry")
+@click.argument("name")
+@common
+@click.pass_context
+def remove(ctx: click.Context, name: str) -> None:
+    admin_of(ctx).remove_schedule(name)
+    out(ctx, {"removed": name}, f"removed {name}")
+
+
+@schedules.command(help="send an entry's task at the leader's next tick")
+@click.argument("name")
+@common
+@click.pass_context
+def run(ctx: click.Context, name: str) -> None:
+    admin_of(ctx).run_schedule(name)
+    out(ctx, {"requested": name}, f"{name} runs at the leader's next tick")
+
+
+def _toggle(verb: str, text: str) -> None:
+    @schedules.command(verb, help=text)
+    @click.argument("name")
+    @common
+    @click.pass_context
+    def toggle(ctx: click.Context, name: str) -> None:
+        entry = getattr(admin_of(ctx), f"{verb}_schedule")(name)
+        out(ctx, entry, f"{verb}d {name}")
+
+
+_toggle("enable", "enable an entry")
+_toggle("disable", "disable an entry")
+
+COMMANDS = [schedules]

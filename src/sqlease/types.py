@@ -59,7 +59,8 @@ class NewMessage:
     task_id: str | None = None
     max_attempts: int | None = None
     record: bool = True
-    #: The Celery task name (per-task limits are looked up by it).
+    #: The Celery task name: kept in the task row (``Admin.tasks`` shows it); per-task
+    #: limits are looked up by it.
     task_name: str | None = None
     #: At most ``concurrency_limit`` messages of one ``concurrency_key`` hold a lease at once,
     #: across every worker; both or neither.

@@ -26,7 +26,7 @@ EXPECTED = {
         "attempt 2 returned the receipt stored by attempt 1",
     ],
     "approval": [
-        "state: waiting_approval",
+        "  state        waiting_approval\n",
         "approved ",
         "OK: order 42 refunded once after approval from the CLI; order 43 rejected",
     ],

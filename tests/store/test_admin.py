@@ -296,7 +296,7 @@ def test_cli_verbs(make_store: Callable[..., Store], db_url: str) -> None:
     store.enqueue("q", "{}", task_id="t2")
     status = run_cli(db_url, prefix, "--json", "status")
     assert status.returncode == 0, status.stderr
-    assert json.loads(status.stdout)["q"]["ready"] == 2
+    assert json.loads(status.stdout)["queues"]["q"]["ready"] == 2
     assert "t1" in run_cli(db_url, prefix, "tasks").stdout
     assert run_cli(db_url, prefix, "pause", "t1").returncode == 0
     shown = json.loads(run_cli(db_url, prefix, "--json", "show", "t1").stdout)

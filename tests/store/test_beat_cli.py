@@ -58,7 +58,7 @@ def test_the_schedules_verbs(cli) -> None:
     assert json.loads(cli("--json", "schedules", "show", "nightly")[1])["run_requested"]
     assert cli("schedules", "leader")[1].strip() == "(no beat has led yet)"
     assert cli("schedules", "remove", "nightly")[0] == 0
-    assert cli("schedules", "list")[1].strip() == "(none)"
+    assert cli("schedules", "list")[1].strip().endswith("no periodic task entry")
 
 
 @pytest.mark.parametrize(

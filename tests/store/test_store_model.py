@@ -109,6 +109,8 @@ class ModelMessage:
 class ModelTask:
     revision: int = 0
     checkpoint: dict[str, Any] = field(default_factory=dict)
+    #: the queue it was published to: every publish with a task id writes its task row
+    queue: str | None = None
 
 
 def _db_row(m: Any) -> tuple[Any, ...]:
@@ -259,6 +261,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert all(mid > old for old in self.enqueued), (mid, self.enqueued)
         self.enqueued.append(mid)
         self.task_of[mid] = task_id
+        self.tasks[task_id] = ModelTask(queue=queue)
         self.msgs[mid] = ModelMessage(
             id=mid,
             queue=queue,
@@ -617,8 +620,11 @@ class StoreMachine(RuleBasedStateMachine):
         assert set(live_runs) == locked, (live_runs, runs)
 
         # Tasks: revision and checkpoint as the model says; no row for a lost write.
-        got_tasks = {m["task_id"]: (int(m["revision"]), json.loads(m["checkpoint"])) for m in tasks}
-        assert got_tasks == {k: (v.revision, v.checkpoint) for k, v in self.tasks.items()}
+        got_tasks = {
+            m["task_id"]: (int(m["revision"]), json.loads(m["checkpoint"]), m["queue"])
+            for m in tasks
+        }
+        assert got_tasks == {k: (v.revision, v.checkpoint, v.queue) for k, v in self.tasks.items()}
 
         # The timeline: exactly the state changes this step made (order within a step free).
         got_events = [(int(e["message_id"]), int(e["attempt"]), e["kind"]) for e in events]

@@ -20,7 +20,6 @@ Fast, no database. What is checked:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import importlib.util
@@ -28,6 +27,7 @@ import re
 from functools import cache
 from pathlib import Path
 
+import click
 import pytest
 
 import sqlease
@@ -55,6 +55,7 @@ PUBLIC_MODULES = frozenset(
         "revokes",
         "delivery",
         "types",
+        "metrics",
     }
 )
 #: Names that look dotted but are not Python: file names.
@@ -214,40 +215,31 @@ def test_options_named_in_the_docs_exist(page: str) -> None:
 # ---- (c) CLI verbs -------------------------------------------------------------------------
 
 
-@cache
-def cli_parser() -> argparse.ArgumentParser:
-    """The parser ``sqlease.cli.main`` builds, caught when it parses (whatever builds it)."""
-    caught: list[argparse.ArgumentParser] = []
-
-    def catch(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-        caught.append(self)
-        raise SystemExit(0)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(argparse.ArgumentParser, "parse_args", catch)
-        with pytest.raises(SystemExit):
-            cli.main(["status"])
-    return caught[0]
+def verbs() -> dict[str, click.Command]:
+    """The verbs of the click group ``sqlease.cli.main`` runs."""
+    assert isinstance(cli.cli, click.Group), "the sqlease command has no subcommands"
+    return dict(cli.cli.commands)
 
 
-def verbs() -> dict[str, argparse.ArgumentParser]:
-    for action in cli_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    raise AssertionError("the sqlease parser has no subcommands")
+def _option_strings(command: click.Command) -> set[str]:
+    return {
+        s
+        for p in command.params
+        if isinstance(p, click.Option)
+        for s in (*p.opts, *p.secondary_opts)
+    }
 
 
 def global_flags() -> set[str]:
-    return {s for a in cli_parser()._actions for s in a.option_strings}
+    return _option_strings(cli.cli) | {"-h", "--help"}
 
 
-def flags_of(parser: argparse.ArgumentParser) -> set[str]:
+def flags_of(command: click.Command) -> set[str]:
     """A verb's flags, and those of its own verbs (``schedules add --every``)."""
-    found = {s for a in parser._actions for s in a.option_strings}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for nested in action.choices.values():
-                found |= flags_of(nested)
+    found = _option_strings(command)
+    if isinstance(command, click.Group):
+        for nested in command.commands.values():
+            found |= flags_of(nested)
     return found
 
 

@@ -63,12 +63,26 @@ class Messages(StoreBase):
         task_id: str | None = None,
         max_attempts: int | None = None,
         record: bool = True,
+        task_name: str | None = None,
         now: int | None = None,
         connection: Connection | None = None,
     ) -> int:
-        """Add one message; returns its id. With ``connection`` it joins that transaction."""
+        """Add one message; returns its id. With ``connection`` it joins that transaction.
+        ``task_name`` (a Celery task's name) is kept in the task row of ``task_id``."""
         ids = self.enqueue_many(
-            [NewMessage(queue, payload, priority, delay_ms, run_id, task_id, max_attempts, record)],
+            [
+                NewMessage(
+                    queue,
+                    payload,
+                    priority,
+                    delay_ms,
+                    run_id,
+                    task_id,
+                    max_attempts,
+                    record,
+                    task_name,
+                )
+            ],
             now=now,
             connection=connection,
         )

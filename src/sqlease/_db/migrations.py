@@ -116,6 +116,18 @@ def _migration_flow_control(conn: Connection, tables: Tables) -> None:
             index.create(conn, checkfirst=True)
 
 
+def _migration_9(conn: Connection, tables: Tables) -> None:
+    # The tasks table keeps each task's name, queue and latest attempt (sqlease._db.task_rows).
+    # Only what is missing is added (a database made by migration 1 of this code already has
+    # the columns), so it does not matter which of the migrations numbered before it ran first.
+    tasks = tables.tasks
+    present = {c["name"] for c in inspect(conn).get_columns(tasks.name)}
+    for name, extra in (("task_name", ""), ("queue", ""), ("attempt", " NOT NULL DEFAULT 0")):
+        if name not in present:
+            kind = tasks.c[name].type.compile(dialect=conn.dialect)
+            conn.execute(text(f"ALTER TABLE {tasks.name} ADD COLUMN {name} {kind}{extra}"))
+
+
 # Each entry moves the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_1,
@@ -126,6 +138,7 @@ MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_6,
     _migration_7,
     _migration_flow_control,
+    _migration_9,
 ]
 CURRENT_VERSION = len(MIGRATIONS)
 

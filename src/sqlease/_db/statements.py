@@ -84,6 +84,10 @@ class Statements:
     task_ensure: TextClause
     task_cas: TextClause
     task_get: TextClause
+    #: SQLite: a published task's row and a claim's attempts, written by the caller
+    #: (PostgreSQL: CTEs of the publish and claim statements; sqlease._db.task_rows).
+    task_publish: TextClause | None
+    task_attempts: TextClause | None
     # ---- events ----
     event_insert: TextClause
     events_for_task: TextClause

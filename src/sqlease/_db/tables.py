@@ -185,6 +185,12 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         Column("run_id", Text),
         Column("created_at_ms", BigInteger, nullable=False),
         Column("updated_at_ms", BigInteger, nullable=False),
+        # Migration 9: what a person asks of a finished task, written by the publish and the
+        # claim statements themselves (sqlease._db.task_rows), kept after the ack deletes the
+        # message: the Celery task name, its queue and the latest delivery's attempt.
+        Column("task_name", Text),
+        Column("queue", Text),
+        Column("attempt", Integer, nullable=False, server_default="0"),
     )
     # Retention (migration 7): old task records by creation time, which no update changes
     # (an index on updated_at_ms would make every checkpoint write a non-HOT update).

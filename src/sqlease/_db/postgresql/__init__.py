@@ -45,6 +45,8 @@ def statements(t: Tables) -> Statements:
         task_ensure=c.task_ensure(t, NOW),
         task_cas=c.task_cas(t, NOW),
         task_get=c.task_get(t),
+        task_publish=None,
+        task_attempts=None,
         event_insert=c.event_insert(t, NOW),
         events_for_task=events.events_for_task(t),
         events_for_message=events.events_for_message(t),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
+from sqlease._db import task_rows
 from sqlease._db.postgresql.dialect import (
     FENCES,
     GREATEST,
@@ -166,7 +167,8 @@ def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
         f"e AS (INSERT INTO {t.events.name} (task_id, message_id, attempt, kind, data, at_ms) "
         f"SELECT m.task_id, m.id, m.attempt, 'attempts_exhausted', NULL, {NOW} "
         "FROM claimed m WHERE m.state = 'dead'), "
-        f"eb AS ({claimed_batch})"
+        f"eb AS ({claimed_batch}), "
+        f"{task_rows.claim_cte(t)}"  # the task rows' attempts (migration 9)
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
+from sqlease._db import task_rows
 from sqlease._db.postgresql.dialect import NOW, each_queue
 from sqlease._db.tables import Tables
 
@@ -34,8 +35,8 @@ def enqueue_plain(t: Tables) -> TextClause:
     it in its event loop. Wakes listening workers at commit."""
     return text(
         f"WITH ins AS (INSERT INTO {t.messages.name} ({c.INSERT_COLS}) "
-        f"VALUES ({c.insert_values(NOW)}) RETURNING id, task_id, queue), "
-        f"{_events(t, handed=False)} "
+        f"VALUES ({c.insert_values(NOW)}) RETURNING id, task_id, queue, attempt, run_id), "
+        f"{_events(t, handed=False)}, {task_rows.publish_cte(t, NOW)} "
         "SELECT ins.id FROM ins CROSS JOIN "
         "(SELECT pg_notify(CAST(:channel AS TEXT), ins2.queue) FROM ins ins2) n"
     )
@@ -109,7 +110,7 @@ def enqueue(t: Tables) -> TextClause:
         "RETURNING id, task_id, queue, payload, priority, available_at_ms, "
         "created_at_ms, run_id, lease_owner, lease_expires_at_ms, attempt, "
         "max_attempts), "
-        f"{_events(t, handed=True)} "
+        f"{_events(t, handed=True)}, {task_rows.publish_cte(t, NOW)} "
         "SELECT ins.id FROM ins CROSS JOIN "
         "(SELECT pg_notify(CAST(:channel AS TEXT), CASE WHEN i.lease_owner IS NULL "
         f"THEN i.queue ELSE {_handed_note()} END) FROM ins i LEFT JOIN o ON true) n"

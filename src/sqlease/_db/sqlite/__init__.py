@@ -7,6 +7,7 @@ locks its caller writes after a claim or a renewal."""
 from __future__ import annotations
 
 from sqlease._db import sql_common as c
+from sqlease._db import task_rows
 from sqlease._db.sqlite import events, leases, messages
 from sqlease._db.sqlite.dialect import CAPABILITIES, GREATEST, NOW, ROW_PREFIX
 from sqlease._db.statements import Statements
@@ -50,6 +51,8 @@ def statements(t: Tables) -> Statements:
         task_ensure=c.task_ensure(t, NOW),
         task_cas=c.task_cas(t, NOW),
         task_get=c.task_get(t),
+        task_publish=task_rows.publish(t, NOW),
+        task_attempts=task_rows.attempts(t),
         event_insert=c.event_insert(t, NOW),
         events_for_task=events.events_for_task(t),
         events_for_message=events.events_for_message(t),

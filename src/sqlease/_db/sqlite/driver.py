@@ -83,6 +83,9 @@ class SqliteDriver(Driver):
                 self.sql.event_insert,
                 event_params(row["task_id"], message_id, 0, "enqueued", None, now),
             )
+        if row["task_id"] is not None:  # its task row (sqlease._db.task_rows)
+            assert self.sql.task_publish is not None
+            conn.execute(self.sql.task_publish, {**row, "now": now})
 
     def after_claim(
         self, conn: Connection, claimed: list[Message], owner: str, now: int | None
@@ -102,6 +105,14 @@ class SqliteDriver(Driver):
         ]
         if run_locks:
             conn.execute(self.sql.claim_runs, run_locks)
+        attempts = [
+            {"task_id": msg.task_id, "attempt": msg.attempt}
+            for msg in claimed
+            if msg.task_id is not None and msg.state != "dead"
+        ]
+        if attempts:  # the task rows' attempts (sqlease._db.task_rows)
+            assert self.sql.task_attempts is not None
+            conn.execute(self.sql.task_attempts, attempts)
         owner_data = json.dumps({"owner": owner})
         self._events(
             conn,

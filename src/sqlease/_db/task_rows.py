@@ -1,0 +1,69 @@
+"""The task row's name, queue and latest attempt (migration 9), written by the hot statements.
+
+A finished task's message is deleted by its ack, so what a listing shows of it afterwards
+(its Celery task name, its queue, how many deliveries it took) must live in the tasks table.
+It is written where the message is, without a round trip of its own:
+
+- publish: an upsert of the task row. On PostgreSQL a CTE of the publish statement (``k``,
+  reading the inserted row ``ins``); on SQLite one more statement in the publish's
+  transaction, beside the ``enqueued`` event the caller writes there already.
+- claim: the delivered messages' attempts. On PostgreSQL a CTE of the claim statement (and so
+  of ack + claim); on SQLite one executemany in the claim's transaction. The attempt is not an
+  indexed column, so on PostgreSQL the update is a HOT update of the task row.
+
+A republished task id (Celery's ``retry``) keeps its row: the name stays, the queue and the
+attempt follow the newest message.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+from sqlease._db.tables import Tables
+
+_COLS = (
+    "task_id, task_name, queue, attempt, run_id, state, checkpoint, revision, "
+    "created_at_ms, updated_at_ms"
+)
+
+
+def _on_conflict(t: Tables) -> str:
+    return (
+        "ON CONFLICT (task_id) DO UPDATE SET "
+        f"task_name = COALESCE(excluded.task_name, {t.tasks.name}.task_name), "
+        "queue = excluded.queue, attempt = excluded.attempt, "
+        f"run_id = COALESCE(excluded.run_id, {t.tasks.name}.run_id), "
+        "updated_at_ms = excluded.updated_at_ms"
+    )
+
+
+def publish_cte(t: Tables, now: str) -> str:
+    """PostgreSQL: CTE ``k``, the task row of the message ``ins`` inserted (its attempt is 1
+    when a handoff leased it)."""
+    return (
+        f"k AS (INSERT INTO {t.tasks.name} ({_COLS}) "
+        "SELECT task_id, CAST(:task_name AS TEXT), queue, attempt, run_id, NULL, '{}', 0, "
+        f"{now}, {now} FROM ins WHERE task_id IS NOT NULL {_on_conflict(t)})"
+    )
+
+
+def claim_cte(t: Tables) -> str:
+    """PostgreSQL: CTE ``ka``, the attempts of the deliveries ``claimed`` (not of the
+    messages the claim found exhausted: their attempt did not change)."""
+    return (
+        f"ka AS (UPDATE {t.tasks.name} k SET attempt = m.attempt FROM claimed m "
+        "WHERE k.task_id = m.task_id AND m.state = 'ready')"
+    )
+
+
+def publish(t: Tables, now: str) -> TextClause:
+    """SQLite: the task row of a message just published (caller's transaction)."""
+    return text(
+        f"INSERT INTO {t.tasks.name} ({_COLS}) VALUES (:task_id, :task_name, :queue, 0, "
+        f"CAST(:run_id AS TEXT), NULL, '{{}}', 0, {now}, {now}) {_on_conflict(t)}"
+    )
+
+
+def attempts(t: Tables) -> TextClause:
+    """SQLite: the attempts of a claim's deliveries (one executemany)."""
+    return text(f"UPDATE {t.tasks.name} SET attempt = :attempt WHERE task_id = :task_id")
