@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import click
 
-from sqlease import _cli_ops, _cli_schedules, _cli_tasks
+from sqlease import _cli_limits, _cli_ops, _cli_schedules, _cli_tasks
 from sqlease._cli_base import VerbGroup, common
 
 
@@ -30,7 +30,7 @@ def cli() -> None:
     """Durable Celery on SQL: see and steer tasks, queues and schedules."""
 
 
-for _module in (_cli_tasks, _cli_ops, _cli_schedules):
+for _module in (_cli_tasks, _cli_ops, _cli_schedules, _cli_limits):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 

@@ -395,3 +395,35 @@ def test_a_held_task_gets_an_event_naming_the_limit(store: Store, clock: FakeClo
     assert rated.data["limit"] == "task:app.api" and rated.data["kind"] == "rate"
     assert rated.data["opens_at_ms"] == clock() + 60_000
     assert run_pass(store, event_retention_ms=0)["waiting_for_limit"] == 0  # once per attempt
+
+
+def test_the_limits_verbs(
+    make_store: Callable[..., Store], db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from sqlease.cli import main
+
+    store = make_store(clock=None)  # the command reads the database's clock
+    base = ["--url", db_url, "--table-prefix", store.tables.prefix]
+    assert main([*base, "limits", "show"]) == 0
+    assert "no concurrency or rate limits" in capsys.readouterr().out
+    assert main([*base, "limits", "set", "queue:q", "1"]) == 0
+    assert main([*base, "limits", "rate", "task:app.t", "10/s"]) == 0
+    capsys.readouterr()
+    _put(store, 3)
+    _claim(store)
+    assert main([*base, "--json", "limits", "show"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["gates"] == [
+        {"gate": "queue:q", "running": 1, "limit": 1, "waiting": 2, "full": True}
+    ]
+    assert shown["rates"]["task:app.t"]["rate"] == "10/s"
+    assert main([*base, "limits", "show"]) == 0
+    text = capsys.readouterr().out
+    assert "queue:q" in text and "full" in text and "task:app.t" in text and "100 ms" in text
+    assert main([*base, "limits", "set", "queue:q", "0"]) == 1
+    assert "queue:q" in capsys.readouterr().err
+    assert main([*base, "limits", "rate", "task:x", "fast"]) == 1
+    assert main([*base, "limits", "remove", "queue:q"]) == 0
+    assert store.limits() == {}

@@ -38,6 +38,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "beat",
         "_cli_schedules",
         "_task_limits",
+        "_cli_limits",
         "_cli_base",
         "_cli_render",
         "_cli_tasks",
@@ -84,6 +85,9 @@ ADAPTER_EDGES = {
     ("_cli_ops", "_cli_base"),
     ("_cli_ops", "_demo"),
     ("_cli_ops", "metrics"),
+    ("cli", "_cli_limits"),
+    ("_cli_limits", "_cli_base"),
+    ("_cli_limits", "_cli_render"),
     # ``celery -A app sqlease``: the same verbs under Celery's command line
     ("_cli_celery", "cli"),
     ("_cli_celery", "_cli_base"),

@@ -1,0 +1,88 @@
+"""``sqlease limits …``: flow control on the command line.
+
+sqlease limits show                        every gate: running, limit, waiting; every rate
+sqlease limits set NAME N                  a concurrency limit (task:<name> or queue:<name>)
+sqlease limits rate NAME RATE              a rate limit ("100/m"; task:, queue: or key:)
+sqlease limits remove NAME                 drop both limits of NAME
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from sqlease import _cli_render as r
+from sqlease._cli_base import VerbGroup, admin_of, common, out
+
+
+def _show_text(gates: list[dict[str, Any]], rates: dict[str, dict[str, Any]], now: int) -> str:
+    if not gates and not rates:
+        return "no concurrency or rate limits, and no task waits for one"
+    parts = []
+    if gates:
+        rows = [
+            [g["gate"], g["running"], g["limit"], g["waiting"], "full" if g["full"] else ""]
+            for g in gates
+        ]
+        parts.append(r.table(rows, ["gate", "running", "limit", "waiting", ""]))
+    if rates:
+        rows = [
+            [name, v["rate"], r.duration(v["interval_ms"]), r.when(v["next_at_ms"], now)]
+            for name, v in rates.items()
+        ]
+        parts.append(r.table(rows, ["rate limit", "rate", "interval", "next delivery"]))
+    return "\n\n".join(parts)
+
+
+@click.group(cls=VerbGroup, help="concurrency and rate limits")
+@common
+def limits() -> None:
+    pass
+
+
+@limits.command("show", help="every gate (running, limit, waiting) and every rate limit")
+@common
+@click.pass_context
+def show(ctx: click.Context) -> None:
+    admin = admin_of(ctx)
+    gates = [g.to_dict() for g in admin.gates()]
+    rates = admin.rate_limits()
+    now = admin.store.now_ms()
+    out(ctx, {"gates": gates, "rates": rates}, lambda: _show_text(gates, rates, now))
+
+
+@limits.command("set", help="a concurrency limit: NAME is task:<task name> or queue:<queue>")
+@click.argument("name")
+@click.argument("limit", type=int)
+@common
+@click.pass_context
+def set_limit(ctx: click.Context, name: str, limit: int) -> None:
+    admin_of(ctx).set_limits({name: limit})
+    out(ctx, {"name": name, "concurrency": limit}, f"{name}: at most {limit} at once")
+
+
+@limits.command("rate", help="a rate limit such as 100/m: NAME is task:, queue: or key:")
+@click.argument("name")
+@click.argument("rate")
+@common
+@click.pass_context
+def set_rate(ctx: click.Context, name: str, rate: str) -> None:
+    admin_of(ctx).set_rate_limits({name: rate})
+    out(ctx, {"name": name, "rate": rate}, f"{name}: at most {rate}")
+
+
+@limits.command("remove", help="drop the concurrency and the rate limit of NAME")
+@click.argument("name")
+@common
+@click.pass_context
+def remove(ctx: click.Context, name: str) -> None:
+    removed = admin_of(ctx).remove_limit(name)
+    out(
+        ctx,
+        {"removed": removed, "name": name},
+        f"removed {name}" if removed else f"no limit {name}",
+    )
+
+
+COMMANDS = [limits]
