@@ -67,7 +67,8 @@ def _gate(ui: Ui, request: Request) -> Response | None:
     if not ui.guard.actions_enabled:
         return _refused(ui, request, 403, _off_reason(ui))
     if not ui.guard.authenticated(request):
-        target = request.url.path + ("?" + request.url.query if request.url.query else "")
+        target = ui.url(request.url.path)
+        target += "?" + request.url.query if request.url.query else ""
         return RedirectResponse(ui.url("/login?" + urlencode({"next": target})), 303)
     return None
 
@@ -244,7 +245,10 @@ async def login(ui: Ui, request: Request) -> Response:
         return _refused(ui, request, 403, "the form's CSRF check failed: reload and try again")
     target = _safe_next(ui, str(form.get("next", "")))
     if not ui.guard.token_matches(str(form.get("token", ""))):
-        data = {"next": target, "error": "that is not the dashboard's token"}
+        data = {
+            "next": target,
+            "error": "that token is not the one this dashboard was started with",
+        }
         return ui.render(request, "login.html", data, status=401)
     response = RedirectResponse(target, 303)
     response.set_cookie(
