@@ -69,7 +69,8 @@ def chart(series: Throughput, width: int = 600, height: int = 120) -> Markup:
     bar = max(1.0, step - 1)
     parts = [
         f'<svg class="chart" viewBox="0 0 {width} {height + 16}" role="img" '
-        f'aria-label="tasks finished and failed per {series.bucket_s} s">'
+        f'aria-label="tasks finished and failed per {series.bucket_s} s">',
+        f'<line class="axis" x1="0" y1="{height}" x2="{width}" y2="{height}"/>',
     ]
     for i, (start, done, failed) in enumerate(buckets):
         x = i * step
@@ -88,7 +89,7 @@ def chart(series: Throughput, width: int = 600, height: int = 120) -> Markup:
     parts.append(
         f'<text x="0" y="{height + 13}">{escape(iso(buckets[0][0])[11:16])} UTC</text>'
         f'<text x="{width}" y="{height + 13}" text-anchor="end">now</text>'
-        f'<text x="{width}" y="11" text-anchor="end">{peak} / {series.bucket_s} s</text>'
+        f'<text class="peak" x="2" y="10">peak {peak} per {series.bucket_s} s</text>'
     )
     parts.append("</svg>")
     return Markup("".join(parts))
