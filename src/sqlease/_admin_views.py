@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy import ColumnElement, Connection, Table, and_, func, or_, select
 
 from sqlease._task_history import host_of, parse_payload
 from sqlease.admin import TASK_STATES, Admin, _state_of
@@ -22,8 +22,9 @@ from sqlease.store import Message
 #: Throughput counts these event kinds: a finished delivery, and a failed one.
 DONE_KINDS = ("acked",)
 FAILED_KINDS = ("failed", "attempts_exhausted")
-#: Most events the throughput chart reads (newest first); past it the chart says so.
-THROUGHPUT_EVENT_CAP = 200_000
+#: How far a writer's clock may run behind another's: a time bound found by id is searched
+#: this much early (the exact time is filtered too).
+CLOCK_SLACK_MS = 60_000
 
 
 @dataclass
@@ -59,8 +60,6 @@ class Throughput:
     bucket_s: int
     #: Bucket start (ms), finished deliveries, failed ones; oldest first.
     buckets: list[tuple[int, int, int]]
-    #: True when the event cap cut the window short (the oldest buckets are undercounted).
-    truncated: bool = False
 
 
 def _like_escape(value: str) -> str:
@@ -125,40 +124,58 @@ class AdminViews:
             for row in rows
         ]
 
+    def _first_id_at(self, conn: Connection, table: Table, column: str, ms: int) -> int:
+        """The lowest id whose time column is ``ms`` or later, by binary search on the
+        primary key (about 20 index lookups). Ids grow with time; a clock skewed between
+        writers blurs that, so callers search ``CLOCK_SLACK_MS`` early and filter the time
+        exactly as well."""
+        ids, times = table.c.id, table.c[column]
+        low = conn.execute(select(func.min(ids))).scalar()
+        high = conn.execute(select(func.max(ids))).scalar()
+        if low is None or high is None:
+            return 0
+        low, high = int(low), int(high) + 1
+        while low < high:
+            middle = (low + high) // 2
+            at = conn.execute(select(times).where(ids >= middle).order_by(ids).limit(1)).scalar()
+            if at is not None and int(at) < ms:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
     def throughput(self, *, minutes: int = 30, bucket_s: int = 60) -> Throughput:
-        """Finished and failed deliveries per bucket over the last ``minutes``, read from the
-        events newest first by primary key (events are appended in time order), so the cost
-        is the window's events, not the table's."""
+        """Finished and failed deliveries per bucket over the last ``minutes``: the events
+        from the window's first id on (a binary search on the primary key), counted in the
+        database, so the cost is the window's events, not the table's."""
         now = self.now()
         bucket_ms = bucket_s * 1000
         start = (now - minutes * 60_000) // bucket_ms * bucket_ms
         counts = {b: [0, 0] for b in range(start, now + 1, bucket_ms)}
         e = self.t.events
         kinds = DONE_KINDS + FAILED_KINDS
-        before: int | None = None
-        seen, truncated = 0, False
+        bucket = (e.c.at_ms - e.c.at_ms % bucket_ms).label("bucket")
         with self.store._reading() as conn:
-            while True:
-                query = select(e.c.id, e.c.kind, e.c.at_ms, e.c.task_ids).order_by(e.c.id.desc())
-                if before is not None:
-                    query = query.where(e.c.id < before)
-                rows = conn.execute(query.limit(5_000)).fetchall()
-                for row in rows:
-                    if row.kind not in kinds or row.at_ms < start:
-                        continue
-                    bucket = (int(row.at_ms) // bucket_ms) * bucket_ms
-                    if bucket in counts:
-                        # A PostgreSQL batch row stands for every message it lists.
-                        n = len(row.task_ids) if isinstance(row.task_ids, list) else 1
-                        counts[bucket][0 if row.kind in DONE_KINDS else 1] += n
-                seen += len(rows)
-                if len(rows) < 5_000 or int(rows[-1].at_ms) < start:
-                    break
-                if seen >= THROUGHPUT_EVENT_CAP:
-                    truncated = True
-                    break
-                before = int(rows[-1].id)
-        return Throughput(bucket_s, [(b, c[0], c[1]) for b, c in sorted(counts.items())], truncated)
+            floor = self._first_id_at(conn, e, "at_ms", start - CLOCK_SLACK_MS)
+            window = and_(e.c.id >= floor, e.c.at_ms >= start, e.c.kind.in_(kinds))
+            singles = conn.execute(
+                select(bucket, e.c.kind, func.count())
+                .where(window, e.c.task_ids.is_(None))
+                .group_by(bucket, e.c.kind)
+            ).fetchall()
+            # A PostgreSQL batch row stands for every message it lists (one row per claim
+            # or ack statement, so few): counted here rather than in dialect-specific SQL.
+            batches = conn.execute(
+                select(e.c.at_ms, e.c.kind, e.c.task_ids).where(window, e.c.task_ids.isnot(None))
+            ).fetchall()
+        tallies = [(int(b), kind, int(n)) for b, kind, n in singles]
+        tallies += [
+            (int(at) // bucket_ms * bucket_ms, kind, len(ids or ())) for at, kind, ids in batches
+        ]
+        for b, kind, n in tallies:
+            if b in counts:
+                counts[b][0 if kind in DONE_KINDS else 1] += n
+        return Throughput(bucket_s, [(b, c[0], c[1]) for b, c in sorted(counts.items())])
 
     # ---- tasks ---------------------------------------------------------------------
 
@@ -219,15 +236,18 @@ class AdminViews:
             query = query.where(m.c.run_id == run_id)
         if search:
             query = query.where(m.c.task_id == search)
-        if since_ms is not None:
-            query = query.where(m.c.created_at_ms >= since_ms)
-        if until_ms is not None:
-            query = query.where(m.c.created_at_ms < until_ms)
         if before is not None:
             query = query.where(m.c.id < before)
         if name:
             query = query.where(self._name_filter(name))
         with self.store._reading() as conn:
+            # Times become id bounds too, so that the page is a range of the primary key.
+            if since_ms is not None:
+                floor = self._first_id_at(conn, m, "created_at_ms", since_ms - CLOCK_SLACK_MS)
+                query = query.where(m.c.created_at_ms >= since_ms, m.c.id >= floor)
+            if until_ms is not None:
+                ceiling = self._first_id_at(conn, m, "created_at_ms", until_ms + CLOCK_SLACK_MS)
+                query = query.where(m.c.created_at_ms < until_ms, m.c.id < ceiling)
             rows = conn.execute(query).fetchall()
         more = len(rows) > limit
         rows = rows[:limit]

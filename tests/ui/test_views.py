@@ -258,3 +258,19 @@ def test_the_database_password_is_never_shown(pg_database_url: str) -> None:
     assert page.status_code == 404
     assert "hunter2-secret" not in page.text and "***" in page.text
     assert TOKEN not in page.text
+
+
+def test_time_range_bounds_beyond_the_clock_slack(
+    store: Store, admin: Admin, clock: FakeClock
+) -> None:
+    views = AdminViews(admin)
+    marks = {}
+    for task_id in ("a", "b", "c", "d"):
+        marks[task_id] = clock()
+        enqueue(store, task_id)
+        clock.advance(180_000)
+    assert [r.task_id for r in views.task_page(since_ms=marks["b"]).rows] == ["d", "c", "b"]
+    assert [r.task_id for r in views.task_page(until_ms=marks["c"]).rows] == ["b", "a"]
+    both = views.task_page(since_ms=marks["b"], until_ms=marks["d"])
+    assert [r.task_id for r in both.rows] == ["c", "b"]
+    assert views.task_page(since_ms=clock()).rows == []
