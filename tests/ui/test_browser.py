@@ -137,9 +137,13 @@ def test_overview_and_a_tasks_timeline(live: Live, driver: Any) -> None:
     results = [live.app.tasks["shop.add"].delay(i, i) for i in range(8)]  # type: ignore[attr-defined]
     assert [r.get(timeout=20) for r in results] == [2 * i for i in range(8)]
     enqueue(live.store, "later-1", queue="celery", delay_ms=3_600_000)
+    for i in range(3):  # a queue no worker of this test consumes; one task held by hand
+        enqueue(live.store, f"report-{i}", queue="reports")
+    live.store.claim(["reports"], "web-2:4242:9f3c", lease_ms=60_000)
     driver.get(live.base + "/")
     until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#queues tr[data-queue=celery]"))
     assert "Overview" in driver.title
+    assert "web-2:4242:9f3c" in text_of(driver, "#workers")
     # 8 finished: the chart's newest bars say so (the live fragment keeps them current).
     bars = driver.find_elements(By.CSS_SELECTOR, "svg.chart rect.done")
     assert bars and "8 finished" in " ".join(
