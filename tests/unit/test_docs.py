@@ -55,6 +55,7 @@ PUBLIC_MODULES = frozenset(
         "revokes",
         "delivery",
         "types",
+        "ui",
     }
 )
 #: Names that look dotted but are not Python: file names.
