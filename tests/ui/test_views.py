@@ -64,6 +64,9 @@ def test_overview_counts_workers_and_throughput(
     assert fragment.status_code == 200 and "<html" not in fragment.text
     assert "host-b:7:bb" in fragment.text
     store.ack([running.fence])
+    # Pages asking within 2 s share one read (every open tab polls the overview) ...
+    assert "host-b:7:bb" in client.get("/fragments/overview").text
+    clock.advance(2_000)
     assert "host-b:7:bb" not in client.get("/fragments/overview").text
 
 

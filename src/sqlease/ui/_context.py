@@ -3,6 +3,8 @@ cookie set when the browser has none yet."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,21 @@ class Ui:
     #: The lease length the workers use (seconds), to tell a last heartbeat from an expiry.
     lease_seconds: float
     env: Environment = field(default_factory=environment)
+    _cache: dict[str, tuple[float, Any]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def shared(self, key: str, seconds: float, read: Callable[[], Any]) -> Any:
+        """``read()``, shared by every page asking within ``seconds`` (by the store's clock):
+        the overview counts every message (about a second at 1,000,000), and each open tab
+        polls it, so tabs share one count instead of each paying for its own."""
+        with self._lock:
+            now = self.views.now()
+            found = self._cache.get(key)
+            if found is not None and 0 <= now - found[0] < seconds * 1000:
+                return found[1]
+            value = read()
+            self._cache[key] = (now, value)
+            return value
 
     def url(self, path: str) -> str:
         """A link under the prefix the dashboard is served at."""

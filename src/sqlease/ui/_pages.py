@@ -16,6 +16,8 @@ from sqlease.errors import UnknownTask
 from sqlease.ui._context import Ui
 
 LIST_STATES = (*TASK_STATES, "waiting")
+#: Seconds one overview read serves every page that asks (its fragment polls every 5 s).
+OVERVIEW_SHARED_S = 2.0
 
 
 def _time_param(value: str | None, what: str) -> int | None:
@@ -58,7 +60,7 @@ async def overview(ui: Ui, request: Request, fragment: bool = False) -> Response
             "lease_s": ui.lease_seconds,
         }
 
-    data = await run_in_threadpool(read)
+    data = await run_in_threadpool(ui.shared, "overview", OVERVIEW_SHARED_S, read)
     name = "_overview.html" if fragment else "overview.html"
     return ui.render(request, name, data)
 
