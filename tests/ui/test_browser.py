@@ -34,6 +34,7 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(DRIVER)):
     pytest.skip("Debian's chromium and chromium-driver are not installed", allow_module_level=True)
 
 from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -118,8 +119,20 @@ def driver() -> Iterator[Any]:
         browser.quit()
 
 
-def until(driver: Any, predicate: Any, timeout: float = 15) -> Any:
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(predicate)
+def until(driver: Any, predicate: Any, timeout: float = 30) -> Any:
+    return WebDriverWait(
+        driver, timeout, poll_frequency=0.1, ignored_exceptions=[StaleElementReferenceException]
+    ).until(predicate)
+
+
+def click(driver: Any, css: str) -> None:
+    """Click what ``css`` finds, again if a live refresh replaced it in between."""
+
+    def clicked(d: Any) -> bool:
+        d.find_element(By.CSS_SELECTOR, css).click()
+        return True
+
+    until(driver, clicked)
 
 
 def text_of(driver: Any, css: str) -> str:
@@ -174,9 +187,7 @@ def test_approve_a_waiting_task_and_see_it_finish(live: Live, driver: Any) -> No
     until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, f"article[data-task='{result.id}']"))
     assert "Ship order 7?" in text_of(driver, f"article[data-task='{result.id}']")
     live.shot(driver, "waiting")
-    driver.find_element(
-        By.CSS_SELECTOR, f"article[data-task='{result.id}'] a[data-action=approve]"
-    ).click()
+    click(driver, f"article[data-task='{result.id}'] a[data-action=approve]")
     # Not logged in: the login form first, then back to the confirmation.
     until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#login"))
     driver.find_element(By.NAME, "token").send_keys(TOKEN)
@@ -205,8 +216,10 @@ def test_requeue_an_exhausted_task(live: Live, driver: Any) -> None:
         driver.find_element(By.NAME, "token").send_keys(TOKEN)
         driver.find_element(By.CSS_SELECTOR, "#login button").click()
     driver.get(live.base + "/failed")
-    box = until(driver, lambda d: d.find_element(By.CSS_SELECTOR, "input[value='poison-1']"))
-    box.click()
+    click(driver, "input[value='poison-1']")
+    until(
+        driver, lambda d: d.find_element(By.CSS_SELECTOR, "input[value='poison-1']").is_selected()
+    )
     live.shot(driver, "failed")
     driver.find_element(By.CSS_SELECTOR, "#requeue-many button").click()
     until(driver, lambda d: "Requeue 1 task?" in d.title or d.find_elements(By.ID, "confirm"))

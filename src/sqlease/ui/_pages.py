@@ -128,6 +128,8 @@ def task_detail(views: AdminViews, task_id: str, redact: bool) -> dict[str, Any]
     result = views.result_of(task_id)
     snap = snapshot.to_dict()
     name = snap.get("name") or payload.name or (result or {}).get("name")
+    if not snap.get("queue") and result is not None:  # acked: result_extended kept it
+        snap["queue"] = result.get("queue")
     events = snap["events"]
     owners = {}
     for event in events:
