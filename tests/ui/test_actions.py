@@ -88,6 +88,10 @@ def test_approve_and_reject_a_waiting_task(store: Store, admin: Admin, client: T
         with pytest.raises(WaitingForPerson):
             ctx.wait_for_approval(f"ship {task_id}?")
     login(client)
+    # The waiting list's form opens the confirmation with the note typed there.
+    prefilled = client.get("/task/do?id=a&action=approve&note=fine")
+    assert 'name="note" value="fine"' in prefilled.text
+    assert admin.task("a").state == "waiting_approval"  # nothing done by a GET
     assert act(client, "/task/do?id=a&action=approve", note="fine").status_code == 303
     empty = act(client, "/task/do?id=b&action=reject", reason="  ")
     assert empty.status_code == 400 and "needs a reason" in empty.text

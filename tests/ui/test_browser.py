@@ -187,19 +187,23 @@ def test_approve_a_waiting_task_and_see_it_finish(live: Live, driver: Any) -> No
     until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, f"article[data-task='{result.id}']"))
     assert "Ship order 7?" in text_of(driver, f"article[data-task='{result.id}']")
     live.shot(driver, "waiting")
-    click(driver, f"article[data-task='{result.id}'] a[data-action=approve]")
+    form = f"article[data-task='{result.id}'] form[data-action=approve]"
+    driver.find_element(By.CSS_SELECTOR, form + " input[name=note]").send_keys("looks right")
+    click(driver, form + " button")
     # Not logged in: the login form first, then back to the confirmation.
     until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#login"))
     driver.find_element(By.NAME, "token").send_keys(TOKEN)
     driver.find_element(By.CSS_SELECTOR, "#login button").click()
-    until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#confirm input[name=note]"))
-    driver.find_element(By.NAME, "note").send_keys("looks right")
+    # The confirmation keeps the note typed in the list.
+    note = until(driver, lambda d: d.find_element(By.CSS_SELECTOR, "#confirm input[name=note]"))
+    assert note.get_attribute("value") == "looks right"
     live.shot(driver, "approve")
     driver.find_element(By.CSS_SELECTOR, "#confirm button").click()
     until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#flash"))
     # The worker runs it again with the answer; the live fragment shows it finish.
     until(driver, lambda d: text_of(d, "#task-state") == "succeeded", timeout=30)
     assert result.get(timeout=10) == {"order": 7, "shipped": True, "attempt": 2}
+    assert live.admin.task(result.id).waiting is None
     assert "approved" in text_of(driver, "#timeline")
     live.shot(driver, "approved")
 

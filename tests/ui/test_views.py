@@ -231,7 +231,8 @@ def test_failed_waiting_paused_and_schedules_lists(
     failed = client.get("/failed").text
     assert 'data-task="poison"' in failed and 'name="ids" value="poison"' in failed
     waiting = client.get("/waiting").text
-    assert "Ship order 7?" in waiting and "action=approve" in waiting
+    assert "Ship order 7?" in waiting and 'data-action="approve"' in waiting
+    assert 'name="reason"' in waiting
     paused = client.get("/paused").text
     assert 'data-task="hold"' in paused and "action=resume" in paused
     schedules = client.get("/schedules").text

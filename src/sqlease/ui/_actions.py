@@ -81,7 +81,9 @@ async def confirm_task(ui: Ui, request: Request) -> Response:
     refused = _gate(ui, request)
     if refused is not None:
         return refused
-    return await _task_form(ui, request, task_id, action, {}, None, 200)
+    # The waiting list's forms bring what was typed there; nothing is done before the POST.
+    values = {k: request.query_params.get(k, "") for k in ("note", "reason", "data")}
+    return await _task_form(ui, request, task_id, action, values, None, 200)
 
 
 async def _task_form(

@@ -29,16 +29,23 @@
       el.appendChild(rel);
     });
   }
+  function busy(box) {
+    if (box.querySelector("input:checked")) return true;
+    var typed = Array.prototype.some.call(
+      box.querySelectorAll("input[type=text], input:not([type]), textarea"),
+      function (el) { return el.value !== ""; });
+    return typed || box.contains(document.activeElement) && document.activeElement.matches("input, textarea");
+  }
   function poll(box) {
     var every = Number(box.dataset.every || 3) * 1000;
     function tick() {
-      if (document.hidden || box.querySelector("input:checked")) {
-        return setTimeout(tick, every);  // hidden, or a selection the person is making
+      if (document.hidden || busy(box)) {
+        return setTimeout(tick, every);  // hidden, or the person is choosing or typing
       }
       fetch(box.dataset.fragment, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
         .then(function (r) { return r.ok ? r.text() : null; })
         .then(function (html) {
-          if (html !== null && !box.querySelector("input:checked")) {
+          if (html !== null && !busy(box)) {
             box.innerHTML = html;
             showTimes(box);
             box.dataset.refreshed = String(Date.now());
