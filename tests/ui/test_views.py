@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
 
-from sqlease import Admin, Store, WaitingForPerson
+from sqlease import Admin, SchemaMissing, Store, WaitingForPerson
 from sqlease._admin_views import AdminViews
 from sqlease._core.results import ResultStore
 from sqlease.task_context import TaskContext
@@ -278,3 +279,22 @@ def test_time_range_bounds_beyond_the_clock_slack(
     both = views.task_page(since_ms=marks["b"], until_ms=marks["d"])
     assert [r.task_id for r in both.rows] == ["c", "b"]
     assert views.task_page(since_ms=clock()).rows == []
+
+
+def test_a_database_without_the_schema_is_a_clear_error(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    with pytest.raises(SchemaMissing, match="sqlease migrate"):
+        create_app(url, token=TOKEN)
+
+
+def test_a_failing_database_is_a_clear_page(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shop.db'}"
+    store = Store(url)
+    admin = Admin(url, store=store)
+    with TestClient(create_app(admin, token=TOKEN), raise_server_exceptions=False) as c:
+        assert c.get("/").status_code == 200
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE {store.tables.messages.name}")
+        page = c.get("/tasks")
+    assert page.status_code == 503
+    assert "the database did not answer: no such table" in page.text

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -17,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sqlease._admin_views import AdminViews
 from sqlease.admin import Admin
+from sqlease.errors import SqleaseError
 from sqlease.ui import _actions, _pages
 from sqlease.ui._auth import Guard
 from sqlease.ui._context import Ui
@@ -124,7 +126,18 @@ def build(
         redact_args=redact_args,
         lease_seconds=lease_seconds,
     )
-    app = Starlette(routes=_routes(ui))
+    async def failed(request: Request, exc: Exception) -> Response:
+        # A database that is down or not migrated: say so on a page, not a bare 500.
+        if isinstance(exc, DBAPIError):
+            first = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+            why = f"the database did not answer: {first}"
+        else:
+            why = str(exc)
+        return ui.render(request, "error.html", {"error": why}, status=503)
+
+    app = Starlette(
+        routes=_routes(ui), exception_handlers={SqleaseError: failed, DBAPIError: failed}
+    )
     app.state.ui = ui
     if not root:
         return app
