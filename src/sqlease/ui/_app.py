@@ -126,6 +126,7 @@ def build(
         redact_args=redact_args,
         lease_seconds=lease_seconds,
     )
+
     async def failed(request: Request, exc: Exception) -> Response:
         # A database that is down or not migrated: say so on a page, not a bare 500.
         if isinstance(exc, DBAPIError):
