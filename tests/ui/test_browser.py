@@ -1,5 +1,5 @@
 """The dashboard in a real headless Chromium (Debian's chromium and chromedriver), against a
-live server and an in-process Celery worker on SQLite: the overview, a task's timeline,
+live server and an in-process Celery worker, on SQLite and PostgreSQL: the overview, a task's timeline,
 approving a waiting task and seeing it finish, requeueing an exhausted task, and actions
 refused without the token. Screenshots go to the test's folder, and to docs/images when
 SQLEASE_UI_SCREENSHOTS is set."""
@@ -49,17 +49,21 @@ def _free_port() -> int:
 class Live:
     def __init__(self, base: str, admin: Admin, store: Store, shots: Path) -> None:
         self.base, self.admin, self.store, self.shots = base, admin, store, shots
+        self.base_url_is_sqlite = True
 
     def shot(self, driver: Any, name: str) -> None:
         path = self.shots / f"ui-{name}.png"
         driver.save_screenshot(str(path))
-        if os.environ.get("SQLEASE_UI_SCREENSHOTS"):
+        # The docs show the SQLite run's pages (a PostgreSQL run's look the same).
+        if os.environ.get("SQLEASE_UI_SCREENSHOTS") and self.base_url_is_sqlite:
             DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, DOCS_IMAGES / path.name)
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg)])
+def live(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Live]:
     import uvicorn
     from celery.contrib.testing.worker import start_worker
 
@@ -68,7 +72,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     from .browser_app import make_app
 
     folder = tmp_path_factory.mktemp("browser")
-    url = f"sqlite:///{folder / 'shop.db'}"
+    if request.param == "sqlite":
+        url = f"sqlite:///{folder / 'shop.db'}"
+    else:
+        url = request.getfixturevalue("pg_database_url")
     prefix = unique_prefix()
     store = Store(url, table_prefix=prefix)
     admin = Admin(url, store=store)
@@ -91,6 +98,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     try:
         with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
             live = Live(f"http://127.0.0.1:{port}", admin, store, folder)
+            live.base_url_is_sqlite = request.param == "sqlite"
             live.app = app  # type: ignore[attr-defined]
             yield live
     finally:
