@@ -56,6 +56,7 @@ PUBLIC_MODULES = frozenset(
         "delivery",
         "types",
         "metrics",
+        "ui",
     }
 )
 #: Names that look dotted but are not Python: file names.
