@@ -6,7 +6,8 @@ a new SQLite file, a new PostgreSQL database):
 
 - ``none``: no limits;
 - ``keys``: every message has one of 1,000 concurrency keys at limit 2;
-- ``queue``: the queue has a limit (``queue:q``) above what the workers can hold.
+- ``queue``: the queue has a limit (``queue:q``) above what the workers can hold;
+- ``rates``: 1,000 task names, each with a rate limit of 100/s (100,000/s together).
 
 No scenario throttles: the workers never hold as many leases as a limit allows, so the ratio
 is the claim's own cost of checking and taking places.
@@ -40,7 +41,7 @@ from sqlalchemy import create_engine, text
 from sqlease import Store
 from sqlease._db.engine import dispose_all
 
-SCENARIOS = ("none", "keys", "queue")
+SCENARIOS = ("none", "keys", "queue", "rates")
 KEYS = 1000
 
 
@@ -79,7 +80,7 @@ def _fill(store: Store, scenario: str, tasks: int) -> None:
                 "state": "ready",
                 "attempt": 0,
                 "max_attempts": 3,
-                "task_name": "bench.t",
+                "task_name": f"bench.t{i % KEYS}" if scenario == "rates" else "bench.t",
                 "gate_key": key,
                 "gate_limit": limit,
             }
@@ -89,6 +90,8 @@ def _fill(store: Store, scenario: str, tasks: int) -> None:
             conn.execute(m.insert(), rows[start : start + 5000])
     if scenario == "queue":
         store.set_limits({"queue:q": 1000})
+    if scenario == "rates":
+        store.set_rate_limits({f"task:bench.t{k}": "100/s" for k in range(KEYS)})
     if store.is_postgresql:
         with store.engine.begin() as conn:
             conn.execute(text(f"ANALYZE {m.name}"))

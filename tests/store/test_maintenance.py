@@ -110,3 +110,24 @@ def test_dead_messages_and_unexpiring_results_leave_after_the_retention(
     with store._reading() as conn:
         left = conn.execute(select(func.count()).select_from(store.tables.messages)).scalar()
     assert left == 1 and ResultStore(store).get("user-result") == b"x"
+
+
+def test_a_pass_writes_the_failure_a_killed_worker_left_out(make_store: Any) -> None:
+    """The claim that marks a message dead commits before its worker writes the FAILURE
+    result; a worker killed in between leaves none, and the next pass writes it."""
+    from sqlease._core.maintenance import run_pass
+    from sqlease._core.results import ResultStore
+
+    store = make_store(max_attempts=1)
+    store.enqueue("q", "poison", task_id="t-poison")
+    [first] = store.claim(["q"], "w", lease_ms=1000)
+    store.release([first.fence])
+    exhausted: list[Any] = []
+    assert store.claim(["q"], "w", lease_ms=1000, on_exhausted=exhausted.extend) == []
+    assert [m.task_id for m in exhausted] == ["t-poison"]  # ... and the worker dies here
+    results = ResultStore(store)
+    assert results.get("celery-task-meta-t-poison") is None
+    summary = run_pass(store, event_retention_ms=0)
+    assert summary["exhausted_results_written"] == 1
+    assert results.get("celery-task-meta-t-poison") is not None
+    assert run_pass(store, event_retention_ms=0)["exhausted_results_written"] == 0

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, exists, func, not_, or_, select, update
 
-from sqlease._core import retention
+from sqlease._core import exhausted_results, retention
 from sqlease._core.flow_events import record_waits
 from sqlease._core.store import Store
 
@@ -65,6 +65,7 @@ def run_pass(
     summary.update(_leftovers(store, now))
     with store.engine.begin() as conn:
         summary["waiting_for_limit"] = record_waits(conn, store, now)
+    summary["exhausted_results_written"] = exhausted_results.write_missing(store)
     summary.update(
         retention.prune(
             store,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Connection, inspect, select, text
+from sqlalchemy import Connection, Index, inspect, select, text
 from sqlalchemy.engine import Engine
+from sqlalchemy.schema import CreateIndex
 
 from sqlease._db.tables import (
     MESSAGES_FILLFACTOR,
@@ -19,6 +20,16 @@ from sqlease._db.tables import (
     retention_indexes,
 )
 from sqlease.errors import SchemaError, SchemaMissing, SchemaVersionMismatch
+
+
+def _ensure_index(conn: Connection, index: Index) -> None:
+    """Create ``index`` unless it exists, in one statement: SQLAlchemy's ``checkfirst``
+    reflects the table's indexes first, which on a PostgreSQL catalog holding many prefixes'
+    tables took seconds per index. An index made only on some dialect keeps that check."""
+    if getattr(index, "_ddl_if", None) is not None:
+        index.create(conn, checkfirst=True)
+    else:
+        conn.execute(CreateIndex(index, if_not_exists=True))
 
 
 def _migration_1(conn: Connection, tables: Tables) -> None:
@@ -51,7 +62,7 @@ def _migration_4(conn: Connection, tables: Tables) -> None:
     # Handoff offers (a table and its index; unused on SQLite, created for one schema).
     tables.offers.create(conn, checkfirst=True)
     for index in tables.offers.indexes:
-        index.create(conn, checkfirst=True)
+        _ensure_index(conn, index)
 
 
 def _migration_5(conn: Connection, tables: Tables) -> None:
@@ -79,7 +90,7 @@ def _migration_6(conn: Connection, tables: Tables) -> None:
     for table in (tables.schedules, tables.leaders):
         table.create(conn, checkfirst=True)
         for index in table.indexes:
-            index.create(conn, checkfirst=True)
+            _ensure_index(conn, index)
 
 
 def _migration_7(conn: Connection, tables: Tables) -> None:
@@ -95,7 +106,7 @@ def _migration_7(conn: Connection, tables: Tables) -> None:
             kind = queues.c[name].type.compile(dialect=conn.dialect)
             conn.execute(text(f"ALTER TABLE {queues.name} ADD COLUMN {name} {kind}"))
     for index in retention_indexes(tables):
-        index.create(conn, checkfirst=True)
+        _ensure_index(conn, index)
     dialect_for(conn.dialect.name).tune_tables(conn, tables)
 
 
@@ -109,11 +120,11 @@ def _migration_flow_control(conn: Connection, tables: Tables) -> None:
             conn.execute(text(f"ALTER TABLE {messages.name} ADD COLUMN {name} {kind}"))
     for index in messages.indexes:
         if index.name == f"{tables.prefix}messages_gate_ix":
-            index.create(conn, checkfirst=True)
+            _ensure_index(conn, index)
     for table in (tables.slots, tables.flow_limits):
         table.create(conn, checkfirst=True)
         for index in table.indexes:
-            index.create(conn, checkfirst=True)
+            _ensure_index(conn, index)
 
 
 def _migration_9(conn: Connection, tables: Tables) -> None:

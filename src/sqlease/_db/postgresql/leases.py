@@ -76,20 +76,17 @@ def _rate_takes(t: Tables) -> str:
     )
 
 
-def _gate_locks(t: Tables) -> str:
-    """CTEs ``ranked``, ``free`` and ``gate_locks``: each gated candidate that got its run's
-    lock (or has no run) is matched with a free slot of its gate, by rank, and takes it with
-    an upsert that waits for a concurrent claimer's row lock and then re-checks the slot's
-    expiry on the newest row version, so two claimers never hold one slot. The snapshot's
-    free slots may be stale: a lost race only leaves that candidate for the next claim. The
-    search for free slots starts at a random one and stops at as many as are wanted, so a
-    large limit costs a few probes and concurrent claimers rarely aim at the same slot."""
+def _gate_slots(t: Tables) -> str:
+    """CTEs ``ranked``, ``free`` and ``paired``: each gated candidate is matched, by rank,
+    with a free slot of its gate as the snapshot shows them. The search for free slots starts
+    at a random one and stops at as many as are wanted, so a large limit costs a few probes
+    and concurrent claimers rarely aim at the same slot. Only paired candidates take their
+    run's lock, so a message of a run that finds no slot leaves its run alone."""
     sl = t.slots.name
     return (
-        "ranked AS (SELECT c.id, c.attempt, c.gate, c.lim, row_number() OVER "
+        "ranked AS (SELECT c.id, c.attempt, c.gate, c.lim, c.run_id, row_number() OVER "
         "(PARTITION BY c.gate ORDER BY c.priority DESC, c.available_at_ms, c.id) AS rk "
-        f"FROM cand c WHERE c.gate IS NOT NULL AND NOT c.exhausted AND {RATE_PASSED} "
-        "AND (c.run_id IS NULL OR c.run_id IN (SELECT run_id FROM run_locks))), "
+        f"FROM cand c WHERE c.gate IS NOT NULL AND NOT c.exhausted AND {RATE_PASSED}), "
         "free AS (SELECT k.gate, s.slot, row_number() OVER (PARTITION BY k.gate) AS rk "
         "FROM (SELECT gate, min(lim) AS lim, count(*) AS wanted, "
         "CAST(floor(random() * min(lim)) AS INTEGER) AS start FROM ranked GROUP BY gate) k "
@@ -98,11 +95,24 @@ def _gate_locks(t: Tables) -> str:
         f"WHERE NOT EXISTS (SELECT 1 FROM {sl} x WHERE x.gate = k.gate "
         f"AND x.slot = mod(k.start + i, k.lim) AND x.lease_expires_at_ms > {NOW}) "
         "LIMIT k.wanted) s), "
+        "paired AS (SELECT r.*, f.slot FROM ranked r "
+        "JOIN free f ON f.gate = r.gate AND f.rk = r.rk), "
+    )
+
+
+def _gate_locks(t: Tables) -> str:
+    """CTE ``gate_locks``: each paired candidate that got its run's lock (or has no run)
+    takes its slot with an upsert that waits for a concurrent claimer's row lock and then
+    re-checks the slot's expiry on the newest row version, so two claimers never hold one
+    slot. The snapshot's free slots may be stale: a lost race only leaves that candidate for
+    the next claim."""
+    sl = t.slots.name
+    return (
         f"gate_locks AS (INSERT INTO {sl} AS x (gate, slot, lim, message_id, attempt, "
         "lease_owner, lease_expires_at_ms) "
-        "SELECT r.gate, f.slot, r.lim, r.id, r.attempt + 1, CAST(:owner AS TEXT), "
-        f"{NOW} + :lease_ms "
-        "FROM ranked r JOIN free f ON f.gate = r.gate AND f.rk = r.rk "
+        "SELECT p.gate, p.slot, p.lim, p.id, p.attempt + 1, CAST(:owner AS TEXT), "
+        f"{NOW} + :lease_ms FROM paired p "
+        "WHERE p.run_id IS NULL OR p.run_id IN (SELECT run_id FROM run_locks) "
         "ON CONFLICT (gate, slot) DO UPDATE SET lim = excluded.lim, "
         "message_id = excluded.message_id, "
         "attempt = excluded.attempt, lease_owner = excluded.lease_owner, "
@@ -137,12 +147,14 @@ def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
         f"{_full_gates(t)}"
         f"cand AS ({_cand(t, single_queue=single_queue)}), "
         f"{_rate_takes(t)}"
+        f"{_gate_slots(t)}"
         "run_locks AS ("
         f"INSERT INTO {t.runs.name} AS r (run_id, message_id, attempt, lease_owner, "
         "lease_expires_at_ms) "
         f"SELECT c.run_id, c.id, c.attempt + 1, CAST(:owner AS TEXT), {NOW} + :lease_ms "
         "FROM cand c "
         f"WHERE c.run_id IS NOT NULL AND NOT c.exhausted AND {RATE_PASSED} "
+        "AND (c.gate IS NULL OR c.id IN (SELECT id FROM paired)) "
         "ON CONFLICT (run_id) DO UPDATE SET message_id = excluded.message_id, "
         "attempt = excluded.attempt, lease_owner = excluded.lease_owner, "
         "lease_expires_at_ms = excluded.lease_expires_at_ms "
