@@ -219,11 +219,13 @@ class AdminViews:
     ) -> TaskPage:
         """Messages newest first (``before``: the page's upper message id, exclusive).
         States are those of ``Admin``; ``waiting`` is both waiting states. Finished tasks
-        leave no message: a ``search`` by task id finds them through ``Admin.task``."""
+        leave no message: ``state="succeeded"`` lists them from their results."""
         if state is not None and state not in (*TASK_STATES, "waiting"):
             raise ValueError(f"unknown state {state!r}; one of {', '.join(TASK_STATES)}")
         if state == "succeeded":
-            return TaskPage([], None)  # acked messages are deleted: none to list here
+            return self._succeeded_page(
+                queue=queue, name=name, run_id=run_id, search=search, limit=limit
+            )
         if not 1 <= limit <= 500:
             raise ValueError(f"limit must be 1 to 500, not {limit}")
         now = self.now()
@@ -254,6 +256,48 @@ class AdminViews:
         rows = rows[:limit]
         found = [self._task_row(row._mapping, now) for row in rows]
         return TaskPage(found, found[-1].message_id if more and found else None)
+
+    def _succeeded_page(
+        self,
+        *,
+        queue: str | None,
+        name: str | None,
+        run_id: str | None,
+        search: str | None,
+        limit: int,
+    ) -> TaskPage:
+        """Succeeded tasks leave no message (the ack deletes it): the newest ``limit`` from
+        their results and task rows, as ``Admin.tasks(state="succeeded")`` lists them (one
+        page)."""
+        if not 1 <= limit <= 500:
+            raise ValueError(f"limit must be 1 to 500, not {limit}")
+        rows = []
+        for snap in self.admin.tasks(state="succeeded", queue=queue or None, limit=limit):
+            if (name and snap.task_name != name) or (run_id and snap.run_id != run_id):
+                continue
+            if search and snap.task_id != search:
+                continue
+            created = snap.created_at_ms or 0
+            rows.append(
+                TaskRow(
+                    task_id=snap.task_id,
+                    message_id=snap.message_id or 0,
+                    state="succeeded",
+                    reason=None,
+                    queue=snap.queue or "",
+                    name=snap.task_name,
+                    run_id=snap.run_id,
+                    attempt=snap.attempt,
+                    max_attempts=snap.max_attempts or snap.attempt,
+                    priority=snap.priority or 0,
+                    created_at_ms=created,
+                    available_at_ms=created,
+                    lease_owner=None,
+                    lease_expires_at_ms=None,
+                    last_error=None,
+                )
+            )
+        return TaskPage(rows, None)
 
     def _name_filter(self, name: str) -> ColumnElement[bool]:
         m = self.t.messages

@@ -298,3 +298,22 @@ def test_a_failing_database_is_a_clear_page(tmp_path: Path) -> None:
         page = c.get("/tasks")
     assert page.status_code == 503
     assert "the database did not answer: no such table" in page.text
+
+
+def test_the_succeeded_filter_lists_finished_tasks(store: Store, client: TestClient) -> None:
+    """A succeeded task has no message left: the list comes from its result and task row."""
+    enqueue(store, "done-1", name="shop.ship")
+    enqueue(store, "still-queued")
+    ctx = deliver(store)
+    assert ctx.fence is not None
+    ResultStore(store).put(
+        "celery-task-meta-done-1",
+        json.dumps({"status": "SUCCESS", "result": 3, "task_id": "done-1"}).encode(),
+        state="SUCCESS",
+        task_id="done-1",
+    )
+    store.ack([ctx.fence])
+    html = client.get("/tasks?state=succeeded").text
+    assert html.count('data-task="') == 1 and 'data-task="done-1"' in html
+    assert "shop.ship" in html
+    assert client.get("/tasks?state=succeeded&name=shop.other").text.count('data-task="') == 0
