@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Table, and_, func, or_, select
 
+from sqlease._admin_pages import TaskPage, TaskRow, succeeded_page
 from sqlease._admin_reads import state_of as _state_of
 from sqlease._task_history import host_of, parse_payload
 from sqlease.admin import TASK_STATES, Admin
@@ -26,34 +27,6 @@ FAILED_KINDS = ("failed", "attempts_exhausted")
 #: How far a writer's clock may run behind another's: a time bound found by id is searched
 #: this much early (the exact time is filtered too).
 CLOCK_SLACK_MS = 60_000
-
-
-@dataclass
-class TaskRow:
-    """One line of the tasks list."""
-
-    task_id: str
-    message_id: int
-    state: str
-    reason: str | None
-    queue: str
-    name: str | None
-    run_id: str | None
-    attempt: int
-    max_attempts: int
-    priority: int
-    created_at_ms: int
-    available_at_ms: int
-    lease_owner: str | None
-    lease_expires_at_ms: int | None
-    last_error: str | None
-
-
-@dataclass
-class TaskPage:
-    rows: list[TaskRow]
-    #: The ``before`` of the next (older) page, None on the last one.
-    next_before: int | None
 
 
 @dataclass
@@ -223,8 +196,8 @@ class AdminViews:
         if state is not None and state not in (*TASK_STATES, "waiting"):
             raise ValueError(f"unknown state {state!r}; one of {', '.join(TASK_STATES)}")
         if state == "succeeded":
-            return self._succeeded_page(
-                queue=queue, name=name, run_id=run_id, search=search, limit=limit
+            return succeeded_page(
+                self.admin, queue=queue, name=name, run_id=run_id, search=search, limit=limit
             )
         if not 1 <= limit <= 500:
             raise ValueError(f"limit must be 1 to 500, not {limit}")
@@ -256,48 +229,6 @@ class AdminViews:
         rows = rows[:limit]
         found = [self._task_row(row._mapping, now) for row in rows]
         return TaskPage(found, found[-1].message_id if more and found else None)
-
-    def _succeeded_page(
-        self,
-        *,
-        queue: str | None,
-        name: str | None,
-        run_id: str | None,
-        search: str | None,
-        limit: int,
-    ) -> TaskPage:
-        """Succeeded tasks leave no message (the ack deletes it): the newest ``limit`` from
-        their results and task rows, as ``Admin.tasks(state="succeeded")`` lists them (one
-        page)."""
-        if not 1 <= limit <= 500:
-            raise ValueError(f"limit must be 1 to 500, not {limit}")
-        rows = []
-        for snap in self.admin.tasks(state="succeeded", queue=queue or None, limit=limit):
-            if (name and snap.task_name != name) or (run_id and snap.run_id != run_id):
-                continue
-            if search and snap.task_id != search:
-                continue
-            created = snap.created_at_ms or 0
-            rows.append(
-                TaskRow(
-                    task_id=snap.task_id,
-                    message_id=snap.message_id or 0,
-                    state="succeeded",
-                    reason=None,
-                    queue=snap.queue or "",
-                    name=snap.task_name,
-                    run_id=snap.run_id,
-                    attempt=snap.attempt,
-                    max_attempts=snap.max_attempts or snap.attempt,
-                    priority=snap.priority or 0,
-                    created_at_ms=created,
-                    available_at_ms=created,
-                    lease_owner=None,
-                    lease_expires_at_ms=None,
-                    last_error=None,
-                )
-            )
-        return TaskPage(rows, None)
 
     def _name_filter(self, name: str) -> ColumnElement[bool]:
         m = self.t.messages

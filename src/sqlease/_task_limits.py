@@ -108,3 +108,17 @@ def task_rate_limits() -> dict[str, str]:
         if limit:
             found[f"task:{name}"] = str(limit)
     return found
+
+
+def write_limits(store: Any, options: Any) -> None:
+    """A consuming worker's ``concurrency_limits``, ``rate_limits`` and (with
+    ``cluster_rate_limits``) its tasks' own rate limits become the cluster's, replacing those
+    in the database; an option left unset leaves the database's as they are (every worker
+    should carry the same; the last one to start wins)."""
+    if options.concurrency_limits is not None:
+        store.set_limits(options.concurrency_limits, replace=True)
+    rates = dict(options.rate_limits or {})
+    if options.cluster_rate_limits:
+        rates = task_rate_limits() | rates
+    if options.rate_limits is not None or options.cluster_rate_limits:
+        store.set_rate_limits(rates, replace=True)

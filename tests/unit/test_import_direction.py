@@ -53,6 +53,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_admin_reads",
         "_admin_stats",
         "_admin_views",
+        "_admin_pages",
         "_task_history",
         "revokes",
         "transactions",

@@ -12,13 +12,8 @@ from sqlalchemy import Connection, Index, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.schema import CreateIndex
 
-from sqlease._db.tables import (
-    MESSAGES_FILLFACTOR,
-    Tables,
-    batch_events_index,
-    offers_sequence,
-    retention_indexes,
-)
+from sqlease._db.schema_indexes import batch_events_index, retention_indexes
+from sqlease._db.tables import MESSAGES_FILLFACTOR, Tables, offers_sequence
 from sqlease.errors import SchemaError, SchemaMissing, SchemaVersionMismatch
 
 

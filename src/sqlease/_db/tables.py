@@ -25,6 +25,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from sqlease._db.flow_tables import flow_tables, message_columns, message_indexes
 from sqlease._db.schedule_tables import schedule_tables
+from sqlease._db.schema_indexes import batch_events_index
 from sqlease.errors import ConfigurationError
 
 _PREFIX_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
@@ -384,54 +385,6 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         slots,
         flow_limits,
     )
-
-
-#: kB of the batch-event index's pending list (PostgreSQL's default is 4 MB). The statement
-#: that fills the list merges it into the index: at 4 MB that took 190-210 ms of one claim,
-#: at 1 MB 59-74 ms (120,000 tasks, batches of 32), for the same throughput.
-BATCH_EVENTS_PENDING_LIST_KB = 1024
-
-
-def batch_events_index(events: Table) -> Index:
-    """A task's batch events are found by the task id inside the row's list (PostgreSQL
-    GIN: entries go through its pending list, so a batch costs about one index insertion
-    rather than one per message). Made once per table; later calls return it."""
-    name = f"{events.name}_batch_ix"
-    for index in events.indexes:
-        if index.name == name:
-            return index
-    return Index(
-        name,
-        events.c.task_ids,
-        postgresql_using="gin",
-        postgresql_where=events.c.task_ids.isnot(None),
-        postgresql_with={"gin_pending_list_limit": BATCH_EVENTS_PENDING_LIST_KB},
-    ).ddl_if(dialect="postgresql")
-
-
-#: The indexes migration 7 adds (the retention deletes' and the idle queues'), by table.
-RETENTION_INDEXES = {
-    "messages": ("messages_dead_ix", "messages_stray_ix"),
-    "tasks": ("tasks_created_ix",),
-    "events": ("events_at_ix",),
-    "queues": ("queues_expires_ix",),
-    "bindings": ("bindings_queue_ix",),
-    "results": ("results_unexpiring_ix",),
-    "counters": ("counters_expires_ix",),
-    "steps": ("steps_started_ix", "steps_open_ix"),
-    "waits": ("waits_created_ix",),
-}
-
-
-def retention_indexes(tables: Tables) -> list[Index]:
-    """The indexes of RETENTION_INDEXES, as built for ``tables``."""
-    wanted = {tables.name(n) for names in RETENTION_INDEXES.values() for n in names}
-    return [
-        index
-        for table in tables.metadata.sorted_tables
-        for index in table.indexes
-        if index.name in wanted
-    ]
 
 
 def offers_sequence(tables: Tables) -> str:

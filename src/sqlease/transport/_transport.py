@@ -24,7 +24,7 @@ from sqlease._core.results import ResultStore
 from sqlease._db.dialects import capabilities_of
 from sqlease._db.wakeup import Waker
 from sqlease._registry import CONNECT_RETRY_SECONDS, store_for
-from sqlease._task_limits import task_rate_limits
+from sqlease._task_limits import write_limits
 from sqlease.errors import ConfigurationError, DatabaseUnavailable
 from sqlease.options import TransportOptions
 from sqlease.store import Message, Store
@@ -320,19 +320,9 @@ class Transport(virtual.Transport):
 
     def _write_limits(self) -> None:
         """At a consuming worker's start: its configured limits become the cluster's."""
-        # Once per transport: the configured limits become the cluster's (every worker should
-        # carry the same; the last one to start wins).
-        if self._limits_written:
-            return
-        self._limits_written = True
-        options = self.options
-        if options.concurrency_limits is not None:
-            self.store.set_limits(options.concurrency_limits, replace=True)
-        rates = dict(options.rate_limits or {})
-        if options.cluster_rate_limits:
-            rates = task_rate_limits() | rates
-        if options.rate_limits is not None or options.cluster_rate_limits:
-            self.store.set_rate_limits(rates, replace=True)
+        if not self._limits_written:
+            self._limits_written = True
+            write_limits(self.store, self.options)
 
     def _start_maintenance(self) -> None:
         # Only consuming workers run it (they register with an event loop); producers don't.
