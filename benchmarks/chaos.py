@@ -203,9 +203,13 @@ def check(store: Any, cfg: Config, task_ids: dict[str, tuple[str, int, bool]]) -
     """Verify the guarantees from the database alone."""
     from sqlalchemy import select
 
+    from sqlease._core import exhausted_results
     from sqlease.admin import Admin
     from sqlease.store import expand_event_rows
 
+    # A worker killed between marking a task exhausted and writing its FAILURE leaves the
+    # result to the next maintenance pass; run that repair now rather than wait a pass.
+    exhausted_results.write_missing(store)
     t = store.tables
     admin = Admin("x", store=store)
     problems: list[str] = []
