@@ -176,9 +176,20 @@ class Watcher:
     def __init__(self, kind: str, url: str, prefix: str, tmp: Path) -> None:
         self.out = tmp / f"watch-{kind}.json"
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--watch", kind, "--watch-url", url,
-             "--watch-prefix", prefix, "--watch-out", str(self.out)],
-            cwd=HERE, start_new_session=True,
+            [
+                sys.executable,
+                __file__,
+                "--watch",
+                kind,
+                "--watch-url",
+                url,
+                "--watch-prefix",
+                prefix,
+                "--watch-out",
+                str(self.out),
+            ],
+            cwd=HERE,
+            start_new_session=True,
         )
 
     def count(self) -> int:
@@ -203,9 +214,26 @@ class Beat:
         handle = self.log_path.open("wb")
         self.launched = time.time()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "beat_app", "beat", "-S", scheduler,
-             "-l", "warning", "--pidfile=", "-s", str(tmp / f"{name}-schedule")],
-            env=env, cwd=tmp, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "beat_app",
+                "beat",
+                "-S",
+                scheduler,
+                "-l",
+                "warning",
+                "--pidfile=",
+                "-s",
+                str(tmp / f"{name}-schedule"),
+            ],
+            env=env,
+            cwd=tmp,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         handle.close()
         self.samples: list[tuple[float, float]] = []
@@ -239,8 +267,10 @@ class Beat:
             pid, status, usage = os.wait4(self.pid, os.WNOHANG)
             if pid:
                 self.proc.returncode = os.waitstatus_to_exitcode(status)
-                return {"lifetime_cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-                        "exit_status": self.proc.returncode}
+                return {
+                    "lifetime_cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+                    "exit_status": self.proc.returncode,
+                }
             time.sleep(0.1)
         os.killpg(self.pid, signal.SIGKILL)
         self.proc.wait()
@@ -285,9 +315,15 @@ def measure_window(beat: Beat, minutes: int, done: Any) -> tuple[float, float, f
     return wall0, wall1, cpu0, cpu1
 
 
-def cpu_figures(wall0: float, wall1: float, cpu0: float, cpu1: float, fires: int,
-                samples: list[tuple[float, float]], busy: list[tuple[float, float]]
-                ) -> dict[str, Any]:
+def cpu_figures(
+    wall0: float,
+    wall1: float,
+    cpu0: float,
+    cpu1: float,
+    fires: int,
+    samples: list[tuple[float, float]],
+    busy: list[tuple[float, float]],
+) -> dict[str, Any]:
     seconds, cpu = wall1 - wall0, cpu1 - cpu0
     # CPU outside the bursts (from each boundary to its last fire, plus a second): what the
     # beat costs while nothing is due.
@@ -329,9 +365,13 @@ def run_sqlease(kind: str, db_url: str, args: argparse.Namespace, tmp: Path) -> 
     prefix = f"beat{os.getpid()}_"
     store = Store(db_url, table_prefix=prefix)  # the tables, before the beat starts
     s, m, leaders = store.tables.schedules, store.tables.messages, store.tables.leaders
-    env = dict(os.environ, BEAT_BENCH_BROKER=f"sqlease+{db_url}", BEAT_BENCH_PREFIX=prefix,
-               BEAT_BENCH_ENTRIES=str(n),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        BEAT_BENCH_BROKER=f"sqlease+{db_url}",
+        BEAT_BENCH_PREFIX=prefix,
+        BEAT_BENCH_ENTRIES=str(n),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+    )
     env.pop("BEAT_BENCH_STAMP", None)
 
     def one(query: Any) -> Any:
@@ -340,14 +380,16 @@ def run_sqlease(kind: str, db_url: str, args: argparse.Namespace, tmp: Path) -> 
 
     def leads() -> bool:
         row = one(select(leaders.c.owner, leaders.c.expires_at_ms))
-        return bool(row is not None and row[0].split(":")[1] == str(beat.pid)
-                    and row[1] > store.now_ms())
+        return bool(
+            row is not None and row[0].split(":")[1] == str(beat.pid) and row[1] > store.now_ms()
+        )
 
     last_progress = [0.0]
 
     def planned() -> bool:
-        total, unplanned = one(select(func.count(), func.count().filter(
-            s.c.next_run_at_ms.is_(None))))
+        total, unplanned = one(
+            select(func.count(), func.count().filter(s.c.next_run_at_ms.is_(None)))
+        )
         if time.monotonic() - last_progress[0] > 15:
             log(f"{kind}: {total} entries stored, {unplanned} without a next slot")
             last_progress[0] = time.monotonic()
@@ -370,8 +412,10 @@ def run_sqlease(kind: str, db_url: str, args: argparse.Namespace, tmp: Path) -> 
         wait_for(planned, args.plan_timeout, "every entry planned", beat, every=1.0)
         out["planned_after_s"] = round(time.time() - beat.launched, 2)
         out["startup_cpu_s"] = round(beat.sample(), 2)
-        log(f"{kind}: leads after {out['leads_after_s']} s, every entry planned after "
-            f"{out['planned_after_s']} s ({out['startup_cpu_s']} s CPU)")
+        log(
+            f"{kind}: leads after {out['leads_after_s']} s, every entry planned after "
+            f"{out['planned_after_s']} s ({out['startup_cpu_s']} s CPU)"
+        )
         watcher = Watcher("sqlease", db_url, prefix, tmp)
         wait_for(settled, 180, "no entry due", beat, every=0.5)
         before = [0]
@@ -395,8 +439,9 @@ def run_sqlease(kind: str, db_url: str, args: argparse.Namespace, tmp: Path) -> 
             watcher.proc.kill()
             watcher.proc.wait()
     with store._reading() as conn:
-        rows = conn.execute(select(m.c.task_id, m.c.created_at_ms, m.c.payload)
-                            .order_by(m.c.id)).all()
+        rows = conn.execute(
+            select(m.c.task_id, m.c.created_at_ms, m.c.payload).order_by(m.c.id)
+        ).all()
     slots = window_slots(wall0, wall1)
     per_slot: dict[int, list[tuple[str, str]]] = {slot: [] for slot in slots}
     late, late_seen, problems = [], [], []
@@ -424,24 +469,28 @@ def run_sqlease(kind: str, db_url: str, args: argparse.Namespace, tmp: Path) -> 
         names = {name for name, _ in fired}
         counts[datetime.fromtimestamp(slot / 1000).isoformat()] = len(fired)
         if len(fired) != n or len(names) != n:
-            problems.append(f"slot {datetime.fromtimestamp(slot / 1000)}: {len(fired)} fires, "
-                            f"{len(names)} entries (expected {n})")
+            problems.append(
+                f"slot {datetime.fromtimestamp(slot / 1000)}: {len(fired)} fires, "
+                f"{len(names)} entries (expected {n})"
+            )
     fires = sum(len(f) for f in per_slot.values())
     windows = [(slot / 1000, busy[slot] / 1000) for slot in busy]
-    out.update({
-        "slots": counts,
-        "fires": fires,
-        "fires_outside_window": outside,
-        "fires_per_minute": round(fires / ((wall1 - wall0) / 60), 1),
-        "lateness": spread(late),
-        "lateness_seen": spread(late_seen),
-        "burst_s": [round(hi - lo, 2) for lo, hi in windows],
-        **cpu_figures(wall0, wall1, cpu0, cpu1, fires, beat.samples, windows),
-        "cpu_samples": [(round(t - wall0, 2), round(c, 2)) for t, c in beat.samples],
-        "problems": problems[:50],
-        "problem_count": len(problems),
-        "ok": not problems,
-    })
+    out.update(
+        {
+            "slots": counts,
+            "fires": fires,
+            "fires_outside_window": outside,
+            "fires_per_minute": round(fires / ((wall1 - wall0) / 60), 1),
+            "lateness": spread(late),
+            "lateness_seen": spread(late_seen),
+            "burst_s": [round(hi - lo, 2) for lo, hi in windows],
+            **cpu_figures(wall0, wall1, cpu0, cpu1, fires, beat.samples, windows),
+            "cpu_samples": [(round(t - wall0, 2), round(c, 2)) for t, c in beat.samples],
+            "problems": problems[:50],
+            "problem_count": len(problems),
+            "ok": not problems,
+        }
+    )
     return out
 
 
@@ -480,9 +529,13 @@ def baseline_target(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     where = tmp / "baseline"
     where.mkdir()
     redis.Redis.from_url(args.redis_url).flushdb()
-    env = dict(os.environ, BEAT_BENCH_BROKER=args.redis_url, BEAT_BENCH_ENTRIES=str(n),
-               BEAT_BENCH_STAMP="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        BEAT_BENCH_BROKER=args.redis_url,
+        BEAT_BENCH_ENTRIES=str(n),
+        BEAT_BENCH_STAMP="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+    )
     watcher = Watcher("redis", args.redis_url, "", where)
     start_at_phase(1.0)
     beat = Beat("celery.beat:PersistentScheduler", env, where, "baseline")
@@ -502,10 +555,11 @@ def baseline_target(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         out["startup_cpu_s"] = round(beat.sample(), 2)
         launch_minute = math.floor(beat.launched / 60)
         if math.floor(time.time() / 60) != launch_minute:
-            log("baseline: set-up crossed a minute boundary; first slots may be attributed "
-                "a minute early")
-        log(f"baseline: set up after {out['planned_after_s']} s "
-            f"({out['startup_cpu_s']} s CPU)")
+            log(
+                "baseline: set-up crossed a minute boundary; first slots may be attributed "
+                "a minute early"
+            )
+        log(f"baseline: set up after {out['planned_after_s']} s ({out['startup_cpu_s']} s CPU)")
 
         def done() -> bool:
             return True  # its fires of the last slot may never come: the window is fixed
@@ -554,20 +608,22 @@ def baseline_target(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             late_seen.append(seen - slot)
             busy[slot] = max(busy.get(slot, 0), sent)
     windows = [(slot / 1000, busy[slot] / 1000) for slot in busy]
-    out.update({
-        "slots": {datetime.fromtimestamp(s / 1000).isoformat(): c for s, c in per_slot.items()},
-        "fires": sent_in_window,
-        "fires_of_window_slots": sum(per_slot.values()),
-        "fires_per_minute": round(sent_in_window / ((wall1 - wall0) / 60), 1),
-        "entries_fired": len(by_entry),
-        "slots_passed_over_in_window": missed_in_window,
-        "repeated_task_ids": repeated,
-        "lateness": spread(late),
-        "lateness_seen": spread(late_seen),
-        "burst_s": [round(hi - lo, 2) for lo, hi in windows],
-        **cpu_figures(wall0, wall1, cpu0, cpu1, sent_in_window, beat.samples, windows),
-        "cpu_samples": [(round(t - wall0, 2), round(c, 2)) for t, c in beat.samples],
-    })
+    out.update(
+        {
+            "slots": {datetime.fromtimestamp(s / 1000).isoformat(): c for s, c in per_slot.items()},
+            "fires": sent_in_window,
+            "fires_of_window_slots": sum(per_slot.values()),
+            "fires_per_minute": round(sent_in_window / ((wall1 - wall0) / 60), 1),
+            "entries_fired": len(by_entry),
+            "slots_passed_over_in_window": missed_in_window,
+            "repeated_task_ids": repeated,
+            "lateness": spread(late),
+            "lateness_seen": spread(late_seen),
+            "burst_s": [round(hi - lo, 2) for lo, hi in windows],
+            **cpu_figures(wall0, wall1, cpu0, cpu1, sent_in_window, beat.samples, windows),
+            "cpu_samples": [(round(t - wall0, 2), round(c, 2)) for t, c in beat.samples],
+        }
+    )
     return out
 
 
@@ -598,13 +654,15 @@ def table(runs: list[dict[str, Any]]) -> str:
             f"{number(lat['p50_ms'])} / {number(lat['p99_ms'])} / {number(lat['max_ms'])} | "
             f"{number(seen['p50_ms'])} / {number(seen['p99_ms'])} / {number(seen['max_ms'])} | "
             f"{bursts} | {r['cpu_s_per_minute']:.2f} | {number(r['cpu_ms_per_fire'], 3)} | "
-            f"{r['core_percent']:.1f} | {number(r['idle_core_percent'], 2)} |")
+            f"{r['core_percent']:.1f} | {number(r['idle_core_percent'], 2)} |"
+        )
     return "\n".join(lines)
 
 
 def ratios(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    base = next((r for r in runs if r["target"] == "celery-persistent-redis"
-                 and "error" not in r), None)
+    base = next(
+        (r for r in runs if r["target"] == "celery-persistent-redis" and "error" not in r), None
+    )
     out: dict[str, dict[str, float | None]] = {}
     if base is None:
         return out
@@ -616,8 +674,10 @@ def ratios(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
         if r is base or "error" in r:
             continue
         out[r["target"]] = {
-            **{f"lateness_{k}": ratio(r["lateness"][k], base["lateness"][k])
-               for k in ("p50_ms", "p99_ms", "max_ms")},
+            **{
+                f"lateness_{k}": ratio(r["lateness"][k], base["lateness"][k])
+                for k in ("p50_ms", "p99_ms", "max_ms")
+            },
             "cpu_s_per_minute": ratio(r["cpu_s_per_minute"], base["cpu_s_per_minute"]),
             "cpu_ms_per_fire": ratio(r["cpu_ms_per_fire"], base["cpu_ms_per_fire"]),
         }
@@ -625,8 +685,9 @@ def ratios(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
 
 
 def git(*argv: str) -> str:
-    return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True,
-                          text=True, check=False).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(REPO), *argv], capture_output=True, text=True, check=False
+    ).stdout.strip()
 
 
 def src_state() -> str:
@@ -658,19 +719,33 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--minutes", type=int, default=3, help="minute boundaries measured")
-    parser.add_argument("--only", default="sqlite,postgresql",
-                        help="sqlease targets: sqlite, postgresql (comma list)")
-    parser.add_argument("--no-baseline", action="store_true",
-                        help="no Celery PersistentScheduler + Redis run")
-    parser.add_argument("--baseline-entries", type=int, default=None,
-                        help="entries of the baseline (default: --entries)")
+    parser.add_argument(
+        "--only",
+        default="sqlite,postgresql",
+        help="sqlease targets: sqlite, postgresql (comma list)",
+    )
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="no Celery PersistentScheduler + Redis run"
+    )
+    parser.add_argument(
+        "--baseline-entries",
+        type=int,
+        default=None,
+        help="entries of the baseline (default: --entries)",
+    )
     parser.add_argument("--pg-url", default=PG, help="the PostgreSQL server (no database)")
-    parser.add_argument("--redis-url", default=REDIS, help="the baseline's Redis database "
-                        "(flushed)")
-    parser.add_argument("--plan-timeout", type=float, default=900,
-                        help="seconds a beat may take to be ready")
-    parser.add_argument("--output", type=Path, default=None,
-                        help="JSON file to write (default: results/beat-<date>.json)")
+    parser.add_argument(
+        "--redis-url", default=REDIS, help="the baseline's Redis database (flushed)"
+    )
+    parser.add_argument(
+        "--plan-timeout", type=float, default=900, help="seconds a beat may take to be ready"
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="JSON file to write (default: results/beat-<date>.json)",
+    )
     parser.add_argument("--watch", choices=["sqlease", "redis"], help=argparse.SUPPRESS)
     parser.add_argument("--watch-url", help=argparse.SUPPRESS)
     parser.add_argument("--watch-prefix", help=argparse.SUPPRESS)
@@ -709,16 +784,30 @@ def main() -> int:
             print(f"  {target}: " + ", ".join(f"{k} {number(v, 3)}" for k, v in values.items()))
     failed = [r for r in runs if r["target"].startswith("sqlease") and not r.get("ok")]
     for r in failed:
-        print(f"\nFAILED {r['target']}: {r.get('error') or r.get('problem_count')} "
-              f"{r.get('problems', '')}", file=sys.stderr)
+        print(
+            f"\nFAILED {r['target']}: {r.get('error') or r.get('problem_count')} "
+            f"{r.get('problems', '')}",
+            file=sys.stderr,
+        )
     stamp = time.strftime("%Y-%m-%d")
     path = args.output or HERE / "results" / f"beat-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"args": {k: str(v) if isinstance(v, Path) else v
-                                         for k, v in vars(args).items()
-                                         if not k.startswith("watch")},
-                                "environment": env, "runs": runs, "ratios": found},
-                               indent=2) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "args": {
+                    k: str(v) if isinstance(v, Path) else v
+                    for k, v in vars(args).items()
+                    if not k.startswith("watch")
+                },
+                "environment": env,
+                "runs": runs,
+                "ratios": found,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"written {path}")
     return 1 if failed else 0
 

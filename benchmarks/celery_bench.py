@@ -51,10 +51,14 @@ def brokers(tmp: Path, prefix: str) -> list[Broker]:
         # Publishes that do not wait for the WAL flush (an opt-in, publish_sync_commit in
         # docs/reference/transport-options.md): its delay() and start latency; the drain is
         # the default's.
-        Broker("sqlease-pg-publish-nowait", f"sqlease+{PG}",
-               options={"publish_sync_commit": False}),
-        Broker("sqlease-sqlite", f"sqlease+sqlite:///{tmp}/bench.db",
-               backend=f"sqlease+sqlite:///{tmp}/bench.db"),
+        Broker(
+            "sqlease-pg-publish-nowait", f"sqlease+{PG}", options={"publish_sync_commit": False}
+        ),
+        Broker(
+            "sqlease-sqlite",
+            f"sqlease+sqlite:///{tmp}/bench.db",
+            backend=f"sqlease+sqlite:///{tmp}/bench.db",
+        ),
         Broker("redis", "redis://127.0.0.1:6379/15", backend="redis://127.0.0.1:6379/14"),
         Broker("rabbitmq", "amqp://guest:guest@127.0.0.1:5672//", backend="rpc://"),
         Broker("kombu-sqla-pg", f"sqla+postgresql+psycopg://{pg_host}", latency_samples=20),
@@ -99,10 +103,29 @@ class Counter:
 def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     handle = log.open("ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "bench_app", "worker", "--pool", "prefork",
-         "-c", "2", "-l", "warning", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h",
-         "--without-mingle", "--without-gossip"],
-        env=env, cwd=HERE, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "bench_app",
+            "worker",
+            "--pool",
+            "prefork",
+            "-c",
+            "2",
+            "-l",
+            "warning",
+            "-n",
+            f"bench-{uuid.uuid4().hex[:6]}@%h",
+            "--without-mingle",
+            "--without-gossip",
+        ],
+        env=env,
+        cwd=HERE,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     return proc
 
@@ -139,13 +162,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_broker(broker: Broker, tasks: int, counter: Counter, tmp: Path, prefix: str,
-               quick: bool) -> dict[str, Any]:
-    env = dict(os.environ, BENCH_BROKER=broker.url, BENCH_UDP=str(counter.port),
-               BENCH_PREFIX=prefix,
-               # bench_app first, then the caller's path (e.g. benchmarks/paired.py's src/)
-               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
-               BENCH_TRANSPORT_OPTIONS=json.dumps({**BASE_OPTIONS, **(broker.options or {})}))
+def run_broker(
+    broker: Broker, tasks: int, counter: Counter, tmp: Path, prefix: str, quick: bool
+) -> dict[str, Any]:
+    env = dict(
+        os.environ,
+        BENCH_BROKER=broker.url,
+        BENCH_UDP=str(counter.port),
+        BENCH_PREFIX=prefix,
+        # bench_app first, then the caller's path (e.g. benchmarks/paired.py's src/)
+        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+        BENCH_TRANSPORT_OPTIONS=json.dumps({**BASE_OPTIONS, **(broker.options or {})}),
+    )
     env.pop("BENCH_BACKEND", None)
     log = tmp / f"{broker.name}.log"
     mod = app_for(broker, None, env)
@@ -218,11 +246,19 @@ def drop_tables(prefix: str, *, kombu: bool = True) -> None:
     like = prefix.replace("_", r"\_") + "%"
     kinds = [
         # (what to drop, how to list them: a query whose %s is the prefix's LIKE pattern)
-        ("TABLE", "SELECT format('%%I', tablename) FROM pg_tables WHERE schemaname = "
-         "current_schema() AND (tablename LIKE %s"
-         + (" OR tablename LIKE 'kombu_%%')" if kombu else ")"), " CASCADE"),
-        ("SEQUENCE", "SELECT format('%%I', sequencename) FROM pg_sequences WHERE schemaname = "
-         "current_schema() AND sequencename LIKE %s", ""),
+        (
+            "TABLE",
+            "SELECT format('%%I', tablename) FROM pg_tables WHERE schemaname = "
+            "current_schema() AND (tablename LIKE %s"
+            + (" OR tablename LIKE 'kombu_%%')" if kombu else ")"),
+            " CASCADE",
+        ),
+        (
+            "SEQUENCE",
+            "SELECT format('%%I', sequencename) FROM pg_sequences WHERE schemaname = "
+            "current_schema() AND sequencename LIKE %s",
+            "",
+        ),
     ]
     try:
         with psycopg.connect(PG, autocommit=True) as conn:
@@ -264,16 +300,21 @@ def median(values: list[float]) -> float:
     return round((ordered[middle - 1] + ordered[middle]) / 2, 2)
 
 
-def run_round(number: int, args: argparse.Namespace, tasks: int, tmp: Path,
-              counter: Counter, rounds: list[list[dict[str, Any]]]) -> None:
+def run_round(
+    number: int,
+    args: argparse.Namespace,
+    tasks: int,
+    tmp: Path,
+    counter: Counter,
+    rounds: list[list[dict[str, Any]]],
+) -> None:
     """Every chosen broker once; the results are appended to ``rounds``."""
     # Fresh tables and a fresh SQLite file per round: a round does not inherit the
     # previous rounds' rows.
     prefix = f"bench{os.getpid()}r{number}_"
     where = tmp / f"round{number}"
     where.mkdir()
-    chosen = [b for b in brokers(where, prefix)
-              if not args.only or b.name in args.only.split(",")]
+    chosen = [b for b in brokers(where, prefix) if not args.only or b.name in args.only.split(",")]
     if number % 2 == 0:
         chosen.reverse()
     results = []
@@ -296,8 +337,12 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--only", default="")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--output", type=Path, default=None,
-                        help="JSON file to write (default: results/celery-<date>[-quick].json)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="JSON file to write (default: results/celery-<date>[-quick].json)",
+    )
     # This machine's speed drifts by tens of percent within minutes, so one pass (brokers
     # one after the other) can favour whichever ran in a fast minute. Rounds run every broker
     # once each, in alternating order; each round's ratios compare neighbours in time, and
@@ -324,8 +369,14 @@ def main() -> int:
     for name in names:
         runs = [r for results in rounds for r in results if r["broker"] == name]
         row: dict[str, Any] = {"broker": name}
-        for key in ("delay_per_s", "drain_per_s", "start_p50_ms", "start_p99_ms",
-                    "get_p50_ms", "get_p99_ms"):
+        for key in (
+            "delay_per_s",
+            "drain_per_s",
+            "start_p50_ms",
+            "start_p99_ms",
+            "get_p50_ms",
+            "get_p99_ms",
+        ):
             values = [r[key] for r in runs if r.get(key) is not None]
             if values:
                 row[key] = median(values)
@@ -337,10 +388,19 @@ def main() -> int:
     stamp = time.strftime("%Y-%m-%d")
     path = args.output or HERE / "results" / f"celery-{stamp}{'-quick' if args.quick else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(
-        {"tasks": tasks, "rounds": args.rounds, "results": summary, "ratios": ratios,
-         "ratios_per_round": per_round, "runs": [r for results in rounds for r in results]},
-        indent=2))
+    path.write_text(
+        json.dumps(
+            {
+                "tasks": tasks,
+                "rounds": args.rounds,
+                "results": summary,
+                "ratios": ratios,
+                "ratios_per_round": per_round,
+                "runs": [r for results in rounds for r in results],
+            },
+            indent=2,
+        )
+    )
     print(f"written {path}")
     return 0
 

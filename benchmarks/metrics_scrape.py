@@ -104,8 +104,10 @@ def main(base: str) -> None:
         registry = build_registry(admin)
         generate_latest(registry)  # warm: the plan, the buffers
         backlog = timed(registry)
-        print(f"backlog, 1,000,000 messages: scrape ms {[round(t) for t in backlog]}, "
-              f"median {statistics.median(backlog):.0f}")
+        print(
+            f"backlog, 1,000,000 messages: scrape ms {[round(t) for t in backlog]}, "
+            f"median {statistics.median(backlog):.0f}"
+        )
         cur.execute(f"TRUNCATE {PREFIX}messages")
         with store.engine.begin() as conn:
             fill_messages(conn, 10_000, now)
@@ -118,10 +120,12 @@ def main(base: str) -> None:
         cur.execute(f"ANALYZE {PREFIX}events")
         steady_new = timed(registry, runs=1)
         steady = timed(registry)
-        print(f"history, 1,000,000 finished tasks and 3,000,000 events: first scrape "
-              f"{first[0]:.0f} ms (folds every event in), after 30,000 new events "
-              f"{steady_new[0]:.0f} ms, with nothing new {statistics.median(steady):.0f} ms "
-              f"(median of {[round(t) for t in steady]})")
+        print(
+            f"history, 1,000,000 finished tasks and 3,000,000 events: first scrape "
+            f"{first[0]:.0f} ms (folds every event in), after 30,000 new events "
+            f"{steady_new[0]:.0f} ms, with nothing new {statistics.median(steady):.0f} ms "
+            f"(median of {[round(t) for t in steady]})"
+        )
         text_out = generate_latest(registry).decode()
         print(f"{len(text_out.splitlines())} lines, {len(text_out)} bytes")
         raw.close()

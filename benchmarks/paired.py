@@ -54,8 +54,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 BASELINES = ["redis", "rabbitmq"]
 #: celery_bench's measurements compared (False: a latency, lower is faster).
-CELERY_KEYS = {"delay_per_s": ("delay()/s", True), "drain_per_s": ("drain/s", True),
-               "start_p50_ms": ("start p50 ms", False), "get_p50_ms": ("get() p50 ms", False)}
+CELERY_KEYS = {
+    "delay_per_s": ("delay()/s", True),
+    "drain_per_s": ("drain/s", True),
+    "start_p50_ms": ("start p50 ms", False),
+    "get_p50_ms": ("get() p50 ms", False),
+}
 THRESHOLD = 0.95
 
 
@@ -76,13 +80,20 @@ class Version:
         with log.open("a") as out:
             out.write(f"$ {script} {shlex.join(argv)}\n")
             out.flush()
-            return subprocess.run([str(self.python), script, *argv], cwd=bench, env=env,
-                                  stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+            return subprocess.run(
+                [str(self.python), script, *argv],
+                cwd=bench,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                check=False,
+            ).returncode
 
 
 def git(*argv: str, cwd: Path = REPO) -> str:
-    return subprocess.run(["git", "-C", str(cwd), *argv], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(cwd), *argv], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def materialise(name: str, spec: str, tmp: Path, worktrees: list[Path]) -> Version:
@@ -115,9 +126,11 @@ def interpreter(version: Version, tmp: Path) -> None:
 def probe(version: Version, tmp: Path) -> None:
     """Check which sqlease the version's benchmarks and its workers import; its brokers."""
     out = tmp / f"probe-{version.name}.json"
-    main = ("import json, pathlib, sys, sqlease, celery_bench; json.dump({'file': sqlease.__file__,"
-            " 'brokers': [b.name for b in celery_bench.brokers(pathlib.Path('/nonexistent'), "
-            "'x_')]}, open(sys.argv[1], 'w'))")
+    main = (
+        "import json, pathlib, sys, sqlease, celery_bench; json.dump({'file': sqlease.__file__,"
+        " 'brokers': [b.name for b in celery_bench.brokers(pathlib.Path('/nonexistent'), "
+        "'x_')]}, open(sys.argv[1], 'w'))"
+    )
     worker = "import sys, bench_app, sqlease; open(sys.argv[1], 'w').write(sqlease.__file__)"
     log = tmp / f"probe-{version.name}.log"
     for code, pythonpath in ((main, True), (worker, False)):
@@ -134,8 +147,9 @@ def probe(version: Version, tmp: Path) -> None:
         print(f"{version.name} {version.label}: its {where} import {seen['file']}", flush=True)
 
 
-def celery(version: Version, brokers: list[str], args: argparse.Namespace, tmp: Path,
-           tag: str) -> list[dict[str, Any]]:
+def celery(
+    version: Version, brokers: list[str], args: argparse.Namespace, tmp: Path, tag: str
+) -> list[dict[str, Any]]:
     script = version.root / "benchmarks" / "celery_bench.py"
     out = tmp / f"{tag}-celery.json"
     argv = ["--rounds", "1", "--only", ",".join(brokers), "--tasks", str(args.tasks)]
@@ -145,8 +159,11 @@ def celery(version: Version, brokers: list[str], args: argparse.Namespace, tmp: 
     started = time.time()
     code = version.run(str(script), argv, tmp / f"{tag}.log")
     if not out.exists():  # a celery_bench without --output writes into its own results/
-        done = [p for p in (script.parent / "results").glob("celery-*.json")
-                if p.stat().st_mtime >= started]
+        done = [
+            p
+            for p in (script.parent / "results").glob("celery-*.json")
+            if p.stat().st_mtime >= started
+        ]
         out = max(done, key=lambda p: p.stat().st_mtime, default=out)
     if code or not out.exists():
         return failed(tag, code, tmp)
@@ -184,8 +201,10 @@ def metrics(results: dict[str, Any]) -> dict[str, tuple[float, bool]]:
                 values.setdefault(f"{run['broker']} {label}", []).append(run[key])
                 faster[f"{run['broker']} {label}"] = up
     for run in results.get("store", []):
-        name = (f"store {run['backend']} {run.get('mode', 'separate')} "
-                f"P={run['processes']} B={run['batch']} tasks/s")
+        name = (
+            f"store {run['backend']} {run.get('mode', 'separate')} "
+            f"P={run['processes']} B={run['batch']} tasks/s"
+        )
         values.setdefault(name, []).append(run["tasks_per_s"])
         faster[name] = True
     return {k: (statistics.median(v), faster[k]) for k, v in values.items()}
@@ -200,15 +219,21 @@ def report(rounds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str
     names = list(dict.fromkeys(k for p in per for v in ("before", "after") for k in p[v]))
     rows: list[dict[str, Any]] = []
     head = "".join(f"{f'round {i + 1}':>22}" for i in range(len(rounds)))
-    print(f"\n{'metric':<42}{head}{'median before':>15}{'median after':>14}{'ratio':>8}"
-          f"{'  (rounds: min-max)' if len(rounds) > 1 else ''}")
+    print(
+        f"\n{'metric':<42}{head}{'median before':>15}{'median after':>14}{'ratio':>8}"
+        f"{'  (rounds: min-max)' if len(rounds) > 1 else ''}"
+    )
     for name in names:
-        pairs = [(p["before"].get(name, (None,))[0], p["after"].get(name, (None,))[0])
-                 for p in per]
+        pairs = [(p["before"].get(name, (None,))[0], p["after"].get(name, (None,))[0]) for p in per]
         up = next(p[v][name][1] for p in per for v in ("before", "after") if name in p[v])
         ratios = [(a / b if up else b / a) for b, a in pairs if a and b]
-        row = {"metric": name, "higher_is_faster": up, "before": [b for b, _ in pairs],
-               "after": [a for _, a in pairs], "ratios": [round(x, 3) for x in ratios]}
+        row = {
+            "metric": name,
+            "higher_is_faster": up,
+            "before": [b for b, _ in pairs],
+            "after": [a for _, a in pairs],
+            "ratios": [round(x, 3) for x in ratios],
+        }
         for side in ("before", "after"):
             got = [x for x in row[side] if x is not None]
             row[f"median_{side}"] = statistics.median(got) if got else None
@@ -217,10 +242,12 @@ def report(rounds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str
         row["flag"] = row["ratio"] is not None and row["ratio"] < THRESHOLD
         rows.append(row)
         cells = "".join(f"{number(b) + ' -> ' + number(a):>22}" for b, a in pairs)
-        print(f"{name:<42}{cells}{number(row['median_before']):>15}"
-              f"{number(row['median_after']):>14}{number(row['ratio']):>8}"
-              f"{f'  ({min(ratios):.2f}-{max(ratios):.2f})' if len(ratios) > 1 else ''}"
-              f"{'  <<' if row['flag'] else ''}")
+        print(
+            f"{name:<42}{cells}{number(row['median_before']):>15}"
+            f"{number(row['median_after']):>14}{number(row['ratio']):>8}"
+            f"{f'  ({min(ratios):.2f}-{max(ratios):.2f})' if len(ratios) > 1 else ''}"
+            f"{'  <<' if row['flag'] else ''}"
+        )
     for name in dict.fromkeys(k for p in per for k in p["baselines"]):
         cells = "".join(f"{number(p['baselines'].get(name, (None,))[0]):>22}" for p in per)
         print(f"{name + ' (baseline)':<42}{cells}")
@@ -231,26 +258,47 @@ def report(rounds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str
     for name, *_ in wanted:
         versus[name] = {}
         for side in ("before", "after"):
-            got = [ratios_of({x["broker"]: x for x in r[side]["celery"]
-                                  + r.get("baselines", {}).get("celery", [])})
-                   .get(name) for r in rounds]
+            got = [
+                ratios_of(
+                    {
+                        x["broker"]: x
+                        for x in r[side]["celery"] + r.get("baselines", {}).get("celery", [])
+                    }
+                ).get(name)
+                for r in rounds
+            ]
             got = [x for x in got if x is not None]
             versus[name][side] = {"rounds": got, "median": statistics.median(got) if got else None}
-        print(f"{name:<42}{number(versus[name]['before']['median']):>12}"
-              f"{number(versus[name]['after']['median']):>12}")
+        print(
+            f"{name:<42}{number(versus[name]['before']['median']):>12}"
+            f"{number(versus[name]['after']['median']):>12}"
+        )
     flagged = [r["metric"] for r in rows if r["flag"]]
-    print(f"\nratio = median of the rounds' after/before speed ratios; {len(flagged)} of "
-          f"{len(rows)} below {THRESHOLD}{': ' + ', '.join(flagged) if flagged else ''}")
+    print(
+        f"\nratio = median of the rounds' after/before speed ratios; {len(flagged)} of "
+        f"{len(rows)} below {THRESHOLD}{': ' + ', '.join(flagged) if flagged else ''}"
+    )
     return rows, versus
 
 
-def run_round(number: int, total: int, versions: dict[str, Version], brokers: list[str],
-              args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def run_round(
+    number: int,
+    total: int,
+    versions: dict[str, Version],
+    brokers: list[str],
+    args: argparse.Namespace,
+    tmp: Path,
+) -> dict[str, Any]:
     """celery_bench for each version with the baselines between them, then store.py for each;
     before first in odd rounds, after first in even ones."""
     order = ["before", "after"] if number % 2 else ["after", "before"]
-    plan = [("celery", order[0]), ("celery", "baselines"), ("celery", order[1]),
-            ("store", order[0]), ("store", order[1])]
+    plan = [
+        ("celery", order[0]),
+        ("celery", "baselines"),
+        ("celery", order[1]),
+        ("store", order[0]),
+        ("store", order[1]),
+    ]
     if args.no_baselines:
         plan.remove(("celery", "baselines"))
     if args.no_store:
@@ -279,11 +327,14 @@ def main() -> int:
     parser.add_argument("--brokers", default="", help="only these sqlease brokers (comma list)")
     parser.add_argument("--no-store", action="store_true", help="celery_bench only")
     parser.add_argument("--no-baselines", action="store_true", help="no Redis and RabbitMQ")
-    parser.add_argument("--quick", action="store_true",
-                        help="validation: celery_bench --quick and store.py --quick")
-    parser.add_argument("--store-args", default="--repeat 1 --no-pgbench",
-                        help="more store.py options (the rounds repeat; pgbench does not "
-                        "depend on the version)")
+    parser.add_argument(
+        "--quick", action="store_true", help="validation: celery_bench --quick and store.py --quick"
+    )
+    parser.add_argument(
+        "--store-args",
+        default="--repeat 1 --no-pgbench",
+        help="more store.py options (the rounds repeat; pgbench does not depend on the version)",
+    )
     args = parser.parse_args()
     rounds_wanted = args.rounds or (1 if args.quick else 3)
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
@@ -292,8 +343,10 @@ def main() -> int:
     worktrees: list[Path] = []
     rounds: list[dict[str, Any]] = []
     try:
-        versions = {"before": materialise("before", args.before, tmp, worktrees),
-                    "after": materialise("after", args.after, tmp, worktrees)}
+        versions = {
+            "before": materialise("before", args.before, tmp, worktrees),
+            "after": materialise("after", args.after, tmp, worktrees),
+        }
         for version in versions.values():
             interpreter(version, tmp)
             probe(version, tmp)
@@ -306,24 +359,38 @@ def main() -> int:
         rows, versus = report(rounds)
     except BaseException:
         for log in sorted(tmp.glob("*.log")):
-            print(f"--- {log.name} (last lines)\n" + "\n".join(
-                log.read_text().splitlines()[-15:]), file=sys.stderr)
+            print(
+                f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]),
+                file=sys.stderr,
+            )
         raise
     finally:
         for tree in worktrees:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                           check=False)
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False
+            )
         shutil.rmtree(tmp, ignore_errors=True)
     stamp = time.strftime("%Y-%m-%d")
     b, a = versions["before"], versions["after"]
     path = HERE / "results" / f"paired-{stamp}-{b.label}-{a.label}{'-quick' * args.quick}.json"
     path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps({
-        "args": {**vars(args), "rounds": rounds_wanted},
-        "versions": {v.name: {"label": v.label, "sqlease_file": v.seen, "brokers": v.brokers}
-                     for v in (b, a)},
-        "seconds": round(time.monotonic() - started), "metrics": rows, "vs_baselines": versus,
-        "rounds": rounds}, indent=2) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "args": {**vars(args), "rounds": rounds_wanted},
+                "versions": {
+                    v.name: {"label": v.label, "sqlease_file": v.seen, "brokers": v.brokers}
+                    for v in (b, a)
+                },
+                "seconds": round(time.monotonic() - started),
+                "metrics": rows,
+                "vs_baselines": versus,
+                "rounds": rounds,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"{round(time.monotonic() - started)} s; written {path}")
     return 0
 

@@ -84,6 +84,8 @@ class TaskSnapshot:
     created_at_ms: int | None = None
     #: When it finished (its result written, or its ack), if it has.
     finished_at_ms: int | None = None
+    #: The Celery group it was published in (its ``group`` header), if any.
+    group_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -146,7 +148,7 @@ class TaskReads:
     def _task_row(self, conn: Connection, task_id: str) -> Any:
         k = self.t.tasks
         return conn.execute(
-            select(k.c.task_name, k.c.queue, k.c.attempt, k.c.created_at_ms).where(
+            select(k.c.task_name, k.c.queue, k.c.attempt, k.c.created_at_ms, k.c.group_id).where(
                 k.c.task_id == task_id
             )
         ).first()
@@ -184,6 +186,7 @@ class TaskReads:
             snapshot.queue = task_row.queue
             snapshot.attempt = int(task_row.attempt)
             snapshot.created_at_ms = int(task_row.created_at_ms)
+            snapshot.group_id = task_row.group_id
         elif events:
             snapshot.created_at_ms = events[0].at_ms
         if message is not None:

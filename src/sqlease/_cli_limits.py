@@ -4,6 +4,7 @@ sqlease limits show                        every gate: running, limit, waiting; 
 sqlease limits set NAME N                  a concurrency limit (task:<name> or queue:<name>)
 sqlease limits rate NAME RATE              a rate limit ("100/m"; task:, queue: or key:)
 sqlease limits remove NAME                 drop both limits of NAME
+sqlease limits unique KEY                  a unique task's key: its holder, duplicates
 """
 
 from __future__ import annotations
@@ -83,6 +84,28 @@ def remove(ctx: click.Context, name: str) -> None:
         {"removed": removed, "name": name},
         f"removed {name}" if removed else f"no limit {name}",
     )
+
+
+@limits.command("unique", help="a unique task's key: the task holding it and its duplicates")
+@click.argument("key")
+@common
+@click.pass_context
+def unique(ctx: click.Context, key: str) -> None:
+    admin = admin_of(ctx)
+    state = admin.unique(key)
+    if state is None:
+        out(ctx, {"key": key, "taken": False}, f"no task has taken the unique key {key!r}")
+        return
+    now = admin.store.now_ms()
+    held = "holds" if state.holding else "no longer holds"
+    lines = [
+        f"{key}: {held} (scope {state.scope})",
+        f"task: {state.task_id}, taken {r.when(state.created_at_ms, now)}",
+        f"duplicates turned away: {state.duplicates}",
+    ]
+    if state.until_ms is not None:
+        lines.insert(2, f"until: {r.when(state.until_ms, now)}")
+    out(ctx, {"taken": True, **state.to_dict()}, "\n".join(lines))
 
 
 COMMANDS = [limits]

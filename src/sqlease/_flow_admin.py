@@ -1,5 +1,6 @@
-"""``Admin``'s view of flow control: each gate's running count, limit and waiting count, and
-the configured limits per task name and per queue."""
+"""``Admin``'s view of flow control: each gate's running count, limit and waiting count, the
+configured limits per task name and per queue, unique tasks' keys and duplicates, and the
+members of a Celery group."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, func, or_, select
+
+from sqlease._core.uniques import UniqueState
 
 if TYPE_CHECKING:
     from sqlease.store import Store
@@ -57,6 +60,30 @@ class FlowAdmin:
 
     def set_rate_limits(self, rates: Mapping[str, Any], *, replace: bool = False) -> None:
         self.store.set_rate_limits(rates, replace=replace)
+
+    def unique(self, key: str) -> UniqueState | None:
+        """A uniqueness key: the task that holds it, whether a publish of it now would be
+        turned away, and how many were. None if no task has taken it."""
+        return self.store.unique(key, now=self._now())
+
+    def original_of(self, task_id: str) -> str | None:
+        """The task a duplicate publish of a unique task was turned away for (its result is
+        that task's), or None if ``task_id`` was not a duplicate."""
+        return self.store.originals_of([task_id]).get(task_id)
+
+    def group(self, group_id: str) -> list[str]:
+        """The task ids published in a Celery group (their ``group`` header), in publish
+        order, as long as their task records are kept."""
+        k = self.store.tables.tasks
+        with self.store.engine.connect() as conn:
+            rows = conn.execute(
+                select(k.c.task_id)
+                .where(k.c.group_id == group_id)
+                .order_by(k.c.created_at_ms, k.c.task_id)
+            ).scalars()
+            found = [str(r) for r in rows]
+            conn.rollback()
+        return found
 
     def gates(self) -> list[GateState]:
         """Every gate that has running or waiting messages or a configured limit, busiest

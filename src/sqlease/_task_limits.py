@@ -1,10 +1,12 @@
-"""A task's default concurrency key and limit, from its own options.
+"""A task's default concurrency key and limit, and its uniqueness key, from its own options.
 
 ``@app.task(concurrency_key="tenant:{tenant_id}", concurrency_limit=3)``: every publish of
 the task that does not carry a ``concurrency_key`` header gets one, formatted with the call's
 keyword arguments (and ``args`` as ``{args[0]}``), or returned by the option when it is a
-callable taking the call's ``(*args, **kwargs)``. Applied by a ``before_task_publish``
-handler, which Celery calls with the headers it is about to send.
+callable taking the call's ``(*args, **kwargs)``. ``@app.task(unique_key="report:{user}",
+unique_scope="active", unique_for=None)`` does the same for the ``unique_key``,
+``unique_scope`` and ``unique_for`` headers. Applied by a ``before_task_publish`` handler,
+which Celery calls with the headers it is about to send.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from celery import signals
 
 from sqlease.errors import ConfigurationError
 
-#: The header that carries a task option's error to the transport, which refuses the publish.
+#: The headers that carry a task option's error to the transport, which refuses the publish
+#: (sqlease.transport._codec reads them).
 ERROR_HEADER = "sqlease_concurrency_error"
+UNIQUE_ERROR_HEADER = "sqlease_unique_error"
 
 
 def _call_of(body: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -41,6 +45,12 @@ def key_for(task: Any, body: Any) -> tuple[str, int] | None:
         raise ConfigurationError(
             f"task {name!r} sets only one of concurrency_key and concurrency_limit: give both"
         )
+    return _format(task, "concurrency_key", template, body), limit
+
+
+def _format(task: Any, option: str, template: Any, body: Any) -> Any:
+    """The option's key for this call: the template formatted with its arguments, or what
+    the callable returns for them."""
     args, kwargs = _call_of(body)
     try:
         # Positional arguments by their parameter names too: delay("acme") fills {tenant}.
@@ -49,17 +59,36 @@ def key_for(task: Any, body: Any) -> tuple[str, int] | None:
     except (TypeError, ValueError):
         pass
     try:
-        key = (
+        return (
             template(*args, **kwargs)
             if callable(template)
             else str(template).format(*args, args=args, **kwargs)
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise ConfigurationError(
-            f"task {name!r}: concurrency_key {template!r} could not be made from the call's "
-            f"arguments ({type(exc).__name__}: {exc}); the task was not sent"
+            f"task {getattr(task, 'name', task)!r}: {option} {template!r} could not be made "
+            f"from the call's arguments ({type(exc).__name__}: {exc}); the task was not sent"
         ) from None
-    return key, limit
+
+
+def unique_for(task: Any, body: Any) -> dict[str, Any] | None:
+    """The task's uniqueness headers for this call, or None if it sets no ``unique_key``."""
+    template = getattr(type(task), "unique_key", getattr(task, "unique_key", None))
+    scope = getattr(task, "unique_scope", None)
+    period = getattr(task, "unique_for", None)
+    if template is None:
+        if scope is not None or period is not None:
+            raise ConfigurationError(
+                f"task {getattr(task, 'name', task)!r} sets unique_scope or unique_for "
+                "without a unique_key"
+            )
+        return None
+    headers = {"unique_key": _format(task, "unique_key", template, body)}
+    if scope is not None:
+        headers["unique_scope"] = scope
+    if period is not None:
+        headers["unique_for"] = period
+    return headers
 
 
 def _task_named(name: str) -> Any:
@@ -80,9 +109,16 @@ def _task_named(name: str) -> Any:
 def _apply_task_default(
     sender: Any = None, body: Any = None, headers: Any = None, **_: Any
 ) -> None:
-    if not isinstance(headers, dict) or "concurrency_key" in headers:
+    if not isinstance(headers, dict):
         return
     task = _task_named(sender) if isinstance(sender, str) else None
+    if task is not None and "unique_key" not in headers:
+        try:
+            headers.update(unique_for(task, body) or {})
+        except ConfigurationError as exc:
+            headers[UNIQUE_ERROR_HEADER] = str(exc)
+    if "concurrency_key" in headers:
+        return
     try:
         found = None if task is None else key_for(task, body)
     except ConfigurationError as exc:

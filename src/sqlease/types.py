@@ -66,6 +66,14 @@ class NewMessage:
     #: across every worker; both or neither.
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    #: A unique task: while ``unique_key`` holds (``unique_scope``: ``"queued"``,
+    #: ``"active"`` or ``"period"``, the last for ``unique_for_ms``), another publish of the
+    #: key enqueues nothing.
+    unique_key: str | None = None
+    unique_scope: str | None = None
+    unique_for_ms: int | None = None
+    #: The Celery group the task belongs to (its ``group`` header), kept in its task row.
+    group_id: str | None = None
 
 
 class Outcome(StrEnum):

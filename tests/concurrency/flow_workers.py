@@ -11,7 +11,7 @@ from multiprocessing.synchronize import Event
 
 from sqlalchemy import text
 
-from sqlease import Store
+from sqlease import NewMessage, Store
 
 from .workers import WAIT_S, _check_deadline, _ready_then_go, messages_left
 
@@ -84,3 +84,18 @@ def gate_holder(out: Connection, *, url: str, prefix: str, queue: str, lease_ms:
     )
     time.sleep(WAIT_S)
     raise TimeoutError("the holder was never killed")
+
+
+def unique_publisher(
+    out: Connection, *, url: str, prefix: str, queue: str, keys: list[str], go: Event
+) -> None:
+    """Publish one task of each unique key, all racing the other publishers of the same
+    keys (scope ``active``, nobody consumes): each key must end with exactly one message."""
+    store = Store(url, table_prefix=prefix)
+    pid = os.getpid()
+    _ready_then_go(out, go)
+    for key in keys:
+        store.enqueue_many(
+            [NewMessage(queue, f"{pid}:{key}", task_id=f"{pid}-{key}", unique_key=key)]
+        )
+    out.send(("result", len(keys)))

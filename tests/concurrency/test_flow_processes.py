@@ -196,3 +196,48 @@ def test_racing_workers_never_exceed_a_rate_limit(
     # Meaningful only if the workers raced: rated claims came from several of them.
     owners = Counter(r["owner"] for r in _intervals(store) if r["message_id"] in set(rated))
     assert len(owners) > 1
+
+
+@pytest.mark.timeout(120)
+def test_racing_publishers_of_one_unique_key_enqueue_it_once(
+    pg_database_url: str,
+    children: Children,  # noqa: F811
+) -> None:
+    """Every process publishes the same 60 unique keys at once: each key gets one message,
+    every other publish is a recorded duplicate of that message's task. Half the keys are
+    already taken by a task that has died: there the racers must take the key over once,
+    not once each."""
+    store = fresh_store(pg_database_url)
+    keys = [f"report:{i}" for i in range(60)]
+    store.enqueue_many(
+        [NewMessage("seed", f"0:{k}", task_id=f"0-{k}", unique_key=k) for k in keys[::2]]
+    )
+    for msg in store.claim(["seed"], "seeder", lease_ms=60_000, limit=100):
+        assert store.fail(msg.fence, "seeded dead")
+    pack = children.start_many(
+        PROCESSES,
+        "unique_publisher",
+        url=pg_database_url,
+        prefix=store.tables.prefix,
+        queue="u",
+        keys=keys,
+    )
+    children.release(pack)
+    assert [children.expect(c, "result", 90) for c in pack.members] == [len(keys)] * PROCESSES
+    for c in pack.members:
+        children.finish(c)
+    m, d = store.tables.messages.name, store.tables.duplicates.name
+    with store.engine.connect() as conn:
+        per_key = conn.execute(
+            text(
+                f"SELECT split_part(payload, ':', 2) || ':' || split_part(payload, ':', 3), "
+                f"count(*), min(task_id) FROM {m} WHERE state = 'ready' GROUP BY 1"
+            )
+        ).fetchall()
+        duplicates = conn.execute(text(f"SELECT task_id, original_id FROM {d}")).fetchall()
+    assert sorted(r[0] for r in per_key) == sorted(keys)
+    assert all(r[1] == 1 for r in per_key), [r for r in per_key if r[1] != 1]
+    original = {r[0]: r[2] for r in per_key}
+    assert len(duplicates) == len(keys) * (PROCESSES - 1)
+    for task_id, original_id in duplicates:
+        assert original_id == original[task_id.split("-", 1)[1]]

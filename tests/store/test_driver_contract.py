@@ -148,6 +148,7 @@ def _new(queue: str, payload: str) -> dict[str, Any]:
         "task_name": None,
         "gate_key": None,
         "gate_limit": None,
+        "group_id": None,
         "now": None,
         "channel": "unused",
     }

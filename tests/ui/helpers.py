@@ -49,7 +49,9 @@ def enqueue(store: Store, task_id: str, name: str = "shop.add", queue: str = "q"
     args = kw.pop("args", [1, 2])
     family = {k: kw.pop(k) for k in ("parent_id", "root_id", "group") if k in kw}
     payload = celery_payload(name, args, task_id=task_id, **family)
-    return store.enqueue(queue, payload, task_id=task_id, task_name=name, **kw)
+    return store.enqueue(
+        queue, payload, task_id=task_id, task_name=name, group_id=family.get("group"), **kw
+    )
 
 
 def csrf_of(html: str) -> str:

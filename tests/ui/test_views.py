@@ -195,6 +195,21 @@ def test_task_page_timeline_leases_checkpoints_steps_and_result(
     assert client.get("/task?id=nope").status_code == 404
 
 
+def test_a_groups_members_are_siblings_without_a_parent(store: Store, client: TestClient) -> None:
+    """A group started by a client has no parent result to list its children: its members
+    are found by the group id their task records keep, after their messages are acked."""
+    for task_id in ("g-a", "g-b", "g-c"):
+        enqueue(store, task_id, group="grp-1")
+    enqueue(store, "alone")
+    for msg in store.claim(["q"], "w:1:x", lease_ms=LEASE, limit=3):
+        assert store.ack([msg.fence]) == {msg.id}
+    html = client.get("/task?id=g-b").text
+    assert "/task?id=g-a" in html and "/task?id=g-c" in html
+    assert "/task?id=alone" not in html and "grp-1" in html
+    assert "shop.add" in html  # the name, from the task record
+    assert Admin(store.engine.url, store=store).group("grp-1") == ["g-a", "g-b", "g-c"]
+
+
 def test_redact_args_hides_arguments(store: Store, admin: Admin) -> None:
     enqueue(store, "t", args=["card-4242"])
     with TestClient(create_app(admin, token=TOKEN, redact_args=True)) as c:

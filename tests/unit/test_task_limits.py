@@ -75,3 +75,41 @@ def test_a_header_given_by_the_caller_wins() -> None:
         5,
         "limits.charge",
     )
+
+
+def report(user: str) -> None:
+    return None
+
+
+def stray() -> None:
+    return None
+
+
+def test_a_tasks_unique_options_become_headers_and_the_codec_reads_them() -> None:
+    from sqlease._task_limits import unique_for
+
+    app = Celery("uniques", set_as_current=False)
+    task = app.task(name="u.report", unique_key="report:{user}", unique_for=30)(report)
+    bad = app.task(name="u.stray", unique_scope="queued")(stray)
+    app.finalize()
+    assert unique_for(task, (("ann",), {}, {})) == {"unique_key": "report:ann", "unique_for": 30}
+    with pytest.raises(ConfigurationError, match="without a unique_key"):
+        unique_for(bad, ((), {}, {}))
+    found = new_message(
+        "celery", {"headers": {"id": "t2", "unique_key": "k", "unique_for": 1.5}, "properties": {}}
+    )
+    assert (found.unique_key, found.unique_scope, found.unique_for_ms) == ("k", "period", 1500)
+
+
+def test_a_chord_header_part_is_never_unique() -> None:
+    """A duplicate never runs, so the chord's body would wait for it for ever."""
+    found = new_message(
+        "celery",
+        {"headers": {"id": "t", "unique_key": "k", "chord": {"task": "body"}}, "properties": {}},
+    )
+    assert found.unique_key is None
+    with pytest.raises(ConfigurationError, match="unique_scope"):
+        new_message(
+            "celery",
+            {"headers": {"id": "t", "unique_key": "k", "unique_scope": "x"}, "properties": {}},
+        )

@@ -10,13 +10,14 @@ from sqlalchemy import Connection
 from sqlease._core.base import StoreBase
 from sqlease._core.flow import check_concurrency
 from sqlease._core.rows import row_to_message
+from sqlease._core.uniques import Uniques, check_unique
 from sqlease._db.driver import Lane
 from sqlease._db.retry import transient
 from sqlease.errors import ConfigurationError, PayloadTooLarge
 from sqlease.types import Message, NewMessage
 
 
-class Messages(StoreBase):
+class Messages(Uniques, StoreBase):
     """Publishing and reading messages."""
 
     def _check_new(self, msg: NewMessage) -> dict[str, Any]:
@@ -38,7 +39,16 @@ class Messages(StoreBase):
         key, limit = check_concurrency(msg.concurrency_key, msg.concurrency_limit)
         if msg.task_name is not None and not isinstance(msg.task_name, str):
             raise ConfigurationError(f"task name must be a string, not {msg.task_name!r}")
+        if msg.group_id is not None and not isinstance(msg.group_id, str):
+            raise ConfigurationError(f"group id must be a string, not {msg.group_id!r}")
+        unique_key, scope, for_ms = check_unique(
+            msg.unique_key, msg.unique_scope, msg.unique_for_ms
+        )
         return {
+            "unique_key": unique_key,
+            "unique_scope": scope,
+            "unique_for_ms": for_ms,
+            "group_id": msg.group_id,
             "task_name": msg.task_name,
             "gate_key": key,
             "gate_limit": limit,
@@ -64,11 +74,13 @@ class Messages(StoreBase):
         max_attempts: int | None = None,
         record: bool = True,
         task_name: str | None = None,
+        group_id: str | None = None,
         now: int | None = None,
         connection: Connection | None = None,
     ) -> int:
         """Add one message; returns its id. With ``connection`` it joins that transaction.
-        ``task_name`` (a Celery task's name) is kept in the task row of ``task_id``."""
+        ``task_name`` (a Celery task's name) and ``group_id`` (its Celery group) are kept in
+        the task row of ``task_id``."""
         ids = self.enqueue_many(
             [
                 NewMessage(
@@ -81,6 +93,7 @@ class Messages(StoreBase):
                     max_attempts,
                     record,
                     task_name,
+                    group_id=group_id,
                 )
             ],
             now=now,
@@ -96,17 +109,21 @@ class Messages(StoreBase):
         now: int | None = None,
         connection: Connection | None = None,
     ) -> list[int]:
-        """Add messages in one transaction; returns their ids in order."""
+        """Add messages in one transaction; returns their ids in order. A unique task whose
+        key holds enqueues nothing: its id in the list is the original's message, or 0 once
+        that message is gone (``sqlease._core.uniques``)."""
         rows = [self._check_new(m) for m in messages]
         if not rows:
             return []
         if connection is not None:
             return self._enqueue_on(connection, rows, self._now(now), handoff=False)
         publish = self.driver.lane(Lane.PUBLISH)
-        if publish is not None and len(rows) == 1:  # one statement: autocommit
+        unique = any(r["unique_key"] is not None for r in rows)
+        if publish is not None and len(rows) == 1 and not unique:  # one statement: autocommit
             params = dict(rows[0], now=self._now(now), channel=self.notify_channel)
             return [int(publish.rows(self.sql.enqueue, params)[0]["id"])]
-        with self.driver.publishing(len(rows)) as conn:
+        # A unique task's publish is several statements: never in autocommit.
+        with self.driver.publishing(len(rows) + (2 if unique else 0)) as conn:
             return self._enqueue_on(conn, rows, self._now(now))
 
     def _enqueue_on(
@@ -115,6 +132,11 @@ class Messages(StoreBase):
         ids: list[int] = []
         statement = self.sql.enqueue if handoff else self.sql.enqueue_plain
         for row in rows:
+            if row["unique_key"] is not None:
+                duplicate = self._admit(conn, row, now)
+                if duplicate is not None:
+                    ids.append(duplicate.message_id or 0)
+                    continue
             params = dict(row, now=now, channel=self.notify_channel)
             message_id = int(conn.execute(statement, params).scalar_one())
             ids.append(message_id)

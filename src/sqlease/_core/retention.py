@@ -14,6 +14,8 @@ Lifetimes (docs/explanation/table-lifetimes.md):
   made;
 - events, task records (with their checkpoints), steps and waits: ``event_retention_ms``
   after they were made, once their task has no message left;
+- uniqueness keys, once they no longer hold, and duplicates: ``event_retention_ms`` after
+  they were taken (a key with a period: after the period);
 - queues declared auto_delete, exclusive or with ``x-expires``: ``expires_ms`` after their
   last declaration or consumer's touch, with their bindings and ready messages;
 - results and chord counters with an expiry: at it.
@@ -190,6 +192,21 @@ def old_waits(t: Tables, horizon: int, one_of: OneOf) -> dict[str, Delete]:
     }
 
 
+def old_uniques(t: Tables, horizon: int, one_of: OneOf) -> dict[str, Delete]:
+    """Uniqueness keys taken (scope ``period``: run out) before ``horizon`` that no longer
+    hold: a period past, or a task with no live message left; and the duplicates recorded
+    before ``horizon``."""
+    m, u, d = t.messages, t.uniques, t.duplicates
+    live = exists().where(m.c.task_id == u.c.task_id, m.c.state != "dead")
+    gone = and_(u.c.until_ms < horizon, or_(u.c.scope == "period", ~live))
+    return {
+        "uniques": delete(u).where(_in_batch(one_of, u.c.key, select(u.c.key).where(gone))),
+        "duplicates": delete(d).where(
+            _in_batch(one_of, d.c.task_id, select(d.c.task_id).where(d.c.created_at_ms < horizon))
+        ),
+    }
+
+
 def expire_idle_queues(store: Store, conn: Connection, now: int) -> int:
     """Forget up to QUEUE_BATCH queues whose idle expiry has passed: each queue row goes
     only if its expiry is still past (a consumer's touch since makes the delete miss), and
@@ -246,6 +263,7 @@ def prune(
         done["steps_expired"] = batches.run(lambda: old_steps(t, horizon, one_of))
         waits = old_waits(t, horizon, one_of)
         done["answers_expired"] = batches.run_all(waits.values())
+        done["uniques_expired"] = batches.run_all(old_uniques(t, horizon, one_of).values())
     return done
 
 
@@ -262,4 +280,5 @@ def statements(store: Store, now: int) -> dict[str, Delete]:
         "task_records": old_task_records(t, now, one_of),
         "steps": old_steps(t, now, one_of),
         **old_waits(t, now, one_of),
+        **old_uniques(t, now, one_of),
     }

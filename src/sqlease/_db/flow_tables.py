@@ -1,5 +1,6 @@
-"""Flow control's columns and tables (migration 8): a message's concurrency gate, the slots
-that hold gates on PostgreSQL, and the configured limits per task name and per queue."""
+"""Flow control's columns and tables: a message's concurrency gate, the slots that hold gates
+on PostgreSQL, and the configured limits per task name and per queue (migration 8); unique
+tasks' keys and the duplicates they turned away (migration 10)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,37 @@ def flow_tables(md: MetaData, p: str) -> tuple[Table, Table]:
         Column("updated_at_ms", BigInteger, nullable=False),
     )
     return slots, flow_limits
+
+
+def unique_tables(md: MetaData, p: str) -> tuple[Table, Table]:
+    """``uniques``: one row per uniqueness key, naming the task that holds it. Whether it
+    still holds is read from that task's messages (scopes ``queued`` and ``active``) or from
+    ``until_ms`` (scope ``period``), so no ack, claim or transition has to touch it; a
+    publish of the key locks the row, so two publishes of one key are decided one after the
+    other. ``duplicates``: each publish turned away, by its own task id, naming the original
+    (the result backend answers for a duplicate with the original's result)."""
+    uniques = Table(
+        f"{p}uniques",
+        md,
+        Column("key", Text, primary_key=True),
+        Column("task_id", Text),
+        # ``queued``, ``active`` or ``period``: how long the key holds after the publish.
+        Column("scope", Text, nullable=False),
+        # Scope ``period``: the key holds until then. Otherwise the publish's time: the row
+        # may go once its task has no message left (retention, by this index).
+        Column("until_ms", BigInteger, nullable=False),
+        Column("created_at_ms", BigInteger, nullable=False),
+        # Publishes turned away since the key was taken.
+        Column("duplicates", Integer, nullable=False, server_default="0"),
+    )
+    Index(f"{p}uniques_until_ix", uniques.c.until_ms)
+    duplicates = Table(
+        f"{p}duplicates",
+        md,
+        Column("task_id", Text, primary_key=True),
+        Column("original_id", Text),
+        Column("unique_key", Text, nullable=False),
+        Column("created_at_ms", BigInteger, nullable=False),
+    )
+    Index(f"{p}duplicates_created_ix", duplicates.c.created_at_ms)
+    return uniques, duplicates

@@ -134,6 +134,22 @@ def _migration_9(conn: Connection, tables: Tables) -> None:
             conn.execute(text(f"ALTER TABLE {tasks.name} ADD COLUMN {name} {kind}{extra}"))
 
 
+def _migration_10(conn: Connection, tables: Tables) -> None:
+    # Unique tasks (their keys and the duplicates turned away) and the task rows' group, by
+    # which a Celery group's members are found. Only what is missing is added.
+    tasks = tables.tasks
+    present = {c["name"] for c in inspect(conn).get_columns(tasks.name)}
+    if "group_id" not in present:
+        conn.execute(text(f"ALTER TABLE {tasks.name} ADD COLUMN group_id TEXT"))
+    for index in tasks.indexes:
+        if index.name == f"{tables.prefix}tasks_group_ix":
+            _ensure_index(conn, index)
+    for table in (tables.uniques, tables.duplicates):
+        table.create(conn, checkfirst=True)
+        for index in table.indexes:
+            _ensure_index(conn, index)
+
+
 # Each entry moves the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_1,
@@ -145,6 +161,7 @@ MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_7,
     _migration_flow_control,
     _migration_9,
+    _migration_10,
 ]
 CURRENT_VERSION = len(MIGRATIONS)
 

@@ -23,7 +23,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from sqlease._db.flow_tables import flow_tables, message_columns, message_indexes
+from sqlease._db.flow_tables import flow_tables, message_columns, message_indexes, unique_tables
 from sqlease._db.schedule_tables import schedule_tables
 from sqlease._db.schema_indexes import batch_events_index
 from sqlease.errors import ConfigurationError
@@ -75,6 +75,8 @@ class Tables:
     leaders: Table
     slots: Table
     flow_limits: Table
+    uniques: Table
+    duplicates: Table
 
     def name(self, short: str) -> str:
         return f"{self.prefix}{short}"
@@ -192,6 +194,15 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         Column("task_name", Text),
         Column("queue", Text),
         Column("attempt", Integer, nullable=False, server_default="0"),
+        # Migration 10: the Celery group the task was published in (its ``group`` header):
+        # a group's members are found by it, after their messages are gone too.
+        Column("group_id", Text),
+    )
+    Index(
+        f"{p}tasks_group_ix",
+        tasks.c.group_id,
+        postgresql_where=tasks.c.group_id.isnot(None),
+        sqlite_where=tasks.c.group_id.isnot(None),
     )
     # Retention (migration 7): old task records by creation time, which no update changes
     # (an index on updated_at_ms would make every checkpoint write a non-HOT update).
@@ -364,6 +375,7 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
     schedules, leaders = schedule_tables(md, p)
     message_indexes(messages, p)
     slots, flow_limits = flow_tables(md, p)
+    uniques, duplicates = unique_tables(md, p)
     return Tables(
         p,
         md,
@@ -384,6 +396,8 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         leaders,
         slots,
         flow_limits,
+        uniques,
+        duplicates,
     )
 
 

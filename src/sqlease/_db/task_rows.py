@@ -1,4 +1,5 @@
-"""The task row's name, queue and latest attempt (migration 9), written by the hot statements.
+"""The task row's name, queue and latest attempt (migration 9) and its Celery group (migration
+10), written by the hot statements.
 
 A finished task's message is deleted by its ack, so what a listing shows of it afterwards
 (its Celery task name, its queue, how many deliveries it took) must live in the tasks table.
@@ -23,7 +24,7 @@ from sqlease._db.tables import Tables
 
 _COLS = (
     "task_id, task_name, queue, attempt, run_id, state, checkpoint, revision, "
-    "created_at_ms, updated_at_ms"
+    "created_at_ms, updated_at_ms, group_id"
 )
 
 
@@ -33,6 +34,7 @@ def _on_conflict(t: Tables) -> str:
         f"task_name = COALESCE(excluded.task_name, {t.tasks.name}.task_name), "
         "queue = excluded.queue, attempt = excluded.attempt, "
         f"run_id = COALESCE(excluded.run_id, {t.tasks.name}.run_id), "
+        f"group_id = COALESCE(excluded.group_id, {t.tasks.name}.group_id), "
         "updated_at_ms = excluded.updated_at_ms"
     )
 
@@ -43,7 +45,8 @@ def publish_cte(t: Tables, now: str) -> str:
     return (
         f"k AS (INSERT INTO {t.tasks.name} ({_COLS}) "
         "SELECT task_id, CAST(:task_name AS TEXT), queue, attempt, run_id, NULL, '{}', 0, "
-        f"{now}, {now} FROM ins WHERE task_id IS NOT NULL {_on_conflict(t)})"
+        f"{now}, {now}, CAST(:group_id AS TEXT) FROM ins WHERE task_id IS NOT NULL "
+        f"{_on_conflict(t)})"
     )
 
 
@@ -60,7 +63,8 @@ def publish(t: Tables, now: str) -> TextClause:
     """SQLite: the task row of a message just published (caller's transaction)."""
     return text(
         f"INSERT INTO {t.tasks.name} ({_COLS}) VALUES (:task_id, :task_name, :queue, 0, "
-        f"CAST(:run_id AS TEXT), NULL, '{{}}', 0, {now}, {now}) {_on_conflict(t)}"
+        f"CAST(:run_id AS TEXT), NULL, '{{}}', 0, {now}, {now}, CAST(:group_id AS TEXT)) "
+        f"{_on_conflict(t)}"
     )
 
 

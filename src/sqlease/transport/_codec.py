@@ -15,11 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 from sqlease._core.flow import check_concurrency
 from sqlease._core.heartbeat import heartbeat
+from sqlease._core.uniques import check_unique
 from sqlease.delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY
 from sqlease.errors import ConfigurationError
 from sqlease.store import Message, NewMessage
 from sqlease.transport._completion import record_failure
 from sqlease.transport._control import forward_revoke
+
+#: Headers that carry a task option's error (sqlease._task_limits, a ``before_task_publish``
+#: handler: Celery swallows a handler's exception), refused here at publish.
+CONCURRENCY_ERROR_HEADER = "sqlease_concurrency_error"
+UNIQUE_ERROR_HEADER = "sqlease_unique_error"
 
 if TYPE_CHECKING:
     from sqlease.transport._transport import Transport
@@ -92,6 +98,8 @@ def new_message(queue: str, message: dict[str, Any]) -> NewMessage:
     max_attempts = _max_attempts(headers)
     task_name = headers.get("task")
     key, limit = _concurrency(headers)
+    unique_key, scope, for_ms = _unique(headers)
+    group = headers.get("group")
     expiration = properties.get("expiration")
     if expiration is not None and ttl_ms(expiration) is None:
         raise ConfigurationError(
@@ -114,6 +122,10 @@ def new_message(queue: str, message: dict[str, Any]) -> NewMessage:
         task_name=task_name if isinstance(task_name, str) else None,
         concurrency_key=key,
         concurrency_limit=limit,
+        unique_key=unique_key,
+        unique_scope=scope,
+        unique_for_ms=for_ms,
+        group_id=group if isinstance(group, str) else None,
     )
 
 
@@ -139,12 +151,36 @@ def _max_attempts(headers: dict[str, Any]) -> Any:
 def _concurrency(headers: dict[str, Any]) -> tuple[str | None, int | None]:
     """The ``concurrency_key`` and ``concurrency_limit`` headers, refused at publish when
     they are not a non-empty string and an integer >= 1, given together."""
-    if headers.get("sqlease_concurrency_error"):  # from the task's options (_task_limits)
-        raise ConfigurationError(str(headers["sqlease_concurrency_error"]))
+    if headers.get(CONCURRENCY_ERROR_HEADER):  # from the task's options (_task_limits)
+        raise ConfigurationError(str(headers[CONCURRENCY_ERROR_HEADER]))
     try:
         return check_concurrency(headers.get("concurrency_key"), headers.get("concurrency_limit"))
     except ConfigurationError as exc:
         raise ConfigurationError(f"header {exc}; the message was not enqueued") from None
+
+
+def _unique(headers: dict[str, Any]) -> tuple[str | None, str | None, int | None]:
+    """The ``unique_key``, ``unique_scope`` and ``unique_for`` (seconds) headers, refused at
+    publish when they do not make a uniqueness key (``sqlease._core.uniques``). A part of a
+    chord's header is never unique: a duplicate would never run, and the chord's body would
+    wait for it for ever."""
+    if headers.get(UNIQUE_ERROR_HEADER):  # from the task's options (_task_limits)
+        raise ConfigurationError(str(headers[UNIQUE_ERROR_HEADER]))
+    key, scope, period = (headers.get(n) for n in ("unique_key", "unique_scope", "unique_for"))
+    if key is None and scope is None and period is None:
+        return None, None, None
+    if period is not None:
+        if isinstance(period, bool) or not isinstance(period, int | float) or not period > 0:
+            raise ConfigurationError(
+                f"header 'unique_for' must be a number of seconds > 0, not {period!r}; the "
+                "message was not enqueued"
+            )
+        period = max(1, round(period * 1000))
+    try:
+        found = check_unique(key, scope, period)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"header {exc}; the message was not enqueued") from None
+    return (None, None, None) if headers.get("chord") else found
 
 
 def _without_foreign_properties(queue: str, message: dict[str, Any], error: Exception) -> str:

@@ -127,7 +127,7 @@ def task_detail(views: AdminViews, task_id: str, redact: bool) -> dict[str, Any]
     payload = parse_payload(None if message is None else message.payload)
     result = views.result_of(task_id)
     snap = snapshot.to_dict()
-    name = snap.get("name") or payload.name or (result or {}).get("name")
+    name = snap.get("task_name") or payload.name or (result or {}).get("name")
     if not snap.get("queue") and result is not None:  # acked: result_extended kept it
         snap["queue"] = result.get("queue")
     events = snap["events"]
@@ -147,10 +147,13 @@ def task_detail(views: AdminViews, task_id: str, redact: bool) -> dict[str, Any]
         args = kwargs = argsrepr = kwargsrepr = None
     parent_id = payload.parent_id or (result or {}).get("parent_id")
     root_id = payload.root_id or (result or {}).get("root_id")
-    siblings: list[str] = []
+    group_id = payload.group_id or snap.get("group_id") or (result or {}).get("group_id")
+    # A group's members by its id (their task records), and a parent's children by its
+    # result (a chain's next task has no group).
+    siblings = views.admin.group(group_id) if group_id else []
     if parent_id:
-        parent = views.result_of(parent_id)
-        siblings = [c for c in _child_ids(parent) if c != task_id]
+        siblings += _child_ids(views.result_of(parent_id))
+    siblings = [s for s in dict.fromkeys(siblings) if s != task_id]
     return {
         "task": snap,
         "name": name,
@@ -162,7 +165,7 @@ def task_detail(views: AdminViews, task_id: str, redact: bool) -> dict[str, Any]
         "redacted": redact,
         "parent_id": parent_id if parent_id != task_id else None,
         "root_id": root_id if root_id != task_id else None,
-        "group_id": payload.group_id or (result or {}).get("group_id"),
+        "group_id": group_id,
         "siblings": siblings,
         "children": _child_ids(result),
         "result": result,
@@ -192,9 +195,14 @@ async def task(ui: Ui, request: Request, fragment: bool = False) -> Response:
     task_id = request.query_params.get("id", "")
     data = await run_in_threadpool(task_detail, ui.views, task_id, ui.redact_args)
     if data is None:
-        return ui.render(
-            request, "error.html", {"error": f"no task {task_id!r} in this database"}, status=404
+        original = await run_in_threadpool(ui.views.admin.original_of, task_id)
+        error = (
+            f"no task {task_id!r} in this database"
+            if original is None
+            else f"task {task_id!r} was a duplicate publish of the unique task {original!r} "
+            "and was not enqueued; its result is that task's"
         )
+        return ui.render(request, "error.html", {"error": error, "original": original}, status=404)
     data["done"] = request.query_params.get("done")
     name = "_task.html" if fragment else "task.html"
     return ui.render(request, name, data)

@@ -87,6 +87,13 @@ def make_app(
         time.sleep(seconds)
         records.end(row)
 
+    @app.task(name="e2e.report", bind=True, shared=False, unique_key="report:{user}")
+    def report(self: Any, user: str, seconds: float = 0.0) -> str:
+        row = records.start(self, user)
+        time.sleep(seconds)
+        records.end(row)
+        return f"report for {user} by {self.request.id}"
+
     @app.task(name="e2e.rated", bind=True, shared=False, rate_limit="5/s")
     def rated(self: Any) -> None:
         records.end(records.start(self, None))
