@@ -44,7 +44,7 @@ RUNS = (None, None, None, "r1", "r2")
 SOURCES = st.sampled_from(["held", "held", "any", "lost", "superseded", "forged"])
 CLAIM_ARGS = {
     "worker": st.sampled_from(WORKERS),
-    "queues": st.sampled_from([("a", "b"), ("a", "b"), ("a",), ("b",)]),
+    "queues": st.sampled_from([("a", "b"), ("a", "b"), ("a",), ("b",), ("a", "c"), ("c",)]),
     "limit": st.integers(1, 3),
     "lease_ms": st.sampled_from([1_000, 2_500, 5_000]),
 }
@@ -54,8 +54,12 @@ _prefixes = itertools.count()
 #: Concurrency keys and their limits (None: no key).
 KEYS = (None, None, None, ("k1", 1), ("k2", 2))
 NewSpec = tuple[str, str | None, int, int, int | None, tuple[str, int] | None]
+#: Queue ``c`` alone may have a rate limit (``queue:c``, set and changed by a rule); its
+#: messages carry no key and no run, so a claim's rate and gate decisions stay apart.
+RATE_QUEUE = "c"
+RATES = {None: None, "1/s": 1_000, "2/s": 500}
 new_specs = st.tuples(
-    st.sampled_from(["a", "a", "b"]),  # queue
+    st.sampled_from(["a", "a", "b", "c"]),  # queue
     st.sampled_from(RUNS),  # run_id
     st.sampled_from([0, 0, 1, 5]),  # priority
     st.sampled_from([0, 0, 0, 0, 100, 1_500]),  # delay_ms
@@ -156,6 +160,10 @@ class StoreMachine(RuleBasedStateMachine):
         self.expected_events: list[tuple[int, int, str]] = []
         self.last_event_id = 0
         self.counter = itertools.count(1)
+        # queue:c's rate limit: its interval, and its GCRA theoretical arrival time (the
+        # burst tolerance is 0: at most one delivery per interval).
+        self.rate_interval: int | None = None
+        self.rate_tat: int | None = None
 
     @property
     def store(self) -> Store:
@@ -205,6 +213,9 @@ class StoreMachine(RuleBasedStateMachine):
             and m.expires > self.now
         )
 
+    def rate_open(self) -> bool:
+        return self.rate_interval is None or self.rate_tat is None or self.rate_tat <= self.now
+
     def claimable(self, queues: Iterable[str]) -> list[ModelMessage]:
         now = self.now
         heads: dict[str, int] = {}
@@ -220,6 +231,7 @@ class StoreMachine(RuleBasedStateMachine):
             and (m.expires is None or m.expires <= now)
             and (m.run_id is None or heads[m.run_id] == m.id)
             and (m.key is None or self.running(m.key[0]) < m.key[1])
+            and (m.queue != RATE_QUEUE or self.rate_open())
         ]
         return sorted(ready, key=ModelMessage.order)
 
@@ -239,6 +251,8 @@ class StoreMachine(RuleBasedStateMachine):
 
     def _enqueue(self, spec: NewSpec) -> None:
         queue, run_id, priority, delay_ms, max_attempts, key = spec
+        if queue == RATE_QUEUE:
+            run_id = key = None
         n = next(self.counter)
         task_id = f"task-{n}"
         payload = f"payload-{n}"
@@ -308,7 +322,15 @@ class StoreMachine(RuleBasedStateMachine):
             batch = self.claimable(queues)[: limit - len(expected)]
             # A key gets at most its free places of the batch (counted before the batch).
             free = {m.key[0]: m.key[1] - self.running(m.key[0]) for m in batch if m.key}
+            # queue:c's rate lets one delivery through when open (burst 0), then closes.
+            rate_left = 1 if self.rate_interval is not None else len(batch)
+            rated = 0
             for m in batch:
+                if m.queue == RATE_QUEUE and m.attempt < m.max_attempts:
+                    if rate_left <= 0:
+                        continue  # left for a later claim, once the rate reopens
+                    rate_left -= 1
+                    rated += 1
                 if m.key is not None and m.attempt < m.max_attempts:
                     if free[m.key[0]] <= 0:
                         continue  # left for a later claim
@@ -321,6 +343,8 @@ class StoreMachine(RuleBasedStateMachine):
                     m.owner, m.expires = worker, now + lease_ms
                     expected.append(m)
                     self.expected_events.append((m.id, m.attempt, "claimed"))
+            if rated and self.rate_interval is not None:
+                self.rate_tat = max(self.rate_tat or 0, now) + rated * self.rate_interval
             if all(m.state == "ready" for m in batch):
                 break
         expected.sort(key=ModelMessage.order)
@@ -531,6 +555,17 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             self.held_by[worker].clear()
 
+    @rule(rate=st.sampled_from(sorted(RATES, key=str)))
+    def set_rate(self, rate: str | None) -> None:
+        """Set, change or remove queue c's rate limit: a changed rate starts afresh, the same
+        rate keeps its state."""
+        if rate is None:
+            self.store.remove_limit(f"queue:{RATE_QUEUE}")
+        else:
+            self.store.set_rate_limits({f"queue:{RATE_QUEUE}": rate})
+        if RATES[rate] != self.rate_interval:
+            self.rate_interval, self.rate_tat = RATES[rate], None
+
     @rule(ms=st.sampled_from([1, 250, 999, 1_000, 1_001, 2_500, 5_000]))
     def advance_clock(self, ms: int) -> None:
         self.clock.advance(ms)
@@ -547,6 +582,12 @@ class StoreMachine(RuleBasedStateMachine):
             messages = [r._mapping for r in conn.execute(select(t.messages)).all()]
             runs = [r._mapping for r in conn.execute(select(t.runs)).all()]
             tasks = [r._mapping for r in conn.execute(select(t.tasks)).all()]
+            rates = {
+                r.name: (r.interval_ms, r.tat_ms)
+                for r in conn.execute(
+                    select(t.flow_limits).where(t.flow_limits.c.interval_ms.isnot(None))
+                )
+            }
             events = expand_event_rows(
                 r._mapping
                 for r in conn.execute(
@@ -567,6 +608,13 @@ class StoreMachine(RuleBasedStateMachine):
         assert set(self.enqueued) == self.acked | set(rows)
         assert not self.acked & set(rows)
         assert {m["state"] for m in messages} <= {"ready", "dead"}
+        # queue:c's rate limit: its interval and theoretical arrival time as the model's.
+        want = (
+            {}
+            if self.rate_interval is None
+            else {f"queue:{RATE_QUEUE}": (self.rate_interval, self.rate_tat)}
+        )
+        assert {k: (int(i), None if a is None else int(a)) for k, (i, a) in rates.items()} == want
         # No key ever has more live leases than its limit.
         for key, limit in (k for k in KEYS if k is not None):
             live = [
