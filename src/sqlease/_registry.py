@@ -14,7 +14,7 @@ from sqlease._db.retry import RETRY_SECONDS
 from sqlease.options import TransportOptions
 from sqlease.store import Store
 
-_stores: dict[tuple[str, TransportOptions], Store] = {}
+_stores: dict[tuple[object, ...], Store] = {}
 _stores_lock = threading.Lock()
 
 
@@ -29,7 +29,19 @@ def store_for(
     url: URL, options: TransportOptions, *, connect_retry_seconds: float = RETRY_SECONDS
 ) -> Store:
     """The process-wide store for a database and options (the schema is checked once)."""
-    key = (url.render_as_string(hide_password=False), options)
+    # Keyed by what the Store is built from, not by the whole options: the limits options are
+    # mappings (unhashable), and two transports that differ only in them share one store (the
+    # limits live in the database).
+    key = (
+        url.render_as_string(hide_password=False),
+        options.table_prefix,
+        options.auto_migrate,
+        options.max_attempts,
+        options.max_payload_bytes,
+        options.sqlite_synchronous,
+        options.lease_sync_commit,
+        options.publish_sync_commit,
+    )
     with _stores_lock:
         store = _stores.get(key)
         if store is None:

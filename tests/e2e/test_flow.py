@@ -88,3 +88,25 @@ def test_a_tasks_rate_limit_holds_across_two_workers(e2e: E2E) -> None:
     gaps = [b - a for a, b in itertools.pairwise(claimed)]
     assert min(gaps) >= 200, gaps  # by the database's clock, which the limit compares with
     assert len({r["hostname"] for r in rows}) == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_queue_limit_from_the_transport_options_holds_across_two_workers(e2e: E2E) -> None:
+    """``concurrency_limits`` and ``rate_limits`` given as transport options (mappings) are
+    written by each consuming worker at start; a queue limit of 2 holds across two workers
+    with three processes each."""
+    opts = (
+        '{"concurrency_limits": {"queue:celery": 2},'
+        ' "rate_limits": {"key:never-used": "10/s"}}'
+    )
+    e2e.start_worker(concurrency=3, E2E_PREFETCH_MULTIPLIER=1, E2E_TRANSPORT_OPTIONS=opts)
+    e2e.start_worker(concurrency=3, E2E_PREFETCH_MULTIPLIER=1, E2E_TRANSPORT_OPTIONS=opts)
+    app = e2e.app()
+    for _ in range(8):
+        app.tasks["e2e.sleep"].apply_async((0.2,), {"label": "q"})
+    wait_for(lambda: len(e2e.finished(label="q")) == 8, 60, "every task to finish")
+    rows = e2e.finished(label="q")
+    assert _peak(rows) == 2, "the queue ran more (or fewer) than its limit at once"
+    admin = e2e.admin
+    assert admin.limits() == {"queue:celery": 2}
+    assert set(admin.rate_limits()) == {"key:never-used"}
