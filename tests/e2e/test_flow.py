@@ -95,10 +95,7 @@ def test_a_queue_limit_from_the_transport_options_holds_across_two_workers(e2e: 
     """``concurrency_limits`` and ``rate_limits`` given as transport options (mappings) are
     written by each consuming worker at start; a queue limit of 2 holds across two workers
     with three processes each."""
-    opts = (
-        '{"concurrency_limits": {"queue:celery": 2},'
-        ' "rate_limits": {"key:never-used": "10/s"}}'
-    )
+    opts = '{"concurrency_limits": {"queue:celery": 2}, "rate_limits": {"key:never-used": "10/s"}}'
     e2e.start_worker(concurrency=3, E2E_PREFETCH_MULTIPLIER=1, E2E_TRANSPORT_OPTIONS=opts)
     e2e.start_worker(concurrency=3, E2E_PREFETCH_MULTIPLIER=1, E2E_TRANSPORT_OPTIONS=opts)
     app = e2e.app()

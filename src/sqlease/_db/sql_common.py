@@ -99,6 +99,27 @@ def rate_due(t: Tables, now: str) -> str:
     )
 
 
+def next_due_at(t: Tables, queue_names: str, now: str) -> str:
+    """The soonest ``available_at_ms`` after ``now`` among the ready messages of the queues
+    ``queue_names`` (a SELECT of distinct names as ``q``), as a scalar subquery, NULL if
+    none. A skip scan of the claim index (queue, priority DESC, available_at_ms): per queue,
+    one probe per distinct priority for the next one, one for its soonest due time. A
+    range condition on ``available_at_ms`` behind the unbounded priority read every ready
+    row of the queue instead: 128 ms with 100,000 delayed messages on PostgreSQL, and this
+    runs on every idle look and every ack that leaves a worker idle."""
+    m = t.messages.name
+    top = f"SELECT m.priority FROM {m} m WHERE m.state = 'ready' AND m.queue = "
+    return (
+        "(WITH RECURSIVE p(q, pr) AS ("
+        f"SELECT u.q, ({top}u.q ORDER BY m.priority DESC LIMIT 1) FROM ({queue_names}) u "
+        f"UNION ALL SELECT p.q, ({top}p.q AND m.priority < p.pr "
+        "ORDER BY m.priority DESC LIMIT 1) FROM p WHERE p.pr IS NOT NULL) "
+        f"SELECT min((SELECT m.available_at_ms FROM {m} m WHERE m.state = 'ready' "
+        f"AND m.queue = p.q AND m.priority = p.pr AND m.available_at_ms > {now} "
+        "ORDER BY m.available_at_ms LIMIT 1)) FROM p WHERE p.pr IS NOT NULL)"
+    )
+
+
 def gate_open(running: str, prefix: str = "g.") -> str:
     """A candidate may be claimed as far as its gate goes: no gate, or fewer live leases
     under it than its limit (``running``: the dialect's count for the gate ``<prefix>gate``).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
-from sqlease._db.sqlite.dialect import NOW, QUEUES_IN, in_json
+from sqlease._db.sqlite.dialect import NOW, QUEUES_IN
 from sqlease._db.tables import Tables
 
 
@@ -30,10 +30,7 @@ def next_due(t: Tables) -> TextClause:
     """When the next delayed message of ``:queues`` is due, in milliseconds from now (lets an
     idle worker sleep until exactly then instead of polling); a closed rate limit's
     reopening counts as a due time."""
-    due = (
-        f"(SELECT min(available_at_ms) FROM {t.messages.name} WHERE state = 'ready' "
-        f"AND {in_json('queue', 'queues')} AND available_at_ms > {NOW})"
-    )
+    due = c.next_due_at(t, "SELECT DISTINCT value AS q FROM json_each(:queues)", NOW)
     rate = c.rate_due(t, NOW)
     # SQLite's two-argument min is NULL if either is: each falls back on the other.
     return text(f"SELECT min(COALESCE({due}, {rate}), COALESCE({rate}, {due})) - {NOW}")
