@@ -456,64 +456,59 @@ def _jsonl(path: Path) -> Any:
     return path.open("a", buffering=1)
 
 
-def role_publisher(cfg: dict[str, Any]) -> None:
-    """The steady stream at ``rate`` and the backlog's refill, until ``end``."""
+def role_publisher(cfg: dict[str, Any], index: int = 0) -> None:
+    """Publisher ``index`` of ``publishers``: its share of the stream's ``rate`` until
+    ``end``; publisher 0 also refills the backlog every second. Writes one line per window:
+    what it published, its ``delay()`` times and how far it fell behind its schedule."""
     import soak_app
 
     from sqlease import Store
 
     store = Store(cfg["db_url"])
-    rng = random.Random(cfg["seed"])
+    rng = random.Random(cfg["seed"] * 1000 + index)
     mix = cfg["mix"]
-    t0, end, rate, sample = cfg["t0"], cfg["end"], cfg["rate"], cfg["sample_seconds"]
-    out = _jsonl(Path(cfg["root"]) / "publisher.jsonl")
+    t0, end, sample = cfg["t0"], cfg["end"], cfg["sample_seconds"]
+    rate = cfg["rate"] / cfg["publishers"]
+    out = _jsonl(Path(cfg["root"]) / f"publisher{index}.jsonl")
     published = 0
-    window = 0
+    state: dict[str, Any] = {"window": 0, "behind": 0, "backlog_ready": None}
     stats: Counter[str] = Counter()
     delays: list[float] = []
-    behind = 0
-    backlog_ready = None
-    next_refill = 0.0
+
+    def flush() -> None:
+        line = {
+            "w": state["window"],
+            "published": dict(stats),
+            "delay_s": list(delays),
+            "behind_max": state["behind"],
+            "backlog_ready": state["backlog_ready"],
+        }
+        out.write(json.dumps(line) + "\n")
+        stats.clear()
+        delays.clear()
+        state["behind"] = 0
 
     def publish(due: float, kind: str, tag: str, **options: Any) -> None:
         started = time.perf_counter()
         soak_app.work.apply_async((due, kind, tag), **options)
-        delays.append(time.perf_counter() - started)
+        delays.append(round(time.perf_counter() - started, 5))
         stats[f"{kind}{tag}"] += 1
-
-    def flush(index: int) -> None:
-        out.write(
-            json.dumps(
-                {
-                    "w": index,
-                    "published": dict(stats),
-                    "delay_ms": _percentiles(delays, 1000),
-                    "behind_max": behind,
-                    "backlog_ready": backlog_ready,
-                }
-            )
-            + "\n"
-        )
-        stats.clear()
-        delays.clear()
+        window = int((time.time() - t0) // sample)
+        if window != state["window"]:
+            flush()
+            state["window"] = window
 
     while time.time() < t0:
         time.sleep(0.01)
-    while True:
-        now = time.time()
-        if now >= end:
-            break
-        index = int((now - t0) // sample)
-        if index != window:
-            flush(window)
-            window, behind = index, 0
-        if now >= next_refill:
-            next_refill = now + 1.0
-            backlog_ready = store.size(BACKLOG_QUEUE)
-            for _ in range(max(0, min(cfg["backlog"] - backlog_ready, cfg["refill_cap"]))):
+    next_refill = t0
+    while time.time() < end:
+        if index == 0 and time.time() >= next_refill:
+            next_refill += 1.0
+            ready = state["backlog_ready"] = store.size(BACKLOG_QUEUE)
+            for _ in range(max(0, min(cfg["backlog"] - ready, cfg["refill_cap"]))):
                 publish(time.time(), "ok", "b", queue=BACKLOG_QUEUE)
-        due = int((now - t0) * rate)
-        behind = max(behind, due - published)
+        due = int((time.time() - t0) * rate)
+        state["behind"] = max(state["behind"], due - published)
         while published < due and time.time() < end:
             published += 1
             u = rng.random()
@@ -528,8 +523,10 @@ def role_publisher(cfg: dict[str, Any]) -> None:
                 publish(time.time() + countdown, kind, "e", countdown=countdown)
             else:
                 publish(time.time(), kind, "m")
-        time.sleep(0.01)
-    flush(window)
+            if index == 0 and time.time() >= next_refill:
+                break  # the backlog's refill is due
+        time.sleep(0.005)
+    flush()
 
 
 def role_probe(cfg: dict[str, Any]) -> None:
@@ -700,6 +697,33 @@ class Tail:
         return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
 
 
+class Published:
+    """The publishers' lines, merged by window."""
+
+    def __init__(self, root: Path, count: int) -> None:
+        self.tails = [Tail(root / f"publisher{i}.jsonl") for i in range(count)]
+        self.lines: dict[int, list[dict[str, Any]]] = defaultdict(list)
+
+    def window(self, index: int) -> dict[str, Any] | None:
+        for tail in self.tails:
+            for line in tail.read():
+                self.lines[line["w"]].append(line)
+        lines = self.lines.get(index)
+        if not lines:
+            return None
+        counts: Counter[str] = Counter()
+        for line in lines:
+            counts.update(line["published"])
+        ready = [line["backlog_ready"] for line in lines if line["backlog_ready"] is not None]
+        return {
+            "published": dict(counts),
+            "delay_ms": _percentiles([d for line in lines for d in line["delay_s"]], 1000),
+            "behind_max": max(line["behind_max"] for line in lines),
+            "backlog_ready": ready[-1] if ready else None,
+            "publishers": len(lines),
+        }
+
+
 def window_record(
     index: int,
     window: Window,
@@ -759,6 +783,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "backlog": args.backlog,
         "backlog_rate": args.backlog_rate,
         "workers": args.workers,
+        "publishers": args.publishers,
         "concurrency": args.concurrency,
         "restart_minutes": args.restart_minutes,
         "inspect_seconds": args.inspect_seconds,
@@ -886,13 +911,13 @@ def run(args: argparse.Namespace, root: Path, cluster: Cluster, result: dict[str
             "interrupt_after": 3.0,
         }
         (root / "config.json").write_text(json.dumps(cfg))
-        for role in ROLES:
-            children.start(
-                [sys.executable, str(Path(__file__).resolve()), "--role", role],
-                root / f"{role}.log",
-            )
-        tails = {role: Tail(root / f"{role}.jsonl") for role in ROLES}
-        published: dict[int, dict[str, Any]] = {}
+        me = [sys.executable, str(Path(__file__).resolve()), "--role"]
+        for number in range(args.publishers):
+            children.start([*me, "publisher", "--index", str(number)], root / "publisher.log")
+        for role in ("probe", "inspector"):
+            children.start([*me, role], root / f"{role}.log")
+        tails = {role: Tail(root / f"{role}.jsonl") for role in ("probe", "inspector")}
+        published = Published(root, args.publishers)
         restart_at: list[float] = []
         while args.restart_minutes and (len(restart_at) + 1) * args.restart_minutes < args.minutes:
             restart_at.append(t0 + (len(restart_at) + 1) * args.restart_minutes * 60)
@@ -915,15 +940,12 @@ def run(args: argparse.Namespace, root: Path, cluster: Cluster, result: dict[str
             window = counter.swap()
             if restarting is None:
                 workers.check(t0)
-            probes = tails["probe"].read()
-            for line in tails["publisher"].read():
-                published[line.pop("w")] = line
             record = window_record(
                 index,
                 window,
                 args.sample_seconds,
-                probes,
-                published.get(index),
+                tails["probe"].read(),
+                published.window(index),
                 tails["inspector"].read(),
             )
             db_started = time.perf_counter()
@@ -939,12 +961,10 @@ def run(args: argparse.Namespace, root: Path, cluster: Cluster, result: dict[str
                 flush=True,
             )
             index += 1
-        # the publisher's last window arrives after the loop
-        time.sleep(1)
-        for line in tails["publisher"].read():
-            published[line.pop("w")] = line
+        # a publisher writes a window's line when it publishes in the next one
+        time.sleep(2)
         for record in samples:
-            record["published"] = published.get(record["window"], record["published"])
+            record["published"] = published.window(record["window"])
         if restarting is not None:
             restarting.join()
     finally:
@@ -1010,6 +1030,28 @@ def summarize(samples: list[dict[str, Any]], minutes: float, seconds: float) -> 
         "published": sum(
             sum((s.get("published") or {}).get("published", {}).values()) for s in samples
         ),
+        # what the publishers managed of --rate (the stream and its ETA tasks), how far they
+        # fell behind their schedule, and whether the worker kept up with the stream
+        "stream_published_per_s": round(
+            sum(
+                v
+                for s in samples
+                for k, v in (s.get("published") or {}).get("published", {}).items()
+                if not k.endswith("b")
+            )
+            / (len(samples) * seconds),
+            1,
+        ),
+        "publisher_behind_max": max(
+            ((s.get("published") or {}).get("behind_max") or 0 for s in samples), default=None
+        ),
+        "stream_ready_max": max(
+            s["db"]["messages"].get("celery", {}).get("ready", 0) for s in samples
+        ),
+        "stream_ready_end": samples[-1]["db"]["messages"].get("celery", {}).get("ready", 0),
+        "backlog_ready_min": min(
+            s["db"]["messages"].get(BACKLOG_QUEUE, {}).get("ready", 0) for s in samples
+        ),
         "size_check_minute": at_check["t_min"],
         "tables_mb_at_check": round(total[samples.index(at_check)] / 2**20, 3),
         "tables_mb_at_end": round(total[-1] / 2**20, 3),
@@ -1066,7 +1108,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("MB")
     ax.set_ylim(bottom=0)
     ax.set_title("size per sqlease table, indexes and TOAST included (pg_total_relation_size)")
-    ax.legend(fontsize=8, ncol=4)
+    ax.legend(fontsize=8, ncol=4, loc="upper left")
     ax = axes[1]
     seconds = result["settings"]["sample_seconds"]
     offered = [
@@ -1093,6 +1135,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("ms")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("minutes")
+    ax.set_xlim(left=0)
     ax.legend(fontsize=8)
     ax.set_title("the stream's tasks (not ETA, not the backlog): publish to start")
     for event in result.get("worker_events", []):
@@ -1101,12 +1144,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
     settings, summary = result["settings"], result.get("summary", {})
     fig.suptitle(
         f"sqlease soak on PostgreSQL {result.get('postgresql', {}).get('server_version', '')}"
-        f": {settings['rate']:g} tasks/s offered, a standing backlog of {settings['backlog']:,};"
-        f" throughput last/first {summary.get('head_tail_minutes')} min: "
+        f": {settings['rate']:g} tasks/s offered, a standing backlog of {settings['backlog']:,}"
+        f"\nthroughput last/first {summary.get('head_tail_minutes')} min: "
         f"{summary.get('throughput_ratio')} (grey: worker restarts)",
         fontsize=9,
     )
-    fig.tight_layout(rect=(0, 0, 1, 0.98))
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -1160,13 +1203,18 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "images" / "soak.png")
     parser.add_argument("--replot", type=Path, default=None, help="plot a result file again")
+    parser.add_argument("--publishers", type=int, default=2, help="processes sharing --rate")
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         root = Path(os.environ["SOAK_ROOT"])
         cfg = json.loads((root / "config.json").read_text())
-        ROLES[args.role](cfg)
+        if args.role == "publisher":
+            role_publisher(cfg, args.index)
+        else:
+            ROLES[args.role](cfg)
         return 0
     if args.replot:
         plot(json.loads(args.replot.read_text()), args.plot)
