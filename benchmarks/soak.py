@@ -614,6 +614,15 @@ WHERE t.schemaname = current_schema() AND t.tablename LIKE %s
 ORDER BY c.relname
 """
 
+INDEXES_SQL = """
+SELECT t.relname, i.relname, pg_relation_size(i.oid)
+FROM pg_index x
+JOIN pg_class t ON t.oid = x.indrelid
+JOIN pg_class i ON i.oid = x.indexrelid
+JOIN pg_namespace n ON n.oid = t.relnamespace AND n.nspname = current_schema()
+WHERE t.relname LIKE %s
+"""
+
 MESSAGES_SQL = """
 WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms)
 SELECT queue,
@@ -655,6 +664,9 @@ def sample_db(conn: Any) -> dict[str, Any]:
             "n_tup_hot_upd": row[11],
             "n_tup_del": row[12],
         }
+    for table, index, size in conn.execute(INDEXES_SQL, (like,)):
+        indexes = tables.get(table[len(PREFIX) :], {}).setdefault("indexes", {})
+        indexes[index[len(PREFIX) :]] = size
     for name, info in tables.items():
         info["rows"] = conn.execute(f'SELECT count(*) FROM "{PREFIX}{name}"').fetchone()[0]
     messages: dict[str, dict[str, int]] = defaultdict(dict)
@@ -1002,6 +1014,10 @@ def summarize(samples: list[dict[str, Any]], minutes: float, seconds: float) -> 
         before = at_check["db"]["tables"].get(name, {})
         a, b = before.get("total_bytes", 0), end_info["total_bytes"]
         plateau = b - a <= max(0.2 * a, 2**20)
+        grown = {
+            index: round((size - before.get("indexes", {}).get(index, 0)) / 2**20, 3)
+            for index, size in end_info.get("indexes", {}).items()
+        }
         sizes[name] = {
             "mb_at_check": round(a / 2**20, 3),
             "mb_at_end": round(b / 2**20, 3),
@@ -1012,6 +1028,10 @@ def summarize(samples: list[dict[str, Any]], minutes: float, seconds: float) -> 
             "rows_at_check": before.get("rows"),
             "rows_at_end": end_info["rows"],
             "plateau": plateau,
+            "heap_mb_growth": round(
+                (end_info["heap_bytes"] - before.get("heap_bytes", 0)) / 2**20, 3
+            ),
+            "index_mb_growth": {k: v for k, v in grown.items() if abs(v) >= 0.1},
         }
         if not plateau:
             growing.append(name)
