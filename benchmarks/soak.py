@@ -623,6 +623,18 @@ JOIN pg_namespace n ON n.oid = t.relnamespace AND n.nspname = current_schema()
 WHERE t.relname LIKE %s
 """
 
+ACTIVITY_SQL = """
+SELECT count(*),
+       round(max(extract(epoch FROM clock_timestamp() - xact_start))::numeric, 2),
+       count(*) FILTER (WHERE state LIKE 'idle in transaction%%'),
+       max(age(backend_xmin))
+FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+"""
+
+AUTOVACUUMS_SQL = """
+SELECT query FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'
+"""
+
 MESSAGES_SQL = """
 WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms)
 SELECT queue,
@@ -677,15 +689,19 @@ def sample_db(conn: Any) -> dict[str, Any]:
     if "queues" in tables:
         for (name,) in conn.execute(f'SELECT name FROM "{PREFIX}queues"'):
             queues[_queue_label(name)] += 1
-    activity = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
-    ).fetchone()[0]
+    activity = conn.execute(ACTIVITY_SQL).fetchone()
+    vacuums = [row[0] for row in conn.execute(AUTOVACUUMS_SQL)]
     database = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
     return {
         "tables": tables,
         "messages": dict(messages),
         "queues": dict(queues),
-        "connections": activity,
+        "connections": activity[0],
+        # what holds vacuum back: the oldest open transaction and snapshot among clients
+        "oldest_xact_s": activity[1],
+        "idle_in_transaction": activity[2],
+        "oldest_xmin_age": activity[3],
+        "autovacuum_running": vacuums,
         "database_bytes": database,
     }
 
@@ -906,6 +922,14 @@ def run(args: argparse.Namespace, root: Path, cluster: Cluster, result: dict[str
         result["capacity"] = measure_capacity(counter, args.capacity_tasks)
         result["table_reloptions"] = reloptions(conn)
         print(f"capacity: {json.dumps(result['capacity'])}", flush=True)
+        drain = result["capacity"].get("drain_per_s") or 0
+        if args.rate + args.backlog_rate > 0.6 * drain:
+            print(
+                f"warning: --rate {args.rate:g} (+ the backlog's {args.backlog_rate}/s) is more "
+                f"than 60% of the measured drain ({drain}/s): the worker may fall behind",
+                file=sys.stderr,
+                flush=True,
+            )
         # 2. the soak
         counter.swap()
         t0 = time.time() + 2
@@ -1222,6 +1246,9 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=55433, help="first port to try")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "images" / "soak.png")
+    parser.add_argument(
+        "--keep-logs", type=Path, default=None, help="copy the workers' and server's logs here"
+    )
     parser.add_argument("--replot", type=Path, default=None, help="plot a result file again")
     parser.add_argument("--publishers", type=int, default=2, help="processes sharing --rate")
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
@@ -1256,6 +1283,10 @@ def main() -> int:
         interrupted = str(exc) or "KeyboardInterrupt"
     finally:
         cluster.stop()
+        if args.keep_logs:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for log in root.glob("*.log"):
+                shutil.copy(log, args.keep_logs / log.name)
         shutil.rmtree(root, ignore_errors=True)
         watchdog.kill()
         watchdog.wait()
