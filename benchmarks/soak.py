@@ -98,6 +98,8 @@ def _as_postgres(*cmd: str) -> list[str]:
 def free_port(start: int) -> int:
     for port in range(start, start + 200):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # as PostgreSQL binds: a port left in TIME_WAIT by a previous run is free
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
@@ -625,7 +627,7 @@ WHERE t.relname LIKE %s
 
 ACTIVITY_SQL = """
 SELECT count(*),
-       round(max(extract(epoch FROM clock_timestamp() - xact_start))::numeric, 2),
+       max(extract(epoch FROM clock_timestamp() - xact_start))::float8,
        count(*) FILTER (WHERE state LIKE 'idle in transaction%%'),
        max(age(backend_xmin))
 FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
@@ -698,7 +700,7 @@ def sample_db(conn: Any) -> dict[str, Any]:
         "queues": dict(queues),
         "connections": activity[0],
         # what holds vacuum back: the oldest open transaction and snapshot among clients
-        "oldest_xact_s": activity[1],
+        "oldest_xact_s": None if activity[1] is None else round(activity[1], 2),
         "idle_in_transaction": activity[2],
         "oldest_xmin_age": activity[3],
         "autovacuum_running": vacuums,
@@ -1301,7 +1303,7 @@ def main() -> int:
     suffix = "-interrupted" if interrupted else ""
     output = args.output or HERE / "results" / f"soak-{stamp}{suffix}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(result, indent=1))
+    output.write_text(json.dumps(result, indent=1, default=str))
     print(f"written {output}")
     plot(result, args.plot)
     print(f"written {args.plot}")
