@@ -16,11 +16,12 @@ What it does:
    measures what it drains (recorded, so that ``--rate`` can be judged). Then, for
    ``--minutes``:
 
-   - a publisher offers ``--rate`` tasks/s (default 250) on ``celery``: of them 2% raise, 0.5%
-     raise ``Reject`` (dead messages), 1% retry once, 5% are ETA tasks (countdown 5-60 s);
+   - ``--publishers`` processes (2) offer ``--rate`` tasks/s between them (default 250) on
+     ``celery``: of them 2% raise, 0.5% raise ``Reject`` (dead messages), 1% retry once, 5%
+     are ETA tasks (countdown 5-60 s);
    - a **standing backlog**: ``--backlog`` ready tasks (2,000) on ``soak.backlog``, which a
      cluster rate limit (``{"queue:soak.backlog": "20/s"}``, ``--backlog-rate``) drains
-     slowly and the publisher refills every second. On the stream's own queue a backlog
+     slowly and the first publisher refills every second. On the stream's own queue a backlog
      would either drain (the offered load is below capacity) or make the run a saturated
      drain; on its own queue it stays in the table while the stream is served at once;
    - ``app.control.inspect().ping()`` and ``.active()`` every ``--inspect-seconds`` (15), and
@@ -34,8 +35,9 @@ What it does:
    ``maintenance_interval`` 30 s (each a flag). Rows older than about 3.5 minutes go.
 3. **Samples** every ``--sample-seconds`` (30): per sqlease table its total, heap and index
    size (``pg_total_relation_size``, ``pg_relation_size``, ``pg_indexes_size``), exact rows,
-   ``n_live_tup``/``n_dead_tup``, autovacuum counts and ``last_autovacuum``; the messages by
-   queue and state; connections; and in the window: completions (one UDP datagram per task
+   ``n_live_tup``/``n_dead_tup``, autovacuum counts and ``last_autovacuum``, each index's
+   size; the messages by queue and state; connections, the oldest open transaction and the
+   running autovacuums; and in the window: completions (one UDP datagram per task
    execution), tasks/s, what each maintenance pass pruned, **claim latency** p50/p99 (a
    probe that five times a second enqueues one message on a queue of its own and times
    ``Store.claim`` and ``Store.ack``, under the load), the stream's **delay()-to-start**
@@ -45,6 +47,7 @@ What it does:
    last five (goal >= 0.9), each table's size at 10 minutes against the end (plateau), claim
    p99 per window. A plot (``--plot``, default ``docs/images/soak.png``): size per table,
    throughput, claim latency and start latency over time. A Markdown summary is printed.
+   ``--keep-logs DIR`` keeps the workers' and the server's logs.
 
 Runs shorter than 30 minutes scale the windows: the head and tail are min(5 min, a third
 of the run), the plateau check compares the size at min(10 min, a third) with the end.
@@ -52,6 +55,7 @@ of the run), the plateau check compares the size at min(10 min, a third) with th
 Usage (as root or as a user who may run initdb; takes ``--minutes`` plus about a minute)::
 
     python benchmarks/soak.py                                  # the 30-minute soak
+    python benchmarks/soak.py --rate 150 --keep-logs /tmp/soak-logs   # a slower machine
     python benchmarks/soak.py --minutes 3 --sample-seconds 10 \\
         --output /tmp/soak.json --plot /tmp/soak.png           # a smoke run
     python benchmarks/soak.py --replot benchmarks/results/soak-DATE.json   # plot again
@@ -197,24 +201,36 @@ def _alive(pid: int) -> bool:
     return True
 
 
-WATCHDOG = """
-while kill -0 {main} 2>/dev/null; do sleep 2; done
-for g in $(cat {root}/pgids 2>/dev/null); do kill -TERM -- -$g 2>/dev/null; done
-sleep 3
-for g in $(cat {root}/pgids 2>/dev/null); do kill -KILL -- -$g 2>/dev/null; done
-if [ -f {data}/postmaster.pid ]; then
-  {pg_ctl} -D {data} -m fast -w stop || kill -QUIT "$(head -1 {data}/postmaster.pid)"
-fi
-rm -rf {root}
-"""
+def run_watchdog(main: int, root: Path) -> None:
+    """Run in a process of its own: once ``main`` is gone without cleaning up (SIGKILL), stop
+    the process groups it started (their ids in ``root/pgids``), then the cluster, and
+    remove ``root``."""
+    while _alive(main):
+        time.sleep(2)
+    if not root.exists():
+        return  # main cleaned up
+    try:
+        groups = [int(g) for g in (root / "pgids").read_text().split()]
+    except (OSError, ValueError):
+        groups = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for group in groups:
+            try:
+                os.killpg(group, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(3)
+    cluster = Cluster(root, 0)
+    cluster.started = (cluster.data / "postmaster.pid").exists()
+    cluster.stop()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def start_watchdog(cluster: Cluster) -> subprocess.Popen[bytes]:
     """If this process dies without cleaning up (SIGKILL), stop what it started."""
-    pg_ctl = " ".join(_as_postgres(str(PG_BIN / "pg_ctl")))
-    script = WATCHDOG.format(main=os.getpid(), root=cluster.root, data=cluster.data, pg_ctl=pg_ctl)
     return subprocess.Popen(
-        ["sh", "-c", script],
+        [sys.executable, str(Path(__file__).resolve()), "--watchdog", str(os.getpid())],
+        env=dict(os.environ, SOAK_ROOT=str(cluster.root)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -1255,7 +1271,12 @@ def main() -> int:
     parser.add_argument("--publishers", type=int, default=2, help="processes sharing --rate")
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--watchdog", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.watchdog:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        run_watchdog(args.watchdog, Path(os.environ["SOAK_ROOT"]))
+        return 0
     if args.role:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         root = Path(os.environ["SOAK_ROOT"])
@@ -1269,8 +1290,9 @@ def main() -> int:
         plot(json.loads(args.replot.read_text()), args.plot)
         print(f"written {args.plot}")
         return 0
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGHUP, _raise_interrupt)
+    # SIGINT too: a shell starts background jobs with it ignored, and Python then keeps it so
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
     root = Path(tempfile.mkdtemp(prefix="sqlease-soak-"))
     os.environ["SOAK_ROOT"] = str(root)
     cluster = Cluster(root, free_port(args.port))
