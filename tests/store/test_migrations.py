@@ -42,8 +42,8 @@ def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) ->
     with old.engine.begin() as conn:  # as version 1 left it
         if old.is_postgresql:
             conn.execute(text(f"ALTER TABLE {messages} RESET (fillfactor)"))
-            conn.execute(text(f"DROP INDEX {events}_batch_ix"))
-        for column in ("task_ids", "message_ids", "attempts"):
+            conn.execute(text(f"DROP INDEX {events}_batch_key_ix"))
+        for column in ("task_ids", "message_ids", "attempts", "task_keys"):
             conn.execute(text(f"ALTER TABLE {events} DROP COLUMN {column}"))
         conn.execute(text(f"DROP TABLE {old.tables.offers.name}"))
         conn.execute(text(f"DROP TABLE {old.tables.schedules.name}"))
@@ -77,7 +77,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) ->
             assert "fillfactor=50" in options
             options = conn.execute(
                 text("SELECT reloptions FROM pg_class WHERE relname = :name"),
-                {"name": f"{events}_batch_ix"},
+                {"name": f"{events}_batch_key_ix"},
             ).scalar()
             assert options == ["gin_pending_list_limit=1024"]  # the index exists, as made
     [claimed] = new.claim(["q"], "w", lease_ms=1000)
@@ -124,3 +124,39 @@ def test_a_version_4_database_gets_the_offers_number_and_handed_mark(db_url: str
         if new.is_postgresql:
             seq = offers_sequence(new.tables)
             assert conn.execute(text(f"SELECT nextval('{seq}')")).scalar() == 1
+
+
+@pytest.mark.pg
+def test_a_version_10_database_gets_its_batch_events_keyed(pg_database_url: str) -> None:
+    """Version 11 indexes batch events by their task ids' hashes: a version 10 database's
+    batch rows (indexed by the ids themselves) get their keys, the old index is dropped, and
+    a task's timeline still lists its claim and ack."""
+    from sqlalchemy import inspect, text, update
+
+    prefix = unique_prefix()
+    old = Store(pg_database_url, table_prefix=prefix)
+    old.enqueue("q", "x", task_id="t-10")
+    [msg] = old.claim(["q"], "w", lease_ms=1000)
+    old.ack([msg.fence])
+    events = old.tables.events.name
+    with old.engine.begin() as conn:  # as version 10 left it
+        conn.execute(text(f"DROP INDEX {events}_batch_key_ix"))
+        conn.execute(text(f"ALTER TABLE {events} DROP COLUMN task_keys"))
+        conn.execute(
+            text(
+                f"CREATE INDEX {events}_batch_ix ON {events} USING gin (task_ids) "
+                "WHERE task_ids IS NOT NULL"
+            )
+        )
+        conn.execute(update(old.tables.schema_version).values(version=10))
+    new = Store(pg_database_url, table_prefix=prefix)
+    with new._reading() as conn:
+        assert read_version(conn, new.tables) == CURRENT_VERSION
+        indexes = {i["name"] for i in inspect(conn).get_indexes(events)}
+        assert f"{events}_batch_key_ix" in indexes and f"{events}_batch_ix" not in indexes
+        keys = conn.execute(
+            text(f"SELECT task_keys FROM {events} WHERE task_ids IS NOT NULL")
+        ).scalars()
+        assert all(k is not None and len(k) == 1 for k in keys)
+    kinds = [(e.kind, e.attempt) for e in new.events(task_id="t-10")]
+    assert kinds == [("enqueued", 0), ("claimed", 1), ("acked", 1)]

@@ -243,3 +243,50 @@ def test_a_version_6_database_gets_migration_7(db_url: str) -> None:
     assert new.has_queue("celery")
     new.declare_queue("x.reply.celery.pidbox", expires_ms=1_000)
     assert new.touch_queues(["x.reply.celery.pidbox"]) == {"x.reply.celery.pidbox"}
+
+
+@pytest.mark.pg
+@pytest.mark.timeout(300)
+def test_the_batch_event_index_stays_bounded_as_task_ids_come_and_go(
+    pg_database_url: str,
+) -> None:
+    """Rounds of batch events, each with 320,000 task ids never seen before, deleted and
+    vacuumed after each round: the batch-event index (over the ids' hashes) stops growing.
+    A GIN index over the ids themselves, built alongside as the control, keeps every id it
+    has seen and grows round after round."""
+    from sqlalchemy import text
+
+    from conftest import unique_prefix
+    from sqlease._db.schema_indexes import task_key
+
+    store = Store(pg_database_url, table_prefix=unique_prefix())
+    events = store.tables.events.name
+    ours, control = f"{events}_batch_key_ix", f"{events}_control_ix"
+    with store.engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        conn.execute(text(f"CREATE INDEX {control} ON {events} USING gin (task_ids)"))
+        sizes: list[tuple[int, int]] = []
+        for r in range(4):
+            conn.execute(
+                text(
+                    f"INSERT INTO {events} (kind, at_ms, task_ids, message_ids, attempts, "
+                    f"task_keys) SELECT 'acked', 0, ids, NULL, NULL, (SELECT array_agg("
+                    f"DISTINCT {task_key('x')}) FROM unnest(ids) x) FROM (SELECT "
+                    "ARRAY(SELECT 'r' || :r || '-' || b || '-' || i FROM generate_series(1, 32) "
+                    "i) AS ids FROM generate_series(1, 10000) b) s"
+                ),
+                {"r": r},
+            )
+            conn.execute(text(f"DELETE FROM {events}"))
+            conn.execute(text(f"VACUUM {events}"))
+            sizes.append(
+                tuple(  # type: ignore[arg-type]
+                    conn.execute(
+                        text("SELECT pg_relation_size(:a), pg_relation_size(:b)"),
+                        {"a": ours, "b": control},
+                    ).one()
+                )
+            )
+    (ours_2, control_2), (ours_4, control_4) = sizes[1], sizes[3]
+    assert control_4 > 1.5 * control_2, sizes  # the control grows: the test can see growth
+    assert ours_4 <= 1.1 * ours_2, sizes

@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Index, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.schema import CreateIndex
 
-from sqlease._db.schema_indexes import batch_events_index, retention_indexes
+from sqlease._db.schema_indexes import batch_events_index, retention_indexes, task_key
 from sqlease._db.tables import MESSAGES_FILLFACTOR, Tables, offers_sequence
 from sqlease.errors import SchemaError, SchemaMissing, SchemaVersionMismatch
 
@@ -50,7 +50,7 @@ def _migration_3(conn: Connection, tables: Tables) -> None:
         if name not in present:
             kind = events.c[name].type.compile(dialect=conn.dialect)
             conn.execute(text(f"ALTER TABLE {events.name} ADD COLUMN {name} {kind}"))
-    batch_events_index(events).create(conn, checkfirst=True)
+    # (Its GIN index over the task ids is replaced by migration 11's over their keys.)
 
 
 def _migration_4(conn: Connection, tables: Tables) -> None:
@@ -150,6 +150,28 @@ def _migration_10(conn: Connection, tables: Tables) -> None:
             _ensure_index(conn, index)
 
 
+def _migration_11(conn: Connection, tables: Tables) -> None:
+    # Batch events are indexed by their task ids' hashes (``TASK_KEY_MASK``): a GIN index
+    # over the ids themselves kept every id ever seen. The column is added and filled for
+    # the rows there are, the new index made and the old one dropped (PostgreSQL; SQLite
+    # writes no batch rows and gets the column only).
+    events = tables.events
+    present = {c["name"] for c in inspect(conn).get_columns(events.name)}
+    if "task_keys" not in present:
+        kind = events.c.task_keys.type.compile(dialect=conn.dialect)
+        conn.execute(text(f"ALTER TABLE {events.name} ADD COLUMN task_keys {kind}"))
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            text(
+                f"UPDATE {events.name} e SET task_keys = (SELECT array_agg(DISTINCT "
+                f"{task_key('u.id')}) FILTER (WHERE u.id IS NOT NULL) FROM unnest(e.task_ids) "
+                "AS u(id)) WHERE e.task_ids IS NOT NULL AND e.task_keys IS NULL"
+            )
+        )
+        batch_events_index(events).create(conn, checkfirst=True)
+        conn.execute(text(f"DROP INDEX IF EXISTS {events.name}_batch_ix"))
+
+
 # Each entry moves the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_1,
@@ -162,6 +184,7 @@ MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_flow_control,
     _migration_9,
     _migration_10,
+    _migration_11,
 ]
 CURRENT_VERSION = len(MIGRATIONS)
 

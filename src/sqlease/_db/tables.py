@@ -223,6 +223,8 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         Column("task_ids", _TextArray),
         Column("message_ids", _BigIntArray),
         Column("attempts", _IntArray),
+        # Its task ids' hashes (migration 11), which its index is over (TASK_KEY_MASK).
+        Column("task_keys", _IntArray),
         sqlite_autoincrement=True,
     )
     Index(f"{p}events_task_ix", events.c.task_id, events.c.id)

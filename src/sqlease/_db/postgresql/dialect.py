@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sqlease._db.schema_indexes import task_key
 from sqlease._db.statements import Capabilities
 from sqlease._db.tables import Tables
 
@@ -48,8 +49,10 @@ def batch_event(t: Tables, kind: str, data: str, source: str, where: str) -> str
     third of a claim's and an ack's server time and most of their WAL; ``Store.events()``
     expands the batch back into one event per message."""
     return (
-        f"INSERT INTO {t.events.name} (kind, data, at_ms, task_ids, message_ids, attempts) "
+        f"INSERT INTO {t.events.name} "
+        "(kind, data, at_ms, task_ids, message_ids, attempts, task_keys) "
         f"SELECT '{kind}', {data}, {NOW}, array_agg(m.task_id ORDER BY m.id), "
-        "array_agg(m.id ORDER BY m.id), array_agg(m.attempt ORDER BY m.id) "
+        "array_agg(m.id ORDER BY m.id), array_agg(m.attempt ORDER BY m.id), "
+        f"array_agg(DISTINCT {task_key('m.task_id')}) FILTER (WHERE m.task_id IS NOT NULL) "
         f"FROM {source} m WHERE {where} HAVING count(*) > 0"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
+from sqlease._db.schema_indexes import task_key
 from sqlease._db.tables import Tables
 
 
@@ -19,11 +20,13 @@ def _expanded(t: Tables) -> str:
 
 
 def events_for_task(t: Tables) -> TextClause:
-    """A task's own rows and, expanded, the batch rows that list it (found through the GIN
-    index)."""
+    """A task's own rows and, expanded, the batch rows that list it (found by its task key
+    through the GIN index, then by its id)."""
+    key = task_key("CAST(:task_id AS TEXT)")
     return text(
         f"SELECT {c.EVENT_COLS} FROM {t.events.name} WHERE task_id = :task_id UNION ALL "
-        f"{_expanded(t)} WHERE e.task_ids @> ARRAY[CAST(:task_id AS TEXT)] "
+        f"{_expanded(t)} WHERE e.task_keys @> ARRAY[{key}] "
+        "AND e.task_ids @> ARRAY[CAST(:task_id AS TEXT)] "
         "AND u.task_id = :task_id ORDER BY id, message_id"
     )
 
