@@ -122,17 +122,39 @@ def _gate_locks(t: Tables) -> str:
     )
 
 
-def _cand(t: Tables, *, single_queue: bool) -> str:
-    """Several queues: the first ``:limit`` of each queue, read in index order (a queue
-    equality per queue), then the best ``:limit`` of those. A single scan with
-    ``queue = ANY(...)`` sorted every ready row of the queues: 40 ms per claim at 20,000
-    queued, 170-250 ms at 100,000. Rows locked here and not kept are released at the
-    statement's commit; meanwhile other claimers skip them."""
-    if single_queue:
-        return f"SELECT * FROM ({_candidates(t, c.QUEUE_EQ)}) c"
+def _priorities(t: Tables, queue: str) -> str:
+    """The distinct priorities of the ready rows of ``queue`` (an expression: ``:queue`` or
+    ``qn.name``), highest first, as rows ``pp(pr)``: a skip scan of the claim index, one probe
+    per priority."""
+    top = f"SELECT m.priority FROM {t.messages.name} m WHERE m.state = 'ready' AND m.queue = "
     return (
-        f"SELECT x.* FROM {each_queue(_candidates(t, 'm.queue = qn.name'))} "
-        "ORDER BY x.priority DESC, x.available_at_ms, x.id LIMIT :limit"
+        f"(WITH RECURSIVE p(pr) AS (SELECT ({top}{queue} ORDER BY m.priority DESC LIMIT 1) "
+        f"UNION ALL SELECT ({top}{queue} AND m.priority < p.pr ORDER BY m.priority DESC "
+        "LIMIT 1) FROM p WHERE p.pr IS NOT NULL) SELECT pr FROM p WHERE pr IS NOT NULL) pp"
+    )
+
+
+def _cand(t: Tables, *, single_queue: bool) -> str:
+    """The first ``:limit`` claimable rows of each queue and priority, read in index order
+    (a queue and a priority equality each), then the best ``:limit`` of those. With the
+    priority fixed, the scan ends at the first row not yet due; over all priorities it read
+    every delayed row of the queue whenever fewer than ``:limit`` were due (10.8 ms per claim
+    with 100,000 delayed messages, against 0.7 ms). A single scan with ``queue = ANY(...)``
+    sorted every ready row of the queues: 40 ms per claim at 20,000 queued, 170-250 ms at
+    100,000. Rows locked here and not kept are released at the statement's commit;
+    meanwhile other claimers skip them."""
+    if single_queue:
+        source = (
+            f"{_priorities(t, ':queue')} CROSS JOIN LATERAL "
+            f"({_candidates(t, 'm.queue = :queue AND m.priority = pp.pr')}) x"
+        )
+    else:
+        source = each_queue(
+            f"SELECT y.* FROM {_priorities(t, 'qn.name')} CROSS JOIN LATERAL "
+            f"({_candidates(t, 'm.queue = qn.name AND m.priority = pp.pr')}) y"
+        )
+    return (
+        f"SELECT x.* FROM {source} ORDER BY x.priority DESC, x.available_at_ms, x.id LIMIT :limit"
     )
 
 
