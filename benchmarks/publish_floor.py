@@ -1,0 +1,136 @@
+"""Where a durable ``delay()`` on PostgreSQL spends its time: the floor under it.
+
+Per call, in microseconds, one process, interleaved rounds (the median of ``--rounds``):
+
+- ``select 1``: one autocommit round trip to the server (psycopg, no sqlease);
+- ``insert, durable``: a one-row INSERT into a table with a primary key, autocommit: the
+  round trip plus the commit's WAL flush (``synchronous_commit = on``);
+- ``insert, no flush wait``: the same with ``synchronous_commit = off``;
+- ``Store.enqueue``: sqlease's publish statement (the message with its indexes, its
+  ``enqueued`` event, its task row, the handoff-offer lookup and the ``NOTIFY``), durable and
+  with ``publish_sync_commit=False``;
+- ``delay()``: Celery's whole publish of a no-op task, on sqlease (both) and on Redis.
+
+So ``delay()`` = Celery's own work (about the Redis figure) + sqlease's statement, and the
+statement can be no cheaper than the durable one-row insert.
+
+    .venv/bin/python benchmarks/publish_floor.py [--calls 2000] [--rounds 3]
+
+Prints a Markdown table; writes JSON to benchmarks/results/publish-floor-<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+from celery import Celery
+
+import sqlease  # noqa: F401  (registers the transport)
+from sqlease import Store
+from sqlease.types import NewMessage
+
+HERE = Path(__file__).resolve().parent
+PG = os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+PAYLOAD = "x" * 900  # about a Celery message's size
+
+
+def per_call(fn: Callable[[], object], calls: int) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def celery_app(broker: str, prefix: str, options: dict[str, object]) -> Celery:
+    app = Celery(f"floor-{uuid.uuid4().hex[:6]}", broker=broker)
+    if broker.startswith("sqlease"):
+        app.conf.broker_transport_options = {"table_prefix": prefix, **options}
+
+    @app.task(name="floor.noop", ignore_result=True)
+    def noop() -> None:
+        return None
+
+    return app
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args()
+    prefix = f"floor{os.getpid()}_"
+    conn = psycopg.connect(PG, autocommit=True)
+    plain = f"{prefix}plain"
+    conn.execute(f"CREATE TABLE {plain} (id bigserial PRIMARY KEY, payload text)")
+    durable = Store(PG, table_prefix=prefix)
+    nowait = Store(PG, table_prefix=prefix, publish_sync_commit=False)
+    apps = {
+        "delay(), sqlease": celery_app(f"sqlease+{PG}", prefix, {}),
+        "delay(), sqlease, publish_sync_commit False": celery_app(
+            f"sqlease+{PG}", prefix, {"publish_sync_commit": False}
+        ),
+        "delay(), Redis": celery_app("redis://127.0.0.1:6379/13", prefix, {}),
+    }
+
+    def insert(sync: bool) -> Callable[[], object]:
+        def run() -> object:
+            conn.execute(f"SET synchronous_commit = {'on' if sync else 'off'}")
+            return None
+
+        run()
+        return lambda: conn.execute(f"INSERT INTO {plain} (payload) VALUES (%s)", (PAYLOAD,))
+
+    def enqueue(store: Store) -> Callable[[], object]:
+        return lambda: store.enqueue_many(
+            [NewMessage("floor", PAYLOAD, task_id=str(uuid.uuid4()), task_name="floor.noop")]
+        )
+
+    cases: dict[str, Callable[[], Callable[[], object]]] = {
+        "select 1": lambda: lambda: conn.execute("SELECT 1"),
+        "insert, durable": lambda: insert(True),
+        "insert, no flush wait": lambda: insert(False),
+        "Store.enqueue, durable": lambda: enqueue(durable),
+        "Store.enqueue, publish_sync_commit False": lambda: enqueue(nowait),
+        **{name: (lambda app=app: app.tasks["floor.noop"].delay) for name, app in apps.items()},
+    }
+    found: dict[str, list[float]] = {name: [] for name in cases}
+    try:
+        for n in range(args.rounds):
+            names = list(cases) if n % 2 == 0 else list(reversed(cases))
+            for name in names:
+                found[name].append(per_call(cases[name](), args.calls))
+        conn.execute("SET synchronous_commit = on")
+    finally:
+        conn.execute(f"DROP TABLE IF EXISTS {plain}")
+        tables = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE tablename LIKE %s", (prefix + "%",)
+        ).fetchall()
+        for (name,) in tables:
+            conn.execute(f"DROP TABLE IF EXISTS {name} CASCADE")
+        for app in apps.values():
+            if not app.conf.broker_url.startswith("sqlease"):
+                with app.connection_for_write() as c:
+                    c.default_channel.client.flushdb()  # type: ignore[attr-defined]
+    medians = {name: statistics.median(v) for name, v in found.items()}
+    print("| per call | µs (median of rounds) | rounds |")
+    print("|---|---:|---|")
+    for name, v in found.items():
+        print(f"| {name} | {medians[name]:.0f} | {', '.join(f'{x:.0f}' for x in v)} |")
+    output = args.output or HERE / "results" / f"publish-floor-{dt.date.today().isoformat()}.json"
+    output.write_text(json.dumps({"calls": args.calls, "rounds": found, "medians": medians}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
