@@ -99,6 +99,17 @@ def rate_due(t: Tables, now: str) -> str:
     )
 
 
+def next_priority(t: Tables, queue: str, below: str | None = None) -> str:
+    """A scalar subquery: the highest priority among the ready rows of ``queue`` (an SQL
+    expression), below ``below`` if given; NULL when there is none. One probe of the claim
+    index: the step of a skip scan over the priorities."""
+    under = "" if below is None else f" AND m.priority < {below}"
+    return (
+        f"(SELECT m.priority FROM {t.messages.name} m WHERE m.state = 'ready' "
+        f"AND m.queue = {queue}{under} ORDER BY m.priority DESC LIMIT 1)"
+    )
+
+
 def next_due_at(t: Tables, queue_names: str, now: str) -> str:
     """The soonest ``available_at_ms`` after ``now`` among the ready messages of the queues
     ``queue_names`` (a SELECT of distinct names as ``q``), as a scalar subquery, NULL if
@@ -108,12 +119,11 @@ def next_due_at(t: Tables, queue_names: str, now: str) -> str:
     row of the queue instead: 128 ms with 100,000 delayed messages on PostgreSQL, and this
     runs on every idle look and every ack that leaves a worker idle."""
     m = t.messages.name
-    top = f"SELECT m.priority FROM {m} m WHERE m.state = 'ready' AND m.queue = "
     return (
         "(WITH RECURSIVE p(q, pr) AS ("
-        f"SELECT u.q, ({top}u.q ORDER BY m.priority DESC LIMIT 1) FROM ({queue_names}) u "
-        f"UNION ALL SELECT p.q, ({top}p.q AND m.priority < p.pr "
-        "ORDER BY m.priority DESC LIMIT 1) FROM p WHERE p.pr IS NOT NULL) "
+        f"SELECT u.q, {next_priority(t, 'u.q')} FROM ({queue_names}) u "
+        f"UNION ALL SELECT p.q, {next_priority(t, 'p.q', 'p.pr')} "
+        "FROM p WHERE p.pr IS NOT NULL) "
         f"SELECT min((SELECT m.available_at_ms FROM {m} m WHERE m.state = 'ready' "
         f"AND m.queue = p.q AND m.priority = p.pr AND m.available_at_ms > {now} "
         "ORDER BY m.available_at_ms LIMIT 1)) FROM p WHERE p.pr IS NOT NULL)"

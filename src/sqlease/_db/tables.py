@@ -26,6 +26,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlease._db.flow_tables import flow_tables, message_columns, message_indexes, unique_tables
 from sqlease._db.schedule_tables import schedule_tables
 from sqlease._db.schema_indexes import batch_events_index
+from sqlease._db.topology_tables import topology_tables
 from sqlease.errors import ConfigurationError
 
 _PREFIX_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
@@ -232,36 +233,7 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
     Index(f"{p}events_at_ix", events.c.at_ms)
     Index(f"{p}events_message_ix", events.c.message_id, events.c.id)
     batch_events_index(events)
-    bindings = Table(
-        f"{p}bindings",
-        md,
-        Column("exchange", Text, nullable=False),
-        Column("queue", Text, nullable=False),
-        Column("routing_key", Text, nullable=False, server_default=""),
-        Column("pattern", Text, nullable=False, server_default=""),
-        PrimaryKeyConstraint("exchange", "queue", "routing_key", "pattern"),
-    )
-    # Migration 7: a queue's bindings go with it (an idle queue's expiry, queue_delete).
-    Index(f"{p}bindings_queue_ix", bindings.c.queue)
-    queues = Table(
-        f"{p}queues",
-        md,
-        Column("name", Text, primary_key=True),
-        Column("created_at_ms", BigInteger, nullable=False),
-        # Migration 7. A queue declared auto_delete, exclusive or with x-expires (Celery's
-        # reply queues ``*.reply.celery.pidbox``, event receivers' ``celeryev.*``, workers'
-        # ``*.celery.pidbox``) is deleted, with its bindings and messages, once nobody has
-        # declared or consumed it for ``expires_ms``; its consumers push ``expires_at_ms``
-        # forward while they live. NULL: a queue that stays until deleted.
-        Column("expires_ms", BigInteger),
-        Column("expires_at_ms", BigInteger),
-    )
-    Index(
-        f"{p}queues_expires_ix",
-        queues.c.expires_at_ms,
-        postgresql_where=queues.c.expires_at_ms.isnot(None),
-        sqlite_where=queues.c.expires_at_ms.isnot(None),
-    )
+    bindings, queues = topology_tables(md, p)
     # Celery results (the result backend's key/value space), each written under the lease of
     # the delivery that produced it when fenced.
     results = Table(

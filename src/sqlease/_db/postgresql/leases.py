@@ -126,11 +126,10 @@ def _priorities(t: Tables, queue: str) -> str:
     """The distinct priorities of the ready rows of ``queue`` (an expression: ``:queue`` or
     ``qn.name``), highest first, as rows ``pp(pr)``: a skip scan of the claim index, one probe
     per priority."""
-    top = f"SELECT m.priority FROM {t.messages.name} m WHERE m.state = 'ready' AND m.queue = "
     return (
-        f"(WITH RECURSIVE p(pr) AS (SELECT ({top}{queue} ORDER BY m.priority DESC LIMIT 1) "
-        f"UNION ALL SELECT ({top}{queue} AND m.priority < p.pr ORDER BY m.priority DESC "
-        "LIMIT 1) FROM p WHERE p.pr IS NOT NULL) SELECT pr FROM p WHERE pr IS NOT NULL) pp"
+        f"(WITH RECURSIVE p(pr) AS (SELECT {c.next_priority(t, queue)} "
+        f"UNION ALL SELECT {c.next_priority(t, queue, 'p.pr')} FROM p WHERE p.pr IS NOT NULL) "
+        "SELECT pr FROM p WHERE pr IS NOT NULL) pp"
     )
 
 
