@@ -6,7 +6,8 @@ For each broker:
 - drain: a worker started on that backlog, tasks/s until the N completions arrive;
 - idle latency: ``delay()``-to-start p50/p99, one task at a time with the worker idle;
 and, for result backends, the round trip ``add.delay(2, 2).get()`` p50/p99 with sqlease's
-backend on PostgreSQL beside Redis's.
+backend on PostgreSQL beside Redis's and RabbitMQ's ``rpc://``, then the idle latency again
+with the result backend configured in the worker and the client.
 
 Completions are counted by UDP datagrams from the tasks (tests/benchmarks only).
 Usage: python benchmarks/celery_bench.py [--tasks 10000] [--rounds 3] [--only sqlease-pg,redis]
@@ -202,18 +203,7 @@ def run_broker(
         out["drained"] = len(rest) + 1
         out["drain_per_s"] = round(len(rest) / elapsed, 1) if elapsed > 0 else None
         # 3. idle latency, one at a time
-        samples: list[float] = []
-        n = min(broker.latency_samples, 20 if quick else broker.latency_samples)
-        counter.drain()
-        for _ in range(n):
-            time.sleep(0.05)
-            mod.stamp.delay(time.time())
-            got = counter.wait(1, 10)
-            if got and got[0].startswith(b"l"):
-                samples.append(float(got[0][1:]) * 1000)
-        if samples:
-            out["start_p50_ms"] = round(percentile(samples, 0.5), 2)
-            out["start_p99_ms"] = round(percentile(samples, 0.99), 2)
+        out.update(idle_start(mod, counter, broker, quick, "start"))
     finally:
         stop_worker(worker)
     # 4. round trip through the result backend
@@ -231,9 +221,32 @@ def run_broker(
             out["get_p50_ms"] = round(percentile(rtts, 0.5), 2)
             out["get_p99_ms"] = round(percentile(rtts, 0.99), 2)
             out["backend"] = broker.backend.split(":")[0]
+            # 5. idle latency again, the worker and the client with the result backend set
+            out.update(idle_start(mod, counter, broker, quick, "start_backend"))
         finally:
             stop_worker(worker)
     return out
+
+
+def idle_start(
+    mod: Any, counter: Counter, broker: Broker, quick: bool, key: str
+) -> dict[str, float]:
+    """``delay()`` to task start, one task at a time with the worker idle: p50/p99 in ms."""
+    samples: list[float] = []
+    n = min(broker.latency_samples, 20 if quick else broker.latency_samples)
+    counter.drain()
+    for _ in range(n):
+        time.sleep(0.05)
+        mod.stamp.delay(time.time())
+        got = counter.wait(1, 10)
+        if got and got[0].startswith(b"l"):
+            samples.append(float(got[0][1:]) * 1000)
+    if not samples:
+        return {}
+    return {
+        f"{key}_p50_ms": round(percentile(samples, 0.5), 2),
+        f"{key}_p99_ms": round(percentile(samples, 0.99), 2),
+    }
 
 
 def drop_tables(prefix: str, *, kombu: bool = True) -> None:
@@ -281,6 +294,9 @@ RATIOS = [
     ("sqlite_drain_vs_kombu_sqla_pg", "sqlease-sqlite", "kombu-sqla-pg", "drain_per_s"),
     ("sqlite_drain_vs_kombu_sqla_sqlite", "sqlease-sqlite", "kombu-sqla-sqlite", "drain_per_s"),
     ("pg_get_p50_vs_redis", "sqlease-pg", "redis", "get_p50_ms"),
+    ("pg_start_p50_vs_rabbitmq", "sqlease-pg", "rabbitmq", "start_p50_ms"),
+    ("pg_start_backend_p50_vs_rabbitmq", "sqlease-pg", "rabbitmq", "start_backend_p50_ms"),
+    ("pg_get_p50_vs_rabbitmq", "sqlease-pg", "rabbitmq", "get_p50_ms"),
 ]
 
 
@@ -374,6 +390,8 @@ def main() -> int:
             "drain_per_s",
             "start_p50_ms",
             "start_p99_ms",
+            "start_backend_p50_ms",
+            "start_backend_p99_ms",
             "get_p50_ms",
             "get_p99_ms",
         ):

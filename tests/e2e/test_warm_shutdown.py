@@ -61,3 +61,27 @@ def test_warm_shutdown_releases_prefetched_leases(e2e: E2E) -> None:
     assert {r["hostname"] for r in rows} == {second.nodename}
     assert max(r["started"] for r in rows) - exited_at < LEASE / 2
     assert {r["attempt"] for r in rows} == {2}
+
+
+@pytest.mark.timeout(120)
+def test_warm_shutdown_gives_the_maintenance_lock_up(e2e: E2E) -> None:
+    """The worker that runs the maintenance passes gives the lock up as it stops, so the
+    next worker's pass runs at once instead of after the lock's lease (twice the interval)."""
+    from sqlalchemy import select
+
+    from sqlease._core.maintenance import LOCK_NAME
+
+    locks = e2e.store.tables.locks
+
+    def holder() -> str | None:
+        with e2e.store.engine.connect() as conn:
+            owner: str | None = conn.execute(
+                select(locks.c.owner).where(locks.c.name == LOCK_NAME)
+            ).scalar()
+            return owner
+
+    opts = '{"maintenance_interval": 2}'  # an expired lock stays as a row until taken over
+    first = e2e.start_worker(concurrency=1, E2E_TRANSPORT_OPTIONS=opts)
+    held = wait_for(holder, 30, "the worker's first maintenance pass")
+    assert first.warm_shutdown(30) == 0
+    assert holder() is None, held

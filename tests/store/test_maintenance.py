@@ -7,7 +7,13 @@ from typing import Any
 import pytest
 
 from sqlease import Store
-from sqlease._core.maintenance import BROADCAST_TTL_MS, acquire, run_pass
+from sqlease._core.maintenance import (
+    BROADCAST_TTL_MS,
+    MaintenanceThread,
+    acquire,
+    release,
+    run_pass,
+)
 from sqlease._core.results import ResultStore
 from sqlease._core.steps import StepStore
 from sqlease.task_context import TaskContext
@@ -133,3 +139,26 @@ def test_a_pass_writes_the_failure_a_killed_worker_left_out(make_store: Any) -> 
     assert summary["exhausted_results_written"] == 1
     assert results.get("celery-task-meta-t-poison") is not None
     assert run_pass(store, event_retention_ms=0)["exhausted_results_written"] == 0
+
+
+def test_a_stopped_maintenance_thread_gives_the_lock_up(store: Store, clock: FakeClock) -> None:
+    thread = MaintenanceThread(store, "w1", interval=30, event_retention_ms=DAY)
+    assert thread.run_once() is not None  # a pass: w1 holds the lock for 60 s
+    assert not acquire(store, "w2", 60_000, clock())
+    assert not release(store, "w2")  # only the holder gives it up
+    thread.stop()
+    assert acquire(store, "w2", 60_000, clock())  # at once, not after w1's lease
+    assert thread.run_once() is None  # a stopped thread runs no more passes
+    assert not acquire(store, "w1", 60_000, clock())
+
+
+def test_a_pass_under_way_at_stop_gives_the_lock_up_when_it_ends(
+    store: Store, clock: FakeClock
+) -> None:
+    thread = MaintenanceThread(store, "w1", interval=30, event_retention_ms=DAY)
+    assert thread.run_once() is not None
+    with thread._pass_lock:  # as if the thread were in a pass
+        thread.stop()
+    assert not acquire(store, "w2", 60_000, clock())  # stop() left it to the thread
+    thread._run()  # the thread's way out: stop is set, so no pass, then the release
+    assert acquire(store, "w2", 60_000, clock())

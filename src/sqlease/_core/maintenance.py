@@ -47,6 +47,15 @@ def acquire(store: Store, owner: str, lease_ms: int, now: int) -> bool:
     return got == owner
 
 
+def release(store: Store, owner: str) -> bool:
+    """Gives the lock up, if ``owner`` holds it, so that another worker's next pass runs
+    without waiting out this one's lease. True if it was held."""
+    locks = store.tables.locks
+    stmt = delete(locks).where(locks.c.name == LOCK_NAME, locks.c.owner == owner)
+    with store.engine.begin() as conn:
+        return bool(conn.execute(stmt).rowcount)
+
+
 def run_pass(
     store: Store,
     *,
@@ -206,6 +215,8 @@ class MaintenanceThread:
         self.event_retention_ms = event_retention_ms
         self.dead_retention_ms = dead_retention_ms
         self._stop = threading.Event()
+        # Held for a whole pass: stop() must not give the lock up under a pass still running.
+        self._pass_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="sqlease-maintenance", daemon=True)
 
     def start(self) -> MaintenanceThread:
@@ -213,16 +224,33 @@ class MaintenanceThread:
         return self
 
     def stop(self) -> None:
+        """No more passes. The lock is given up now, unless a pass is running: then the
+        thread gives it up when that pass ends (stop() never waits for a pass)."""
         self._stop.set()
+        if self._pass_lock.acquire(blocking=False):
+            try:
+                self._release()
+            finally:
+                self._pass_lock.release()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.run_once()
+        with self._pass_lock:
+            self._release()
+
+    def _release(self) -> None:
+        try:
+            release(self.store, self.owner)
+        except Exception:  # the lease runs out on its own
+            logger.debug("sqlease maintenance: could not give the lock up", exc_info=True)
 
     def run_once(self) -> dict[str, Any] | None:
         # On SQLite the whole pass is one section a fork waits for (sqlease._db.sqlite.fork_guard):
         # its statements run on this thread while the worker may fork a new pool process.
-        with self.store.fork_section():
+        with self._pass_lock, self.store.fork_section():
+            if self._stop.is_set():
+                return None
             return self._run_once()
 
     def _run_once(self) -> dict[str, Any] | None:
