@@ -52,6 +52,39 @@ def test_claim_order_priority_then_available_at_then_enqueue_order(store: Store)
     assert [m.id for m in got] == [high, high2, later, mid, low]
 
 
+def test_a_claim_past_delayed_rows_of_every_priority_takes_only_the_due_ones(
+    store: Store, clock: FakeClock
+) -> None:
+    # Each priority is read up to its first row not yet due: the due rows behind delayed
+    # rows of a higher priority, and those of a priority whose delayed rows come first in the
+    # index, are all found, in delivery order.
+    delayed = [
+        store.enqueue("q", f"later{p}-{i}", priority=p, delay_ms=60_000 + i)
+        for p in (0, 3, 7)
+        for i in range(40)
+    ]
+    low = store.enqueue("q", "low", priority=0)
+    top = store.enqueue("q", "top", priority=9)
+    mid = store.enqueue("q", "mid", priority=3)
+    got = store.claim(["q"], "w", lease_ms=10 * 60_000, limit=10)
+    assert [m.id for m in got] == [top, mid, low]
+    clock.advance(60_000)
+    due = store.claim(["q"], "w", lease_ms=LEASE, limit=2)
+    assert [m.id for m in due] == [delayed[80], delayed[40]]  # priority 7, then 3
+
+
+def test_a_claim_over_many_queues_orders_them_all(store: Store) -> None:
+    # More queues than the claim reads one by one (SQLite reads its first four in scans of
+    # their own and the rest in one): the best rows may be in any of them.
+    queues = [f"q{i}" for i in range(7)]
+    ids = {q: store.enqueue(q, q, priority=i) for i, q in enumerate(queues)}
+    later = store.enqueue("q6", "q6-later", priority=6)
+    got = store.claim(list(reversed(queues)), "w", lease_ms=LEASE, limit=4)
+    assert [m.id for m in got] == [ids["q6"], later, ids["q5"], ids["q4"]]
+    rest = store.claim([*queues, "q0", "q6"], "w", lease_ms=LEASE, limit=10)
+    assert [m.id for m in rest] == [ids["q3"], ids["q2"], ids["q1"], ids["q0"]]
+
+
 def test_claim_respects_limit_and_queues(store: Store) -> None:
     for i in range(5):
         store.enqueue("a", f"a{i}")

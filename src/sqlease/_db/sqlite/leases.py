@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
-from sqlease._db.sqlite.dialect import FENCES, GREATEST, NOW, QUEUES_IN, ROW_PREFIX
+from sqlease._db.sqlite.dialect import FENCES, GREATEST, NOW, ROW_PREFIX
 from sqlease._db.tables import Tables
 
 _EXHAUSTED = "attempt >= max_attempts"
@@ -28,28 +28,75 @@ def _running(t: Tables, gate: str) -> str:
     )
 
 
-def _picked(t: Tables, ready: str) -> str:
-    """The first ``:limit`` claimable rows in delivery order, each with its gate and limit; a
-    full gate's rows are skipped, so they never block the rows behind them. Then, per gate,
-    only as many as it has free places (``rk``: rank within the gate)."""
-    m = t.messages.name
+#: A claim over several queues reads the first ``QUEUE_SCANS`` of them each in its own
+#: index scan; any further ones share one scan whose rows are sorted.
+QUEUE_SCANS = 4
+
+
+def _priorities(t: Tables, queue: str) -> str:
+    """The distinct priorities of the ready rows of ``queue`` (an SQL expression), as a
+    subquery for ``IN``: a skip scan of the claim index, one probe per priority."""
+    return (
+        f"(WITH RECURSIVE p(pr) AS (SELECT {c.next_priority(t, queue)} "
+        f"UNION ALL SELECT {c.next_priority(t, queue, 'p.pr')} FROM p WHERE p.pr IS NOT NULL) "
+        "SELECT pr FROM p WHERE pr IS NOT NULL)"
+    )
+
+
+def _one_queue(t: Tables, queue: str) -> str:
+    """``m`` is in ``queue``, at one of its priorities. With the priority an equality (``IN``
+    a list, which SQLite walks in index order), the claim index reads each priority's due
+    rows and stops at the first one not yet due; without it, a claim that found fewer due
+    rows than it asked for read every delayed row of the queue (12.5 ms per claim with
+    100,000 delayed messages, against 0.06 ms)."""
+    return f"m.queue = {queue} AND m.priority IN {_priorities(t, queue)}"
+
+
+def _first(t: Tables, queue: str) -> str:
+    """The first ``:limit`` claimable rows of ``queue`` (a predicate on ``m.queue``) in
+    delivery order, each with its gate and limit; a full gate's rows are skipped, so they
+    never block the rows behind them."""
     rows = (
         f"SELECT m.id, m.priority, m.available_at_ms, ({_EXHAUSTED}) AS exh, "
         f"{c.GATE} AS gate, {c.GATE_LIMIT} AS lim, {c.RATE} AS rate, "
         f"{c.RATE_INTERVAL} AS ivl, {c.RATE_TAU} AS tau, {c.RATE_TAT} AS tat "
-        f"FROM {m} m {c.gate_joins(t)} "
-        f"WHERE {ready} AND (m.run_id IS NULL OR {c.run_free(t, NOW)})"
+        f"FROM {t.messages.name} m {c.gate_joins(t)} "
+        f"WHERE {c.ready(t, NOW, queue)} AND (m.run_id IS NULL OR {c.run_free(t, NOW)})"
     )
-    first = (
+    return (
         f"SELECT g.* FROM ({rows}) g WHERE {c.gate_open(_running(t, 'g.gate'))} "
         f"AND {c.rate_open(NOW)} "
         "ORDER BY g.priority DESC, g.available_at_ms, g.id LIMIT :limit"
     )
+
+
+def _candidates(t: Tables, *, single_queue: bool) -> str:
+    """The first ``:limit`` claimable rows of the claim's queues. Several queues: the first
+    ``:limit`` of each queue, each read in its own index scan, then the best ``:limit`` of
+    those. One scan over ``queue IN (...)`` returned the queues' rows in index order, queue
+    by queue, so SQLite sorted every due row of them: 108 ms per claim over two queues with
+    200,000 due, against 1.5 ms for one queue."""
+    if single_queue:
+        return _first(t, _one_queue(t, ":queue"))
+    nth = [f"json_extract(:queues, '$[{i}]')" for i in range(QUEUE_SCANS)]
+    scans = [f"SELECT * FROM ({_first(t, _one_queue(t, queue))})" for queue in nth]
+    rest = f"m.queue IN (SELECT value FROM json_each(:queues) WHERE key >= {QUEUE_SCANS})"
+    scans.append(f"SELECT * FROM ({_first(t, rest)})")
+    return (
+        f"SELECT u.* FROM ({' UNION ALL '.join(scans)}) u "
+        "ORDER BY u.priority DESC, u.available_at_ms, u.id LIMIT :limit"
+    )
+
+
+def _picked(t: Tables, *, single_queue: bool) -> str:
+    """The candidates, then, per gate, only as many as it has free places (``rk``: rank
+    within the gate)."""
     ranked = (
         "SELECT p.*, row_number() OVER (PARTITION BY p.gate, p.exh "
         "ORDER BY p.priority DESC, p.available_at_ms, p.id) AS rk, "
         "row_number() OVER (PARTITION BY p.rate, p.exh "
-        f"ORDER BY p.priority DESC, p.available_at_ms, p.id) AS rrk FROM ({first}) p"
+        f"ORDER BY p.priority DESC, p.available_at_ms, p.id) AS rrk "
+        f"FROM ({_candidates(t, single_queue=single_queue)}) p"
     )
     return (
         f"SELECT y.id AS cid, y.gate AS cgate, y.rate AS crate FROM ({ranked}) y "
@@ -63,7 +110,6 @@ def claim(t: Tables, *, single_queue: bool) -> TextClause:
     ``:owner``: the UPDATE picks and leases in one statement; an exhausted message goes dead
     instead."""
     m, x = t.messages.name, _EXHAUSTED
-    ready = c.ready(t, NOW, c.QUEUE_EQ if single_queue else QUEUES_IN)
     return text(
         f"UPDATE {m} AS m SET "
         f"lease_owner = CASE WHEN {x} THEN NULL ELSE :owner END, "
@@ -74,7 +120,7 @@ def claim(t: Tables, *, single_queue: bool) -> TextClause:
         f"gate = CASE WHEN {x} THEN gate ELSE y.cgate END, "
         f"rate_gate = CASE WHEN {x} THEN rate_gate ELSE y.crate END, "
         f"attempt = CASE WHEN {x} THEN attempt ELSE attempt + 1 END "
-        f"FROM ({_picked(t, ready)}) AS y WHERE m.id = y.cid "
+        f"FROM ({_picked(t, single_queue=single_queue)}) AS y WHERE m.id = y.cid "
         f"{c.returning(ROW_PREFIX)}, rate_gate"
     )
 
