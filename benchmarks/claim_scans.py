@@ -67,11 +67,11 @@ def database(backend: str, pg_url: str) -> Iterator[str]:
         admin.dispose()
 
 
-def fill(store: Store, count: int, **kwargs: Any) -> None:
+def fill(store: Store, count: int) -> None:
     for start in range(0, count, BATCH):
         store.enqueue_many(
             [
-                NewMessage("q", "{}", task_id=str(uuid.uuid4()), task_name="scan.noop", **kwargs)
+                NewMessage("q", "{}", task_id=str(uuid.uuid4()), task_name="scan.noop")
                 for _ in range(min(BATCH, count - start))
             ]
         )

@@ -110,6 +110,17 @@ def next_priority(t: Tables, queue: str, below: str | None = None) -> str:
     )
 
 
+def ready_priorities(t: Tables, queue: str) -> str:
+    """The distinct priorities of the ready rows of ``queue`` (an SQL expression), highest
+    first, as a parenthesized subquery of one column ``pr``: a skip scan of the claim index,
+    one probe per priority."""
+    return (
+        f"(WITH RECURSIVE p(pr) AS (SELECT {next_priority(t, queue)} "
+        f"UNION ALL SELECT {next_priority(t, queue, 'p.pr')} FROM p WHERE p.pr IS NOT NULL) "
+        "SELECT pr FROM p WHERE pr IS NOT NULL)"
+    )
+
+
 def next_due_at(t: Tables, queue_names: str, now: str) -> str:
     """The soonest ``available_at_ms`` after ``now`` among the ready messages of the queues
     ``queue_names`` (a SELECT of distinct names as ``q``), as a scalar subquery, NULL if

@@ -126,11 +126,7 @@ def _priorities(t: Tables, queue: str) -> str:
     """The distinct priorities of the ready rows of ``queue`` (an expression: ``:queue`` or
     ``qn.name``), highest first, as rows ``pp(pr)``: a skip scan of the claim index, one probe
     per priority."""
-    return (
-        f"(WITH RECURSIVE p(pr) AS (SELECT {c.next_priority(t, queue)} "
-        f"UNION ALL SELECT {c.next_priority(t, queue, 'p.pr')} FROM p WHERE p.pr IS NOT NULL) "
-        "SELECT pr FROM p WHERE pr IS NOT NULL) pp"
-    )
+    return f"{c.ready_priorities(t, queue)} pp"
 
 
 def _cand(t: Tables, *, single_queue: bool) -> str:

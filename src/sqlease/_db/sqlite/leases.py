@@ -33,23 +33,13 @@ def _running(t: Tables, gate: str) -> str:
 QUEUE_SCANS = 4
 
 
-def _priorities(t: Tables, queue: str) -> str:
-    """The distinct priorities of the ready rows of ``queue`` (an SQL expression), as a
-    subquery for ``IN``: a skip scan of the claim index, one probe per priority."""
-    return (
-        f"(WITH RECURSIVE p(pr) AS (SELECT {c.next_priority(t, queue)} "
-        f"UNION ALL SELECT {c.next_priority(t, queue, 'p.pr')} FROM p WHERE p.pr IS NOT NULL) "
-        "SELECT pr FROM p WHERE pr IS NOT NULL)"
-    )
-
-
 def _one_queue(t: Tables, queue: str) -> str:
     """``m`` is in ``queue``, at one of its priorities. With the priority an equality (``IN``
     a list, which SQLite walks in index order), the claim index reads each priority's due
     rows and stops at the first one not yet due; without it, a claim that found fewer due
-    rows than it asked for read every delayed row of the queue (12.5 ms per claim with
-    100,000 delayed messages, against 0.06 ms)."""
-    return f"m.queue = {queue} AND m.priority IN {_priorities(t, queue)}"
+    rows than it asked for read every delayed row of the queue (9.4 ms per claim with
+    100,000 delayed messages, against 0.3 ms: benchmarks/claim_scans.py)."""
+    return f"m.queue = {queue} AND m.priority IN {c.ready_priorities(t, queue)}"
 
 
 def _first(t: Tables, queue: str) -> str:
@@ -74,8 +64,8 @@ def _candidates(t: Tables, *, single_queue: bool) -> str:
     """The first ``:limit`` claimable rows of the claim's queues. Several queues: the first
     ``:limit`` of each queue, each read in its own index scan, then the best ``:limit`` of
     those. One scan over ``queue IN (...)`` returned the queues' rows in index order, queue
-    by queue, so SQLite sorted every due row of them: 108 ms per claim over two queues with
-    200,000 due, against 1.5 ms for one queue."""
+    by queue, so SQLite sorted every due row of them: 191 ms per claim over two queues with
+    200,000 due, against 2.7 ms now (benchmarks/claim_scans.py)."""
     if single_queue:
         return _first(t, _one_queue(t, ":queue"))
     nth = [f"json_extract(:queues, '$[{i}]')" for i in range(QUEUE_SCANS)]
