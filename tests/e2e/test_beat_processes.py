@@ -22,7 +22,8 @@ from sqlease.beat import slot_task_id
 from sqlease.store import Store
 
 APPS = Path(__file__).parent / "apps"
-SLOTS = 30
+#: Fires in all: five before the kill, ten before the stall, the rest after it.
+SLOTS = 20
 
 
 def _celery(args: list[str], env: dict[str, str], cwd: Path, log: Any) -> subprocess.Popen[bytes]:
@@ -125,7 +126,7 @@ def test_three_beats_fire_every_slot_once_through_a_kill_and_a_stall(
         second = _wait(
             lambda: (p := leader_pid()) not in (None, first) and p, 10, "a takeover after the kill"
         )
-        _wait(lambda: len(_fired(store)) >= 15, 30, "fires after the takeover")
+        _wait(lambda: len(_fired(store)) >= 10, 30, "fires after the takeover")
         os.kill(second, signal.SIGSTOP)  # the next leader stalls past its lease
         third = _wait(
             lambda: (p := leader_pid()) not in (None, first, second) and p,

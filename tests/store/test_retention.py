@@ -250,7 +250,7 @@ def test_a_version_6_database_gets_migration_7(db_url: str) -> None:
 def test_the_batch_event_index_stays_bounded_as_task_ids_come_and_go(
     pg_database_url: str,
 ) -> None:
-    """Rounds of batch events, each with 320,000 task ids never seen before, deleted and
+    """Rounds of batch events, each with 160,000 task ids never seen before, deleted and
     vacuumed after each round: the batch-event index (over the ids' hashes) stops growing.
     A GIN index over the ids themselves, built alongside as the control, keeps every id it
     has seen and grows round after round."""
@@ -273,7 +273,7 @@ def test_the_batch_event_index_stays_bounded_as_task_ids_come_and_go(
                     f"task_keys) SELECT 'acked', 0, ids, NULL, NULL, (SELECT array_agg("
                     f"DISTINCT {task_key('x')}) FROM unnest(ids) x) FROM (SELECT "
                     "ARRAY(SELECT 'r' || :r || '-' || b || '-' || i FROM generate_series(1, 32) "
-                    "i) AS ids FROM generate_series(1, 10000) b) s"
+                    "i) AS ids FROM generate_series(1, 5000) b) s"
                 ),
                 {"r": r},
             )

@@ -139,6 +139,8 @@ class StoreMachine(RuleBasedStateMachine):
     """Bind ``db_url`` in a subclass (see ``machine_for``)."""
 
     db_url: ClassVar[str] = ""
+    #: Prefixes whose tables a finished example emptied, for the next examples.
+    spare_prefixes: ClassVar[list[str]] = []
 
     def __init__(self) -> None:
         super().__init__()
@@ -170,18 +172,31 @@ class StoreMachine(RuleBasedStateMachine):
         # Made on first use, with fresh tables: Hypothesis discards many test cases before
         # their first step, and those need no schema.
         if self._store is None:
+            spare = type(self).spare_prefixes
             self._store = Store(
                 self.db_url,
-                table_prefix=_fresh_prefix(),
+                table_prefix=spare.pop() if spare else _fresh_prefix(),
                 clock=self.clock,
                 max_attempts=MAX_ATTEMPTS,
             )
         return self._store
 
     def teardown(self) -> None:
-        # Each example has its own tables; dropping them keeps the catalog (and time) small.
-        if self._store is not None:
-            self._store.tables.metadata.drop_all(self._store.engine)
+        # The next example gets these tables emptied, as good as new: ids go on growing, as
+        # they would in production, and nothing else is kept in the database. Creating a
+        # schema cost 0.24 s per example on PostgreSQL, emptying it 0.01 s.
+        if self._store is None:
+            return
+        tables = self._store.tables
+        try:
+            with self._store.engine.begin() as conn:
+                for table in reversed(tables.metadata.sorted_tables):
+                    if table is not tables.schema_version:
+                        conn.execute(table.delete())
+        except Exception:
+            tables.metadata.drop_all(self._store.engine)  # in doubt, never reused
+            raise
+        type(self).spare_prefixes.append(tables.prefix)
 
     # ---- model helpers ---------------------------------------------------------------------
 
@@ -689,14 +704,24 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 def machine_for(db_url: str) -> type[StoreMachine]:
-    return type("BoundStoreMachine", (StoreMachine,), {"db_url": db_url})
+    return type("BoundStoreMachine", (StoreMachine,), {"db_url": db_url, "spare_prefixes": []})
 
 
 def test_store_matches_model(db_url: str) -> None:
     """The store agrees with the model over random histories (SQLite file; PostgreSQL)."""
     is_pg = db_url.startswith("postgresql")
+    machine = machine_for(db_url)
+    try:
+        _run(machine, is_pg)
+    finally:
+        for prefix in machine.spare_prefixes:
+            spent = Store(db_url, table_prefix=prefix)
+            spent.tables.metadata.drop_all(spent.engine)
+
+
+def _run(machine: type[StoreMachine], is_pg: bool) -> None:
     run_state_machine_as_test(
-        machine_for(db_url),
+        machine,
         settings=settings(
             max_examples=40 if is_pg else 100,
             stateful_step_count=30,
