@@ -11,6 +11,7 @@ import itertools
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +29,21 @@ _prefixes = itertools.count()
 def _admin_engine() -> Any:
     url = make_url(PG_URL).set(drivername="postgresql+psycopg")
     return create_engine(url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+
+
+#: Tests that run real ``celery`` processes, PgBouncer or Chromium, race processes against the
+#: database, or restart PostgreSQL (the chaos run): marked ``alone``, so that the README's
+#: command runs them after the others and by themselves, where their leases and timeouts were
+#: measured. The rest (fake clocks, one process) run two at a time (``-n 2``).
+ALONE = ("e2e", "concurrency", "pooler", "ui/test_browser.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).parent
+    for item in items:
+        where = Path(str(item.path)).relative_to(root).as_posix()
+        if any(where == part or where.startswith(part + "/") for part in ALONE):
+            item.add_marker(pytest.mark.alone)
 
 
 @pytest.fixture(scope="session")

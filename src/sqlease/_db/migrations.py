@@ -7,8 +7,9 @@ never both create a table, and refuses a database that a newer sqlease has migra
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 
-from sqlalchemy import Connection, Index, inspect, select, text
+from sqlalchemy import Connection, Index, Table, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.schema import CreateIndex
 
@@ -16,11 +17,36 @@ from sqlease._db.schema_indexes import batch_events_index, retention_indexes, ta
 from sqlease._db.tables import MESSAGES_FILLFACTOR, Tables, offers_sequence
 from sqlease.errors import SchemaError, SchemaMissing, SchemaVersionMismatch
 
+#: Set while ``migrate`` builds a schema from nothing: migration 1 then creates every table,
+#: column and index of this code's metadata, so the later migrations need not look for what
+#: it made (their catalog reads were a third of the time a new schema took, about 50 ms on
+#: PostgreSQL) and do only what the metadata does not say: sequences, table settings and
+#: the indexes kept outside it.
+_FRESH: ContextVar[bool] = ContextVar("sqlease_fresh_schema", default=False)
+
+
+def _columns(conn: Connection, table: Table) -> set[str]:
+    """The names of ``table``'s columns in the database."""
+    if _FRESH.get():
+        return {column.name for column in table.columns}
+    return {c["name"] for c in inspect(conn).get_columns(table.name)}
+
+
+def _create_table(conn: Connection, table: Table) -> None:
+    """Create ``table`` and its indexes unless they exist."""
+    if _FRESH.get():
+        return  # migration 1 made them
+    table.create(conn, checkfirst=True)
+    for index in table.indexes:
+        _ensure_index(conn, index)
+
 
 def _ensure_index(conn: Connection, index: Index) -> None:
     """Create ``index`` unless it exists, in one statement: SQLAlchemy's ``checkfirst``
     reflects the table's indexes first, which on a PostgreSQL catalog holding many prefixes'
     tables took seconds per index. An index made only on some dialect keeps that check."""
+    if _FRESH.get() and index.table is not None and index in index.table.indexes:
+        return  # in the metadata: migration 1 made it
     if getattr(index, "_ddl_if", None) is not None:
         index.create(conn, checkfirst=True)
     else:
@@ -28,7 +54,9 @@ def _ensure_index(conn: Connection, index: Index) -> None:
 
 
 def _migration_1(conn: Connection, tables: Tables) -> None:
-    tables.metadata.create_all(conn, checkfirst=True)
+    # From nothing, no table can be there to skip (a name taken by a table of someone
+    # else's is then an error that says so, not a table silently used).
+    tables.metadata.create_all(conn, checkfirst=not _FRESH.get())
 
 
 def _migration_2(conn: Connection, tables: Tables) -> None:
@@ -45,7 +73,7 @@ def _migration_3(conn: Connection, tables: Tables) -> None:
     # NULL on SQLite) and, on PostgreSQL, their GIN index. Only what is missing is added:
     # a database made by migration 1 of this code already has them.
     events = tables.events
-    present = {c["name"] for c in inspect(conn).get_columns(events.name)}
+    present = _columns(conn, events)
     for name in ("task_ids", "message_ids", "attempts"):
         if name not in present:
             kind = events.c[name].type.compile(dialect=conn.dialect)
@@ -55,9 +83,7 @@ def _migration_3(conn: Connection, tables: Tables) -> None:
 
 def _migration_4(conn: Connection, tables: Tables) -> None:
     # Handoff offers (a table and its index; unused on SQLite, created for one schema).
-    tables.offers.create(conn, checkfirst=True)
-    for index in tables.offers.indexes:
-        _ensure_index(conn, index)
+    _create_table(conn, tables.offers)
 
 
 def _migration_5(conn: Connection, tables: Tables) -> None:
@@ -65,7 +91,7 @@ def _migration_5(conn: Connection, tables: Tables) -> None:
     # them live (see the offers table). Only what is missing is added: a database made by
     # migration 1 of this code already has the columns.
     offers = tables.offers
-    present = {c["name"] for c in inspect(conn).get_columns(offers.name)}
+    present = _columns(conn, offers)
     for name in ("offer_seq", "handed"):
         if name not in present:
             column = offers.c[name]
@@ -83,9 +109,7 @@ def _migration_5(conn: Connection, tables: Tables) -> None:
 def _migration_6(conn: Connection, tables: Tables) -> None:
     # Periodic tasks: the entries, their indexes and the beat's leader lease.
     for table in (tables.schedules, tables.leaders):
-        table.create(conn, checkfirst=True)
-        for index in table.indexes:
-            _ensure_index(conn, index)
+        _create_table(conn, table)
 
 
 def _migration_7(conn: Connection, tables: Tables) -> None:
@@ -95,7 +119,7 @@ def _migration_7(conn: Connection, tables: Tables) -> None:
     from sqlease._db.dialects import dialect_for
 
     queues = tables.queues
-    present = {c["name"] for c in inspect(conn).get_columns(queues.name)}
+    present = _columns(conn, queues)
     for name in ("expires_ms", "expires_at_ms"):
         if name not in present:
             kind = queues.c[name].type.compile(dialect=conn.dialect)
@@ -108,7 +132,7 @@ def _migration_7(conn: Connection, tables: Tables) -> None:
 def _migration_flow_control(conn: Connection, tables: Tables) -> None:
     # Flow control: the messages' gate columns and index, the slots and the limits.
     messages = tables.messages
-    present = {c["name"] for c in inspect(conn).get_columns(messages.name)}
+    present = _columns(conn, messages)
     for name in ("task_name", "gate_key", "gate_limit", "gate", "rate_gate"):
         if name not in present:
             kind = messages.c[name].type.compile(dialect=conn.dialect)
@@ -117,9 +141,7 @@ def _migration_flow_control(conn: Connection, tables: Tables) -> None:
         if index.name == f"{tables.prefix}messages_gate_ix":
             _ensure_index(conn, index)
     for table in (tables.slots, tables.flow_limits):
-        table.create(conn, checkfirst=True)
-        for index in table.indexes:
-            _ensure_index(conn, index)
+        _create_table(conn, table)
 
 
 def _migration_9(conn: Connection, tables: Tables) -> None:
@@ -127,7 +149,7 @@ def _migration_9(conn: Connection, tables: Tables) -> None:
     # Only what is missing is added (a database made by migration 1 of this code already has
     # the columns), so it does not matter which of the migrations numbered before it ran first.
     tasks = tables.tasks
-    present = {c["name"] for c in inspect(conn).get_columns(tasks.name)}
+    present = _columns(conn, tasks)
     for name, extra in (("task_name", ""), ("queue", ""), ("attempt", " NOT NULL DEFAULT 0")):
         if name not in present:
             kind = tasks.c[name].type.compile(dialect=conn.dialect)
@@ -138,16 +160,14 @@ def _migration_10(conn: Connection, tables: Tables) -> None:
     # Unique tasks (their keys and the duplicates turned away) and the task rows' group, by
     # which a Celery group's members are found. Only what is missing is added.
     tasks = tables.tasks
-    present = {c["name"] for c in inspect(conn).get_columns(tasks.name)}
+    present = _columns(conn, tasks)
     if "group_id" not in present:
         conn.execute(text(f"ALTER TABLE {tasks.name} ADD COLUMN group_id TEXT"))
     for index in tasks.indexes:
         if index.name == f"{tables.prefix}tasks_group_ix":
             _ensure_index(conn, index)
     for table in (tables.uniques, tables.duplicates):
-        table.create(conn, checkfirst=True)
-        for index in table.indexes:
-            _ensure_index(conn, index)
+        _create_table(conn, table)
 
 
 def _migration_11(conn: Connection, tables: Tables) -> None:
@@ -156,7 +176,7 @@ def _migration_11(conn: Connection, tables: Tables) -> None:
     # the rows there are, the new index made and the old one dropped (PostgreSQL; SQLite
     # writes no batch rows and gets the column only).
     events = tables.events
-    present = {c["name"] for c in inspect(conn).get_columns(events.name)}
+    present = _columns(conn, events)
     if "task_keys" not in present:
         kind = events.c.task_keys.type.compile(dialect=conn.dialect)
         conn.execute(text(f"ALTER TABLE {events.name} ADD COLUMN task_keys {kind}"))
@@ -168,7 +188,7 @@ def _migration_11(conn: Connection, tables: Tables) -> None:
                 "AS u(id)) WHERE e.task_ids IS NOT NULL AND e.task_keys IS NULL"
             )
         )
-        batch_events_index(events).create(conn, checkfirst=True)
+        _ensure_index(conn, batch_events_index(events))
         conn.execute(text(f"DROP INDEX IF EXISTS {events.name}_batch_ix"))
 
 
@@ -214,8 +234,13 @@ def migrate(engine: Engine, tables: Tables) -> int:
         found = read_version(conn, tables) or 0
         if found > CURRENT_VERSION:
             raise SchemaVersionMismatch(found, CURRENT_VERSION)
-        for version in range(found + 1, CURRENT_VERSION + 1):
-            MIGRATIONS[version - 1](conn, tables)
+        fresh = found == 0 and not inspect(conn).has_table(tables.schema_version.name)
+        token = _FRESH.set(fresh)
+        try:
+            for version in range(found + 1, CURRENT_VERSION + 1):
+                MIGRATIONS[version - 1](conn, tables)
+        finally:
+            _FRESH.reset(token)
         if found == 0:
             conn.execute(tables.schema_version.insert().values(id=1, version=CURRENT_VERSION))
         elif found < CURRENT_VERSION:
