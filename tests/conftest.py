@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -84,10 +87,6 @@ with engine.connect() as conn:
 
 
 def _drop_in_background(name: str) -> None:
-    import shutil
-    import subprocess
-    import sys
-
     url = make_url(PG_URL).set(drivername="postgresql+psycopg")
     command = [sys.executable, "-c", _DROP, url.render_as_string(hide_password=False), name]
     setsid = shutil.which("setsid")

@@ -45,8 +45,8 @@ def _ensure_index(conn: Connection, index: Index) -> None:
     """Create ``index`` unless it exists, in one statement: SQLAlchemy's ``checkfirst``
     reflects the table's indexes first, which on a PostgreSQL catalog holding many prefixes'
     tables took seconds per index. An index made only on some dialect keeps that check."""
-    if _FRESH.get() and index.table is not None and index in index.table.indexes:
-        return  # in the metadata: migration 1 made it
+    if _FRESH.get():
+        return  # every index is in the metadata: migration 1 made it
     if getattr(index, "_ddl_if", None) is not None:
         index.create(conn, checkfirst=True)
     else:
@@ -213,6 +213,10 @@ def read_version(conn: Connection, tables: Tables) -> int | None:
     """The version recorded in the database, or None when sqlease's tables are absent."""
     if not inspect(conn).has_table(tables.schema_version.name):
         return None
+    return _stored_version(conn, tables)
+
+
+def _stored_version(conn: Connection, tables: Tables) -> int | None:
     row = conn.execute(select(tables.schema_version.c.version)).first()
     return None if row is None else int(row[0])
 
@@ -231,10 +235,10 @@ def migrate(engine: Engine, tables: Tables) -> int:
     """Bring the schema to CURRENT_VERSION; safe to call from many processes at once."""
     with engine.begin() as conn:
         _lock_for_migration(conn, tables)
-        found = read_version(conn, tables) or 0
+        fresh = not inspect(conn).has_table(tables.schema_version.name)
+        found = 0 if fresh else _stored_version(conn, tables) or 0
         if found > CURRENT_VERSION:
             raise SchemaVersionMismatch(found, CURRENT_VERSION)
-        fresh = found == 0 and not inspect(conn).has_table(tables.schema_version.name)
         token = _FRESH.set(fresh)
         try:
             for version in range(found + 1, CURRENT_VERSION + 1):
