@@ -12,6 +12,12 @@ round and dropped at its end), ``--rounds`` times, each case on fresh tables:
   ``other``. Then ``--calls`` claims of 32 + acks over ``["q"]`` and as many over
   ``["q", "other"]`` (a worker started with ``-Q q,other``), interleaved. Timed: the claim.
 
+- **analyzed**: ``--analyzed`` ready messages (default 40,000) on queue ``q``, then
+  ``ANALYZE`` (what autovacuum does on PostgreSQL once 2% of the table changed). Then
+  ``--calls`` claims of 1 and as many of 32, interleaved, with their acks. Timed: the claim.
+  On PostgreSQL the hot path's prepared statements then run on generic plans built from
+  these statistics (5,000 to 50,000 rows is where a claim used to read the whole table).
+
 Messages are published with ``Store.enqueue_many`` (batches of 5,000), as the transport
 does. Reported: the claim's p50 and p99 in milliseconds, medians over the rounds.
 
@@ -103,9 +109,9 @@ def summary(times: list[float]) -> dict[str, float]:
     }
 
 
-def timed_claim(store: Store, queues: list[str], expect: int) -> float:
+def timed_claim(store: Store, queues: list[str], expect: int, *, limit: int = 32) -> float:
     started = time.perf_counter()
-    got = store.claim(queues, "scanner", lease_ms=LEASE_MS, limit=32)
+    got = store.claim(queues, "scanner", lease_ms=LEASE_MS, limit=limit)
     elapsed = time.perf_counter() - started
     if len(got) != expect:
         raise RuntimeError(f"claim over {queues} returned {len(got)} messages, not {expect}")
@@ -140,12 +146,29 @@ def case_queues(url: str, due: int, calls: int) -> dict[str, Any]:
         store.engine.dispose()
 
 
+def case_analyzed(url: str, due: int, calls: int) -> dict[str, Any]:
+    store = Store(url)
+    try:
+        fill(store, due)
+        with store.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("ANALYZE")
+        one: list[float] = []
+        batch: list[float] = []
+        for _ in range(calls):
+            one.append(timed_claim(store, ["q"], 1, limit=1))
+            batch.append(timed_claim(store, ["q"], 32))
+        return {"analyzed_claim_of_1": summary(one), "analyzed_claim_of_32": summary(batch)}
+    finally:
+        store.engine.dispose()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--delayed", type=int, default=100_000)
     parser.add_argument("--due", type=int, default=200_000)
+    parser.add_argument("--analyzed", type=int, default=40_000)
     parser.add_argument("--calls", type=int, default=100, help="timed claims per case")
     parser.add_argument("--pg", default=DEFAULT_PG_URL)
     parser.add_argument("--output", type=Path, default=None)
@@ -154,11 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     for rnd in range(args.rounds):
         for backend in backends:
-            for case in ("delayed", "queues"):
+            for case in ("delayed", "queues", "analyzed"):
                 with database(backend, args.pg) as url:
                     print(f"[{rnd + 1}/{args.rounds}] {backend} {case}", file=sys.stderr)
                     if case == "delayed":
                         found = case_delayed(url, args.delayed, args.calls)
+                    elif case == "analyzed":
+                        found = case_analyzed(url, args.analyzed, args.calls)
                     else:
                         found = case_queues(url, args.due, args.calls)
                 for name, figures in found.items():
@@ -166,7 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print("| database | claim | p50 ms | p99 ms |\n|---|---|---:|---:|")
     for backend in backends:
-        for measure in ("claim_one_queue_3_due", "claim_one_queue", "claim_two_queues"):
+        for measure in (
+            "claim_one_queue_3_due",
+            "claim_one_queue",
+            "claim_two_queues",
+            "analyzed_claim_of_1",
+            "analyzed_claim_of_32",
+        ):
             mine = [r for r in runs if r["backend"] == backend and r["measure"] == measure]
             p50 = statistics.median(r["p50_ms"] for r in mine)
             p99 = statistics.median(r["p99_ms"] for r in mine)

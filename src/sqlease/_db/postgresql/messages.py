@@ -129,7 +129,7 @@ def take(t: Tables) -> TextClause:
         )
         + " ORDER BY x.priority DESC, x.available_at_ms, x.id LIMIT :limit"
     )
-    return c.take(t, taken_ids)
+    return c.take(t, taken_ids, id_list=True)
 
 
 def next_due_of_queues(t: Tables) -> str:
