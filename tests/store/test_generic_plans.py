@@ -23,7 +23,7 @@ from sqlalchemy import text
 
 from sqlease import Store
 
-from .test_retention_plans import BIG, big_table_scans
+from .test_retention_plans import big_table_scans, filled
 
 pytestmark = pytest.mark.pg
 
@@ -79,23 +79,7 @@ FILL = {
 
 @pytest.fixture(scope="module")
 def pg_store(pg_database_url: str) -> Store:
-    from conftest import unique_prefix
-
-    store = Store(pg_database_url, table_prefix=unique_prefix())
-    with store.engine.begin() as conn:
-        for short, (columns, values) in FILL.items():
-            conn.execute(
-                text(
-                    f"INSERT INTO {store.tables.name(short)} ({columns}) SELECT {values} "
-                    "FROM generate_series(1, :rows) AS i"
-                ),
-                {"now": NOW, "rows": ROWS},
-            )
-    with store.engine.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT")
-        for short in (*BIG, "runs", "slots", "offers", "flow_limits"):
-            conn.execute(text(f"ANALYZE {store.tables.name(short)}"))
-    return store
+    return filled(pg_database_url, FILL, dict.fromkeys(FILL, ROWS), NOW)
 
 
 def generic_plan(store: Store, statement: Any) -> str:

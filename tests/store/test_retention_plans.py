@@ -68,27 +68,34 @@ FILL = {
 }
 
 
-@pytest.fixture(scope="module")
-def pg_store(pg_database_url: str) -> Store:
+def filled(url: str, fill: dict[str, tuple[str, str]], rows: dict[str, int], now: int) -> Store:
+    """A store on new tables filled by ``fill`` (per table: columns and the SELECT over
+    generate_series(1, rows) AS i; ``:due`` is 1% of the rows), then analyzed as autovacuum
+    would."""
     from conftest import unique_prefix
 
-    store = Store(pg_database_url, table_prefix=unique_prefix())
+    store = Store(url, table_prefix=unique_prefix())
     with store.engine.begin() as conn:
-        for short, (columns, values) in FILL.items():
-            name = store.tables.name(short)
-            rows = MESSAGES if short == "messages" else ROWS
+        for short, (columns, values) in fill.items():
+            count = rows[short]
             conn.execute(
                 text(
-                    f"INSERT INTO {name} ({columns}) SELECT {values} "
+                    f"INSERT INTO {store.tables.name(short)} ({columns}) SELECT {values} "
                     "FROM generate_series(1, :rows) AS i"
                 ),
-                {"now": NOW, "due": rows // 100, "rows": rows},
+                {"now": now, "due": count // 100, "rows": count},
             )
     with store.engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT")
-        for short in FILL:
+        for short in fill:
             conn.execute(text(f"ANALYZE {store.tables.name(short)}"))
     return store
+
+
+@pytest.fixture(scope="module")
+def pg_store(pg_database_url: str) -> Store:
+    rows = {short: MESSAGES if short == "messages" else ROWS for short in FILL}
+    return filled(pg_database_url, FILL, rows, NOW)
 
 
 def plan(store: Store, statement: Any) -> str:
