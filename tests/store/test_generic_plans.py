@@ -95,17 +95,14 @@ def generic_plan(store: Store, statement: Any) -> str:
         return f"${names.index(found.group(1)) + 1}"
 
     prepared = re.sub(r"%\((\w+)\)s", number, sql).replace("%%", "%")
+    arguments = f"({', '.join(['NULL'] * len(names))})" if names else ""
     with store.engine.connect() as conn:
-        conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+        conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
         conn.exec_driver_sql(f"PREPARE hot AS {prepared}")
-        nulls = ", ".join(["NULL"] * len(names))
-        rows = conn.exec_driver_sql(
-            f"EXPLAIN EXECUTE hot({nulls})" if names else "EXPLAIN EXECUTE hot"
-        )
+        rows = conn.exec_driver_sql(f"EXPLAIN EXECUTE hot{arguments}")
         explained = "\n".join(r[0] for r in rows)
+        conn.exec_driver_sql("DEALLOCATE hot")  # a prepared statement outlives a rollback
         conn.rollback()
-        conn.exec_driver_sql("DEALLOCATE hot")
-        conn.exec_driver_sql("RESET plan_cache_mode")
     return explained
 
 

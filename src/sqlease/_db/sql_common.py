@@ -230,12 +230,9 @@ def transition_set(now: str) -> str:
 # ---- messages ----------------------------------------------------------------------------
 
 
-def take(t: Tables, taken_ids: str, *, id_list: bool = False) -> TextClause:
-    """Delete and return the messages whose ids ``taken_ids`` selects; ``id_list``
-    (PostgreSQL) as an array of ids, which no generic plan turns into a scan of the table
-    (see ``postgresql.leases``)."""
-    where = f"id = ANY(ARRAY({taken_ids}))" if id_list else f"id IN ({taken_ids})"
-    return text(f"DELETE FROM {t.messages.name} WHERE {where} RETURNING {SELECT_COLS}")
+def take(t: Tables, taken: str) -> TextClause:
+    """Delete and return the messages the predicate ``taken`` (on ``id``) selects."""
+    return text(f"DELETE FROM {t.messages.name} WHERE {taken} RETURNING {SELECT_COLS}")
 
 
 def size(t: Tables, now: str) -> TextClause:

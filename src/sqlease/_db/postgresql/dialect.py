@@ -32,6 +32,16 @@ JSON_OWNER = "json_build_object('owner', CAST(:owner AS TEXT))::text"
 ROW_PREFIX = "m."
 
 
+def one_of_ids(column: str, ids: str) -> str:
+    """``column`` is one of the ids the SELECT ``ids`` returns, as an array of them: looked up
+    through the column's index whatever the tables' statistics. With a join or ``IN``, a
+    generic plan (which estimates ``LIMIT :limit`` at a tenth of the rows) joined them to a
+    sequential scan of the table once autovacuum had analyzed 5,000-50,000 messages (a claim
+    of one at 40,000: 12.1 ms instead of 0.7; ``tests/store/test_generic_plans.py``). The
+    driver's ``one_of`` is the same for SQLAlchemy constructs."""
+    return f"{column} = ANY(ARRAY({ids}))"
+
+
 def each_queue(per_queue: str) -> str:
     """``per_queue`` (which reads ``qn.name``) for each distinct queue of ``:queues``, as rows
     ``x``. A queue equality reads the claim index in order; one scan with

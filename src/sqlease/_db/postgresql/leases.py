@@ -15,6 +15,7 @@ from sqlease._db.postgresql.dialect import (
     ROW_PREFIX,
     batch_event,
     each_queue,
+    one_of_ids,
 )
 from sqlease._db.tables import Tables
 
@@ -160,11 +161,8 @@ def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
     instead, with its event; the deliveries' ``claimed`` event is one batch row listing
     them.
 
-    The UPDATE finds its rows by ``m.id = ANY(ARRAY(...))`` besides the join: a generic plan
-    estimates ``LIMIT :limit`` at a tenth of the backlog, and once autovacuum had analyzed a
-    table of 5,000-50,000 messages PostgreSQL joined ``cand`` to a sequential scan of all of
-    them (a claim of one at 40,000 messages: 12.1 ms instead of 0.7). An id list has no
-    such plan (``tests/store/test_generic_plans.py``). The state is re-checked against the
+    The UPDATE finds its rows by their ids (``one_of_ids``) besides the join, so that no
+    generic plan reads the whole backlog to find them. The state is re-checked against the
     candidate's own (``'ready'``), not against a constant: ``m.state = 'ready'`` is the claim
     index's predicate, and on a table without statistics the planner ANDed the whole claim
     index into the id lookup (3.6 ms per claim at 100,000 messages)."""
@@ -196,7 +194,7 @@ def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
         "reason = CASE WHEN c.exhausted THEN 'attempts_exhausted' ELSE m.reason END, "
         "gate = CASE WHEN c.exhausted THEN m.gate ELSE c.gate END, "
         "rate_gate = CASE WHEN c.exhausted THEN m.rate_gate ELSE c.rate END "
-        "FROM cand c WHERE m.id = c.id AND m.id = ANY(ARRAY(SELECT id FROM cand)) "
+        f"FROM cand c WHERE m.id = c.id AND {one_of_ids('m.id', 'SELECT id FROM cand')} "
         "AND m.state = c.state "
         f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
         f"AND (c.exhausted OR ({RATE_PASSED} AND (c.run_id IS NULL "

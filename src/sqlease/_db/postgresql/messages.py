@@ -6,7 +6,7 @@ from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
 from sqlease._db import task_rows
-from sqlease._db.postgresql.dialect import NOW, each_queue
+from sqlease._db.postgresql.dialect import NOW, each_queue, one_of_ids
 from sqlease._db.tables import Tables
 
 #: A handed-off message travels whole in its notification when the text fits in this many
@@ -129,7 +129,7 @@ def take(t: Tables) -> TextClause:
         )
         + " ORDER BY x.priority DESC, x.available_at_ms, x.id LIMIT :limit"
     )
-    return c.take(t, taken_ids, id_list=True)
+    return c.take(t, one_of_ids("id", taken_ids))
 
 
 def next_due_of_queues(t: Tables) -> str:

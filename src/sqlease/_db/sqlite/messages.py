@@ -21,8 +21,8 @@ def enqueue(t: Tables) -> TextClause:
 def take(t: Tables) -> TextClause:
     return c.take(
         t,
-        f"SELECT m.id FROM {t.messages.name} m WHERE {c.take_ready(NOW, QUEUES_IN)} "
-        f"{c.ORDER} LIMIT :limit",
+        f"id IN (SELECT m.id FROM {t.messages.name} m WHERE {c.take_ready(NOW, QUEUES_IN)} "
+        f"{c.ORDER} LIMIT :limit)",
     )
 
 
