@@ -7,18 +7,20 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import TextClause, select, text
 
 from sqlease import Store
 from sqlease._core.handoff import Handoff, lock_key_for, split
 from sqlease._core.results import ResultStore
+from sqlease._db.driver import Lane
 from sqlease._db.wakeup import PostgresListener
 from sqlease.store import Fence
 from sqlease.testing import FakeClock
-from sqlease.types import Outcome
+from sqlease.types import NewMessage, Outcome
 
 pytestmark = [pytest.mark.pg, pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)]
 
@@ -139,6 +141,31 @@ def test_run_and_delayed_messages_are_never_handed_off(
         i: getattr(store.get_message(i), "lease_owner", "?") for i in (in_run, delayed, plain)
     }
     assert owners == {in_run: None, delayed: None, plain: OWNER}
+
+
+def test_a_message_no_offer_could_take_is_published_without_the_offer_lookup(
+    store: Store, listener: PostgresListener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's, a delayed and a gated message skip the lookup (and its cost) altogether; a
+    plain message still looks, and takes the offer."""
+    sent: list[str] = []
+    lane = store.driver.lane(Lane.PUBLISH)
+    assert lane is not None
+    rows = lane.rows
+
+    def recording(statement: TextClause, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        sent.append(str(statement))
+        return rows(statement, params)
+
+    monkeypatch.setattr(lane, "rows", recording)
+    offer(store)
+    store.enqueue("q", "{}", run_id="R")
+    store.enqueue("q", "{}", delay_ms=60_000)
+    store.enqueue_many([NewMessage("q", "{}", concurrency_key="k", concurrency_limit=2)])
+    plain = store.enqueue("q", "{}")
+    looked = [store.tables.offers.name in sql for sql in sent]
+    assert looked == [False, False, False, True]
+    assert getattr(store.get_message(plain), "lease_owner", None) == OWNER
 
 
 def test_an_offer_covers_its_queues_only_and_is_replaced_by_the_next(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, TextClause
 
 from sqlease._core.base import StoreBase
 from sqlease._core.flow import check_concurrency
@@ -121,16 +121,24 @@ class Messages(Uniques, StoreBase):
         unique = any(r["unique_key"] is not None for r in rows)
         if publish is not None and len(rows) == 1 and not unique:  # one statement: autocommit
             params = dict(rows[0], now=self._now(now), channel=self.notify_channel)
-            return [int(publish.rows(self.sql.enqueue, params)[0]["id"])]
+            return [int(publish.rows(self._publish_statement(rows[0]), params)[0]["id"])]
         # A unique task's publish is several statements: never in autocommit.
         with self.driver.publishing(len(rows) + (2 if unique else 0)) as conn:
             return self._enqueue_on(conn, rows, self._now(now))
+
+    def _publish_statement(self, row: dict[str, Any]) -> TextClause:
+        """The publish with the handoff lookup only for a message that an idle worker's offer
+        could take: one with a run, a delay or a concurrency key never can (a claim must check
+        its run, due time or gate), and on PostgreSQL the lookup costs such a publish about
+        50 us of server time for nothing (benchmarks/publish_floor.py)."""
+        if row["run_id"] is None and row["delay_ms"] <= 0 and row["gate_key"] is None:
+            return self.sql.enqueue
+        return self.sql.enqueue_plain
 
     def _enqueue_on(
         self, conn: Connection, rows: list[dict[str, Any]], now: int | None, *, handoff: bool = True
     ) -> list[int]:
         ids: list[int] = []
-        statement = self.sql.enqueue if handoff else self.sql.enqueue_plain
         for row in rows:
             if row["unique_key"] is not None:
                 duplicate = self._admit(conn, row, now)
@@ -138,6 +146,7 @@ class Messages(Uniques, StoreBase):
                     ids.append(duplicate.message_id or 0)
                     continue
             params = dict(row, now=now, channel=self.notify_channel)
+            statement = self._publish_statement(row) if handoff else self.sql.enqueue_plain
             message_id = int(conn.execute(statement, params).scalar_one())
             ids.append(message_id)
             self.driver.after_enqueue(conn, row, message_id, now)
