@@ -9,6 +9,9 @@ Per call, in microseconds, one process, interleaved rounds (the median of ``--ro
 - ``Store.enqueue``: sqlease's publish statement (the message with its indexes, its
   ``enqueued`` event, its task row, the handoff-offer lookup and the ``NOTIFY``), durable and
   with ``publish_sync_commit=False``;
+- ``Store.enqueue, delayed``: the same for a message due in a minute, which no idle worker
+  can be handed, so its statement has no handoff lookup: the difference is that lookup's
+  cost;
 - ``delay()``: Celery's whole publish of a no-op task, on sqlease (both) and on Redis.
 
 So ``delay()`` = Celery's own work (about the Redis figure) + sqlease's statement, and the
@@ -91,9 +94,17 @@ def main() -> int:
         run()
         return lambda: conn.execute(f"INSERT INTO {plain} (payload) VALUES (%s)", (PAYLOAD,))
 
-    def enqueue(store: Store) -> Callable[[], object]:
+    def enqueue(store: Store, delay_ms: int = 0) -> Callable[[], object]:
         return lambda: store.enqueue_many(
-            [NewMessage("floor", PAYLOAD, task_id=str(uuid.uuid4()), task_name="floor.noop")]
+            [
+                NewMessage(
+                    "floor",
+                    PAYLOAD,
+                    delay_ms=delay_ms,
+                    task_id=str(uuid.uuid4()),
+                    task_name="floor.noop",
+                )
+            ]
         )
 
     cases: dict[str, Callable[[], Callable[[], object]]] = {
@@ -102,6 +113,8 @@ def main() -> int:
         "insert, no flush wait": lambda: insert(False),
         "Store.enqueue, durable": lambda: enqueue(durable),
         "Store.enqueue, publish_sync_commit False": lambda: enqueue(nowait),
+        "Store.enqueue, delayed, durable": lambda: enqueue(durable, 60_000),
+        "Store.enqueue, delayed, publish_sync_commit False": lambda: enqueue(nowait, 60_000),
         **{name: (lambda app=app: app.tasks["floor.noop"].delay) for name, app in apps.items()},
     }
     found: dict[str, list[float]] = {name: [] for name in cases}
