@@ -18,6 +18,13 @@ round and dropped at its end), ``--rounds`` times, each case on fresh tables:
   On PostgreSQL the hot path's prepared statements then run on generic plans built from
   these statistics (5,000 to 50,000 rows is where a claim used to read the whole table).
 
+- **held_by_rate**, **held_by_gate**: ``--held`` ready messages (default 20,000) on queue
+  ``b`` that a limit holds back: a queue rate limit of 1/h whose one delivery is spent
+  (``held_by_rate``), or a queue concurrency limit of 1 whose slot is taken
+  (``held_by_gate``). Then ``--calls`` times: publish 3 messages on ``a``,
+  ``claim(["a", "b"], limit=32)`` (it gets those 3), ack them. Timed: the claim, which
+  passes every held row of ``b``.
+
 Messages are published with ``Store.enqueue_many`` (batches of 5,000), as the transport
 does. Reported: the claim's p50 and p99 in milliseconds, medians over the rounds.
 
@@ -162,6 +169,32 @@ def case_analyzed(url: str, due: int, calls: int) -> dict[str, Any]:
         store.engine.dispose()
 
 
+def case_held(url: str, held: int, calls: int, by: str) -> dict[str, Any]:
+    store = Store(url)
+    try:
+        for start in range(0, held, BATCH):
+            store.enqueue_many(
+                [
+                    NewMessage("b", "{}", task_id=str(uuid.uuid4()), task_name="scan.held")
+                    for _ in range(min(BATCH, held - start))
+                ]
+            )
+        if by == "rate":
+            store.set_rate_limits({"queue:b": "1/h"})
+        else:
+            store.set_limits({"queue:b": 1})
+        first = store.claim(["b"], "holder", lease_ms=3_600_000, limit=5)
+        if len(first) != 1:
+            raise RuntimeError(f"the {by} limit let {len(first)} messages through, not 1")
+        times = []
+        for _ in range(calls):
+            store.enqueue_many([NewMessage("a", "{}", task_id=str(uuid.uuid4())) for _ in range(3)])
+            times.append(timed_claim(store, ["a", "b"], 3))
+        return {f"held_by_{by}": summary(times)}
+    finally:
+        store.engine.dispose()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated")
@@ -169,21 +202,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delayed", type=int, default=100_000)
     parser.add_argument("--due", type=int, default=200_000)
     parser.add_argument("--analyzed", type=int, default=40_000)
+    parser.add_argument("--held", type=int, default=20_000)
+    parser.add_argument(
+        "--cases",
+        default="delayed,queues,analyzed,held_by_rate,held_by_gate",
+        help="comma-separated",
+    )
     parser.add_argument("--calls", type=int, default=100, help="timed claims per case")
     parser.add_argument("--pg", default=DEFAULT_PG_URL)
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     runs: list[dict[str, Any]] = []
     for rnd in range(args.rounds):
         for backend in backends:
-            for case in ("delayed", "queues", "analyzed"):
+            for case in cases:
                 with database(backend, args.pg) as url:
                     print(f"[{rnd + 1}/{args.rounds}] {backend} {case}", file=sys.stderr)
                     if case == "delayed":
                         found = case_delayed(url, args.delayed, args.calls)
                     elif case == "analyzed":
                         found = case_analyzed(url, args.analyzed, args.calls)
+                    elif case.startswith("held_by_"):
+                        found = case_held(url, args.held, args.calls, case.removeprefix("held_by_"))
                     else:
                         found = case_queues(url, args.due, args.calls)
                 for name, figures in found.items():
@@ -197,8 +239,12 @@ def main(argv: list[str] | None = None) -> int:
             "claim_two_queues",
             "analyzed_claim_of_1",
             "analyzed_claim_of_32",
+            "held_by_rate",
+            "held_by_gate",
         ):
             mine = [r for r in runs if r["backend"] == backend and r["measure"] == measure]
+            if not mine:
+                continue
             p50 = statistics.median(r["p50_ms"] for r in mine)
             p99 = statistics.median(r["p99_ms"] for r in mine)
             rows.append({"backend": backend, "measure": measure, "p50_ms": p50, "p99_ms": p99})
