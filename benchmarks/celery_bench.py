@@ -163,9 +163,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_broker(
-    broker: Broker, tasks: int, counter: Counter, tmp: Path, prefix: str, quick: bool
-) -> dict[str, Any]:
+def broker_env(broker: Broker, counter: Counter, prefix: str) -> dict[str, str]:
+    """The environment of bench_app (this process's and the worker's) for ``broker``,
+    without a result backend."""
     env = dict(
         os.environ,
         BENCH_BROKER=broker.url,
@@ -176,6 +176,13 @@ def run_broker(
         BENCH_TRANSPORT_OPTIONS=json.dumps({**BASE_OPTIONS, **(broker.options or {})}),
     )
     env.pop("BENCH_BACKEND", None)
+    return env
+
+
+def run_broker(
+    broker: Broker, tasks: int, counter: Counter, tmp: Path, prefix: str, quick: bool
+) -> dict[str, Any]:
+    env = broker_env(broker, counter, prefix)
     log = tmp / f"{broker.name}.log"
     mod = app_for(broker, None, env)
     app = mod.app

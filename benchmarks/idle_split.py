@@ -36,12 +36,12 @@ from typing import Any
 
 import psycopg
 from celery_bench import (
-    BASE_OPTIONS,
     HERE,
     PG,
     Broker,
     Counter,
     app_for,
+    broker_env,
     brokers,
     drop_tables,
     start_worker,
@@ -107,15 +107,7 @@ def statement_floor(prefix: str, samples: int) -> dict[str, float]:
 
 
 def run(broker: Broker, counter: Counter, tmp: Path, prefix: str, samples: int) -> dict[str, Any]:
-    env = dict(
-        os.environ,
-        BENCH_BROKER=broker.url,
-        BENCH_UDP=str(counter.port),
-        BENCH_PREFIX=prefix,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
-        BENCH_TRANSPORT_OPTIONS=json.dumps({**BASE_OPTIONS, **(broker.options or {})}),
-    )
-    env.pop("BENCH_BACKEND", None)
+    env = broker_env(broker, counter, prefix)
     mod = app_for(broker, None, env)
     worker = start_worker(env, tmp / f"{broker.name}.log")
     try:
