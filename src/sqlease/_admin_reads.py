@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, select
 
-from sqlease._core.rows import row_to_message
+from sqlease._db.rows import row_to_message
 from sqlease.errors import UnknownTask
 from sqlease.types import Event, Message
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, case, func, literal, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 
 if TYPE_CHECKING:
     from sqlease._db.tables import Tables
@@ -44,12 +44,6 @@ COUNTED_EVENTS = (
 #: Keys of the totals in the counters table.
 MARK_KEY = "sqlease:events:counted_to_id"
 TOTAL_KEY = "sqlease:events:total:"
-#: PostgreSQL: events younger than this are left for the next call. An event's id is taken
-#: when it is written, and a transaction that commits later than a newer event's would be
-#: passed over for good; no publish, claim or ack statement stays open this long (a publish
-#: inside an application's own transaction could: see docs/reference/metrics.md). Under
-#: SQLite's single writer ids become visible in order, so there is no wait.
-EVENT_SETTLE_MS = 10_000
 
 
 def _internal(queue: str) -> bool:
@@ -147,17 +141,13 @@ class StatsAdmin:
         """How many events of each kind were ever written (one per message: a PostgreSQL
         batch row counts each message it lists), monotonic across the retention's deletes.
         Each call folds in the events written since the previous one (on PostgreSQL, those at
-        least ``EVENT_SETTLE_MS`` old), so the totals move at most as fast as they are
+        least the driver's ``event_settle_ms`` old), so the totals move at most as fast as they are
         read."""
         kinds = tuple(kinds)
         c, ev = self.t.counters, self.t.events
-        per_row = (
-            func.coalesce(func.cardinality(ev.c.message_ids), 1)
-            if self.store.driver.caps.batch_events
-            else literal(1)
-        )
-        settle = 0 if self.store.driver.caps.single_writer else EVENT_SETTLE_MS
-        with self.store.engine.begin() as conn:
+        per_row = self.store.driver.events_per_row()
+        settle = self.store.driver.event_settle_ms
+        with self.store.driver.writing() as conn:
             self._lock_mark(conn)
             have = {
                 str(k): int(v)

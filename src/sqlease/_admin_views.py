@@ -240,7 +240,7 @@ class AdminViews:
         return m.c.payload.like(pattern, escape="\\")
 
     def _task_row(self, mapping: Any, now: int) -> TaskRow:
-        from sqlease._core.rows import message_from
+        from sqlease._db.rows import message_from
 
         message: Message = message_from(mapping, has_last_error=True)
         state = _state_of(message, now)

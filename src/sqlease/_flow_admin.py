@@ -75,7 +75,7 @@ class FlowAdmin:
         """The task ids published in a Celery group (their ``group`` header), in publish
         order, as long as their task records are kept."""
         k = self.store.tables.tasks
-        with self.store.engine.connect() as conn:
+        with self.store.driver.reading() as conn:
             rows = conn.execute(
                 select(k.c.task_id)
                 .where(k.c.group_id == group_id)
@@ -102,7 +102,7 @@ class FlowAdmin:
         )
         task_limited = [n.split(":", 1)[1] for n in configured if n.startswith("task:")]
         queue_limited = [n.split(":", 1)[1] for n in configured if n.startswith("queue:")]
-        with self.store.engine.connect() as conn:
+        with self.store.driver.reading() as conn:
             for gate, count in conn.execute(
                 select(m.c.gate, func.count()).where(m.c.gate.isnot(None), live).group_by(m.c.gate)
             ):

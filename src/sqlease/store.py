@@ -12,8 +12,8 @@ worker now holds. Each state change appends an event in the same transaction.
 
 from __future__ import annotations
 
-from sqlease._core.rows import expand_event_rows
 from sqlease._core.store import Store
+from sqlease._db.rows import expand_event_rows
 from sqlease.types import CasResult, Event, Fence, Message, NewMessage, Outcome, TaskRecord
 
 __all__ = [

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 from sqlalchemy.engine import URL
 
-from sqlease._db.connect import same_database
+from sqlease._db.dialects import same_database
 from sqlease.errors import ConfigurationError
 
 if TYPE_CHECKING:

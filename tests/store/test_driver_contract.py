@@ -1,8 +1,9 @@
-"""The driver contract, run against every dialect (as huey's StorageTests and River's driver
-tests are): what the lease core may rely on from ``store.driver``, whatever the database.
+"""The driver contract, run against every dialect (as River's driver tests and huey's
+StorageTests are): each operation of ``sqlease._db.driver.Driver``, called through the driver
+itself, does what the lease core relies on, whatever the database.
 
-Each test states one promise of ``sqlease._db.driver.Driver`` and checks it through the
-driver's own methods, on a SQLite file and on PostgreSQL (the ``store`` fixture).
+Each test states one promise and checks it on a SQLite file and on PostgreSQL (the ``store``
+fixture), through the op the driver returns and its ``execute`` (or ``run_on``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from sqlease._db.driver import Driver, Lane, Op
-from sqlease.store import Fence, Store
+from sqlease._db.driver import Change, Claim, Driver, Lane, Offer, Op, ResultWrite
+from sqlease.errors import ConfigurationError
+from sqlease.store import Fence, Outcome, Store
 from sqlease.testing import FakeClock
 
 LEASE = 30_000
@@ -25,66 +27,292 @@ def _rows(store: Store, queue: str = "q") -> list[Any]:
         return list(conn.execute(select(m.c.id, m.c.payload).where(m.c.queue == queue)))
 
 
-def test_the_capabilities_match_the_lanes(store: Store) -> None:
+def _new(queue: str, payload: str, **extra: Any) -> dict[str, Any]:
+    """A checked message row, as sqlease._core.messages hands it to ``message_publish``."""
+    row = {
+        "queue": queue,
+        "payload": payload,
+        "priority": 0,
+        "delay_ms": 0,
+        "run_id": None,
+        "task_id": None,
+        "max_attempts": 3,
+        "record": True,
+        "task_name": None,
+        "gate_key": None,
+        "gate_limit": None,
+        "group_id": None,
+        "unique_key": None,
+        "unique_scope": None,
+        "unique_for_ms": None,
+    }
+    row.update(extra)
+    return row
+
+
+def _claim(store: Store, queues: list[str], owner: str = "w", limit: int = 10) -> Any:
+    """A claim on the store's (fake) clock."""
+    claim = Claim(queues, owner, LEASE, limit, store.now_ms())
+    return store.driver.execute(store.driver.message_claim(claim))
+
+
+# ---- running ops ------------------------------------------------------------------------
+
+
+def test_an_op_says_what_it_is_built_from(store: Store) -> None:
     driver: Driver = store.driver
-    for lane in Lane:
-        fast = driver.lane(lane)
-        if not driver.caps.one_statement:
-            assert fast is None, lane  # every op is a transaction there
-        elif lane is not Lane.PUBLISH:
-            assert fast is not None, lane
-    # Offers and batch events are PostgreSQL's data-modifying statements; they come together.
-    assert driver.caps.offers == driver.caps.one_statement == driver.caps.batch_events
-
-
-def test_a_body_op_commits_its_transaction(store: Store) -> None:
-    m = store.tables.messages
-    op: Op[int] = Op(
-        Lane.LEASES,
-        body=lambda conn: conn.execute(store.sql.enqueue_plain, _new("q", "one")).scalar_one(),
-        finish=lambda message_id: int(message_id) * 10,
-    )
-    ten_times = store.driver.execute(op)
-    [(message_id, payload)] = _rows(store)
-    assert (ten_times, payload) == (message_id * 10, "one")
-    assert m.name.startswith(store.tables.prefix)
-
-
-def test_a_body_op_that_raises_writes_nothing(store: Store) -> None:
-    def body(conn: Any) -> None:
-        conn.execute(store.sql.enqueue_plain, _new("q", "lost"))
-        raise RuntimeError("the caller's failure")
-
-    with pytest.raises(RuntimeError, match="caller's failure"):
-        store.driver.execute(Op(Lane.LEASES, body=body))
+    assert driver.execute(Op.answer(42)) == 42
+    for op in (
+        driver.message_claim(Claim(["q"], "w", LEASE, 1, store.now_ms())),
+        driver.message_ack([Fence(1, "w", 1)], store.now_ms()),
+        driver.message_publish([_new("q", "a")], store.now_ms()),
+    ):
+        # Built without I/O; one statement an event loop can send, or a transaction.
+        assert op.sendable == (op.statement is not None)
+        assert op.sendable or op.body is not None
+        # Where the driver can send without blocking, the per-task ops are one statement.
+        if driver.nonblocking:
+            assert op.sendable
     assert _rows(store) == []
 
 
-def test_a_hot_op_is_sendable_where_it_is_one_statement(store: Store, clock: FakeClock) -> None:
-    store.enqueue("q", "a")
-    op = store.claim_op(["q"], "w", LEASE, 1, clock())
-    assert op.lane is Lane.LEASES
-    assert op.sendable == store.driver.caps.one_statement
-    [message] = store.driver.execute(op)
-    assert (message.payload, message.lease_owner, message.attempt) == ("a", "w", 1)
+def test_a_body_op_commits_its_transaction(store: Store) -> None:
+    publish = store.driver.message_publish([_new("q", "one"), _new("q", "two")], store.now_ms())
+    assert not publish.sendable  # two rows: one transaction
+    ids = store.driver.execute(publish.then(lambda found: [i * 10 for i in found]))
+    rows = _rows(store)
+    assert [p for _, p in rows] == ["one", "two"]
+    assert ids == [i * 10 for i, _ in rows]
 
 
-def test_fence_and_queue_parameters_bind_a_batch(store: Store, clock: FakeClock) -> None:
+def test_a_body_op_that_raises_writes_nothing(store: Store) -> None:
+    inner = store.driver.message_publish([_new("q", "a"), _new("q", "b")], store.now_ms())
+
+    def body(conn: Any) -> None:
+        assert inner.body is not None
+        inner.body(conn)
+        raise RuntimeError("the caller's failure")
+
+    with pytest.raises(RuntimeError, match="caller's failure"):
+        store.driver.execute(Op(Lane.PUBLISH, body=body))
+    assert _rows(store) == []
+
+
+def test_run_on_joins_the_callers_transaction(store: Store) -> None:
+    for handoff in (True, False):
+        op = store.driver.message_publish([_new("q", "kept")], store.now_ms(), handoff=handoff)
+        with store.driver.writing() as conn:
+            [message_id] = store.driver.run_on(conn, op)
+        assert message_id > 0
+    with pytest.raises(RuntimeError), store.driver.writing() as conn:
+        store.driver.run_on(conn, store.driver.message_publish([_new("q", "gone")], store.now_ms()))
+        raise RuntimeError("rolled back")
+    assert [p for _, p in _rows(store)] == ["kept", "kept"]
+
+
+# ---- messages ---------------------------------------------------------------------------
+
+
+def test_publish_writes_the_event_and_task_row(store: Store) -> None:
+    op = store.driver.message_publish([_new("q", "a", task_id="t1", task_name="n")], store.now_ms())
+    [message_id] = store.driver.execute(op)
+    [event] = store.events(task_id="t1")
+    assert (event.kind, event.message_id, event.attempt) == ("enqueued", message_id, 0)
+    assert store.get_task("t1") is not None
+
+
+def test_publish_admits_unique_rows_first(store: Store) -> None:
+    seen: list[str] = []
+
+    def admit(conn: Any, row: Any, now: int | None) -> int | None:
+        seen.append(row["payload"])
+        return 7 if row["payload"] == "dup" else None
+
+    rows = [_new("q", "a"), _new("q", "dup", unique_key="k"), _new("q", "b", unique_key="j")]
+    ids = store.driver.execute(store.driver.message_publish(rows, store.now_ms(), admit=admit))
+    assert seen == ["dup", "b"]  # only rows with a key are admitted
+    assert ids[1] == 7  # the duplicate's original stands in its place
+    assert [p for _, p in _rows(store)] == ["a", "b"]
+
+
+def test_take_deletes_what_it_returns(store: Store) -> None:
     for payload in ("a", "b", "c"):
-        store.enqueue("q1", payload)
-    store.enqueue("q2", "d")
-    claimed = store.claim(["q1", "q2"], "w", lease_ms=LEASE, limit=10)
-    assert sorted(m.payload for m in claimed) == ["a", "b", "c", "d"]
-    keep, *done = claimed
-    # A stale attempt in the batch is refused while the others are acked.
-    stale = Fence(keep.id, "w", keep.attempt + 1)
-    assert store.ack([*(m.fence for m in done), stale]) == {m.id for m in done}
-    assert store.ack([keep.fence]) == {keep.id}
+        store.enqueue("q", payload)
+    store.enqueue("other", "x")
+    taken = store.driver.execute(store.driver.message_take(["q", "other"], 3, store.now_ms()))
+    assert len(taken) == 3
+    assert {m.payload for m in taken} <= {"a", "b", "c", "x"}
+    assert len(_rows(store)) + len(_rows(store, "other")) == 1
+
+
+def test_claim_leases_and_marks_exhausted_messages_dead(store: Store, clock: FakeClock) -> None:
+    store.enqueue("q", "once", max_attempts=1)
+    [first] = _claim(store, ["q"])
+    assert (first.state, first.lease_owner, first.attempt) == ("ready", "w", 1)
+    clock.advance(LEASE + 1)  # its lease runs out: the next claim finds its budget spent
+    [again] = _claim(store, ["q"])
+    assert (again.id, again.state, again.reason) == (first.id, "dead", "attempts_exhausted")
+    assert _claim(store, ["q"]) == []
+
+
+def test_ack_refuses_a_stale_fence_and_takes_several_owners(store: Store) -> None:
+    for payload in ("a", "b", "c"):
+        store.enqueue("q", payload)
+    [a] = _claim(store, ["q"], "w1", 1)
+    [b, c] = _claim(store, ["q"], "w2", 2)
+    stale = Fence(c.id, "w2", c.attempt + 1)
+    acked = store.driver.execute(
+        store.driver.message_ack([a.fence, b.fence, stale], store.now_ms())
+    )
+    assert acked == {a.id, b.id}
+    assert store.driver.execute(store.driver.message_ack([], store.now_ms())) == set()
+    assert [p for _, p in _rows(store)] == ["c"]
+
+
+def test_ack_claim_acks_and_claims_in_one_commit(store: Store) -> None:
+    for payload in ("a", "b", "c"):
+        store.enqueue("q", payload)
+    [a] = _claim(store, ["q"], "w", 1)
+    [b] = _claim(store, ["q"], "other", 1)
+    driver = store.driver
+    # The claimer's own fences, then another owner's with them: either way one op.
+    acked, claimed = driver.execute(
+        driver.message_ack_claim([a.fence], Claim(["q"], "w", LEASE, 1, store.now_ms()))
+    )
+    assert acked == {a.id} and [m.payload for m in claimed] == ["c"]
+    [c] = claimed
+    acked, claimed = driver.execute(
+        driver.message_ack_claim([b.fence, c.fence], Claim(["q"], "w", LEASE, 5, store.now_ms()))
+    )
+    assert acked == {b.id, c.id} and claimed == []
+    assert _rows(store) == []
+    # Without fences it is the claim alone.
+    store.enqueue("q", "d")
+    acked, claimed = driver.execute(
+        driver.message_ack_claim([], Claim(["q"], "w", LEASE, 5, store.now_ms()))
+    )
+    assert acked == set() and [m.payload for m in claimed] == ["d"]
+
+
+def test_ack_claim_sees_a_runs_next_message_where_the_dialect_does(store: Store) -> None:
+    store.enqueue("q", "first", run_id="r")
+    store.enqueue("q", "second", run_id="r")
+    [first] = _claim(store, ["q"])
+    op = store.driver.message_ack_claim([first.fence], Claim(["q"], "w", LEASE, 5, store.now_ms()))
+    acked, claimed = store.driver.execute(op)
+    assert acked == {first.id}
+    # SQLite's one transaction sees the ack free the run; PostgreSQL's one statement does
+    # not (the next claim takes it): both are documented, neither loses the message.
+    if not claimed:
+        claimed = _claim(store, ["q"])
+    assert [m.payload for m in claimed] == ["second"]
+
+
+def test_renew_extends_held_leases_only(store: Store, clock: FakeClock) -> None:
+    store.enqueue("q", "a", run_id="r")
+    store.enqueue("q", "b")
+    a, b = _claim(store, ["q"])
+    store.ack([b.fence])
+    clock.advance(1000)
+    op = store.driver.message_renew([a.fence, b.fence, Fence(a.id, "x", a.attempt)], LEASE, clock())
+    assert store.driver.execute(op) == {a.id: clock() + LEASE}
+    assert store.driver.execute(store.driver.message_renew([], LEASE, None)) == {}
+
+
+def test_transition_releases_parks_and_fails_with_its_event(store: Store) -> None:
+    for payload in ("a", "b", "c"):
+        store.enqueue("q", payload, task_id=payload)
+    a, b, c = _claim(store, ["q"])
+    driver, also_ran = store.driver, []
+    release = Change("ready", "released", refund=True)
+    assert driver.execute(driver.message_transition([a.fence], release, store.now_ms())) == {a.id}
+    park = Change("parked", "paused", reason="paused")
+    op = driver.message_transition(
+        [b.fence], park, store.now_ms(), also=lambda conn: also_ran.append(1)
+    )
+    assert driver.execute(op) == {b.id} and also_ran == [1]
+    fail = Change("dead", "failed", reason="rejected", data='{"reason": "rejected"}')
+    assert driver.execute(driver.message_transition([c.fence], fail, store.now_ms())) == {c.id}
+    # A stale fence changes nothing, and ``also`` does not run.
+    op = driver.message_transition(
+        [c.fence], fail, store.now_ms(), also=lambda conn: also_ran.append(2)
+    )
+    assert driver.execute(op) == set() and also_ran == [1]
+    states = {
+        m.payload: (m.state, m.reason)
+        for m in (store.get_message(i) for i in (a.id, b.id, c.id))
+        if m
+    }
+    assert states == {"a": ("ready", None), "b": ("parked", "paused"), "c": ("dead", "rejected")}
+    assert [e.kind for e in store.events(task_id="b")][-1] == "paused"
+
+
+# ---- results ----------------------------------------------------------------------------
+
+
+def _result(
+    key: str, value: bytes, fence: Fence | None, now: int, *, keep: bool = False
+) -> ResultWrite:
+    row = {
+        "key": key,
+        "value": value,
+        "state": "SUCCESS",
+        "task_id": key,
+        "message_id": None if fence is None else fence.message_id,
+        "attempt": None if fence is None else fence.attempt,
+        "expires_at_ms": None,
+        "updated_at_ms": 1,
+    }
+    return ResultWrite(row, fence, keep, None, now, "unused")
+
+
+def test_result_put_is_fenced_and_keeps_a_success(store: Store, clock: FakeClock) -> None:
+    store.enqueue("q", "a", task_id="t")
+    [m] = _claim(store, ["q"])
+    driver = store.driver
+    assert (
+        driver.execute(driver.result_put(_result("t", b"1", m.fence, store.now_ms())))
+        is Outcome.UPDATED
+    )
+    stale = Fence(m.id, m.lease_owner or "", m.attempt + 1)
+    assert (
+        driver.execute(driver.result_put(_result("t", b"2", stale, store.now_ms())))
+        is Outcome.LEASE_LOST
+    )
+    kept = driver.execute(driver.result_put(_result("t", b"3", None, store.now_ms(), keep=True)))
+    assert kept is Outcome.KEPT_SUCCESS
+    assert (
+        driver.execute(driver.result_put(_result("u", b"4", None, store.now_ms())))
+        is Outcome.UPDATED
+    )
+
+
+# ---- offers -----------------------------------------------------------------------------
+
+
+def test_offers_where_the_dialect_has_them(store: Store) -> None:
+    driver = store.driver
+    offer = Offer(["q"], [0], "w", LEASE, 12345, 10_000, store.now_ms())
+    if not driver.caps.offers:
+        with pytest.raises(ConfigurationError, match="PostgreSQL"):
+            driver.offer_put(offer)
+        assert driver.execute(driver.offer_withdraw("w")) is None
+        return
+    store.enqueue("q", "now")
+    [m] = _claim(store, ["q"])
+    store.enqueue("q", "later", delay_ms=5_000)
+    acked, due = driver.execute(driver.offer_ack([m.fence], offer))
+    assert acked == {m.id} and due == 5_000
+    assert driver.execute(driver.offer_put(offer)) == 5_000  # the offer stands again
+    assert driver.execute(driver.offer_withdraw("w", handed_too=True)) is None
+
+
+# ---- what the drivers share -------------------------------------------------------------
 
 
 def test_the_timeline_is_the_same_on_every_dialect(store: Store, clock: FakeClock) -> None:
-    """PostgreSQL writes run locks and events inside its statements, SQLite beside them
-    (``after_claim``, ``after_transitions``): the store reads back the same timeline."""
+    """PostgreSQL writes run locks and events inside its statements, SQLite beside them: the
+    store reads back the same timeline."""
     store.enqueue("q", "a", task_id="t1", run_id="r1")
     store.enqueue("q", "b", task_id="t2", run_id="r1")
     [first] = store.claim(["q"], "w", lease_ms=LEASE, limit=5)
@@ -122,7 +350,9 @@ def test_a_commit_wakes_the_driver_s_waker(store: Store) -> None:
     try:
         waker.ready()  # connect (PostgreSQL: LISTEN) and take what is pending
         with store.driver.writing() as conn:
-            conn.execute(store.sql.enqueue_plain, _new("q", "wake"))
+            store.driver.run_on(
+                conn, store.driver.message_publish([_new("q", "wake")], store.now_ms())
+            )
             store.driver.notify(conn, channel, "hello")
         assert waker.wait(10.0)
     finally:
@@ -135,20 +365,7 @@ def test_a_fork_section_is_a_context_manager(store: Store) -> None:
     assert [p for _, p in _rows(store)] == ["inside"]
 
 
-def _new(queue: str, payload: str) -> dict[str, Any]:
-    return {
-        "queue": queue,
-        "payload": payload,
-        "priority": 0,
-        "delay_ms": 0,
-        "run_id": None,
-        "task_id": None,
-        "max_attempts": 3,
-        "record": False,
-        "task_name": None,
-        "gate_key": None,
-        "gate_limit": None,
-        "group_id": None,
-        "now": None,
-        "channel": "unused",
-    }
+def test_every_operation_is_implemented_by_every_driver(store: Store) -> None:
+    abstract = getattr(Driver, "__abstractmethods__", frozenset())
+    assert {"message_claim", "message_ack", "message_publish", "result_put"} <= abstract
+    assert not getattr(type(store.driver), "__abstractmethods__", frozenset())

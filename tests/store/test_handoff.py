@@ -17,7 +17,7 @@ from sqlease import Store
 from sqlease._core.handoff import Handoff, lock_key_for, split
 from sqlease._core.results import ResultStore
 from sqlease._db.driver import Lane
-from sqlease._db.wakeup import PostgresListener
+from sqlease._db.postgresql.listener import PostgresListener
 from sqlease.store import Fence
 from sqlease.testing import FakeClock
 from sqlease.types import NewMessage, Outcome

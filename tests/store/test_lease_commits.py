@@ -4,6 +4,7 @@ only redelivers its message; a publish or result lost would lose work."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -12,15 +13,16 @@ from sqlalchemy.engine import make_url
 
 from conftest import unique_prefix
 from sqlease._core.results import ResultStore
-from sqlease._db.driver import Lane
-from sqlease._db.engine import (
+from sqlease._db.driver import Lane, Op
+from sqlease._db.engine import get_engine
+from sqlease._db.postgresql.engine import (
     GENERIC_PLANS_OPTION,
     NO_FLUSH_WAIT_OPTION,
     SESSION_OPTIONS,
-    get_engine,
-    postgresql_connect_args,
 )
+from sqlease._db.postgresql.engine import connect_args as postgresql_connect_args
 from sqlease._db.postgresql.fastpath import FastPath
+from sqlease._db.postgresql.lanes import NoFlushTransactions
 from sqlease.errors import ConfigurationError
 from sqlease.options import TransportOptions
 from sqlease.store import NewMessage, Store
@@ -29,23 +31,30 @@ from sqlease.types import Outcome
 SHOW = text("SELECT current_setting('synchronous_commit') AS sync")
 
 
-def _sync(fast: FastPath | None) -> str:
-    assert fast is not None
+def _sync(fast: FastPath | NoFlushTransactions) -> str:
     fast._engine.dispose()  # process-wide engines: an earlier test may have killed their pool
     [row] = fast.rows(SHOW, {})
     return str(row["sync"])
 
 
 def _commit_levels_of_publishes(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The ``synchronous_commit`` each transactional publish runs under, as it runs."""
+    """The ``synchronous_commit`` each publish that is a transaction runs under, as it runs."""
     seen: list[str] = []
-    real_enqueue_on = store._enqueue_on
+    real = store.driver.message_publish
 
-    def enqueue_on(conn: Any, rows: Any, now: Any, **kw: Any) -> Any:
-        seen.append(str(conn.execute(SHOW).scalar()))
-        return real_enqueue_on(conn, rows, now, **kw)
+    def publish(rows: Any, now: Any, **kw: Any) -> Op[Any]:
+        op = real(rows, now, **kw)
+        body = op.body
+        if body is None:
+            return op
 
-    monkeypatch.setattr(store, "_enqueue_on", enqueue_on)
+        def spied(conn: Any) -> Any:
+            seen.append(str(conn.execute(SHOW).scalar()))
+            return body(conn)
+
+        return dataclasses.replace(op, body=spied)
+
+    monkeypatch.setattr(store.driver, "message_publish", publish)
     return seen
 
 
@@ -186,11 +195,14 @@ def test_an_engine_passed_in_skips_the_flush_for_its_publishes_transaction(
 ) -> None:
     engine = get_engine(pg_database_url)
     store = Store(engine, table_prefix=unique_prefix(), publish_sync_commit=False)
-    assert (
-        store.driver.lane(Lane.PUBLISH) is None
-    )  # the app's engine has no no-flush pool of sqlease's
+    # The app's engine has no no-flush pool of sqlease's: each publish is a transaction of
+    # its own that skips the flush (SET LOCAL), one row as several.
+    lane = store.driver.lane(Lane.PUBLISH)
+    assert isinstance(lane, NoFlushTransactions)
+    assert _sync(lane) == "off"
     seen = _commit_levels_of_publishes(store, monkeypatch)
     [one] = store.enqueue_many([NewMessage(queue="q", payload="{}", task_id="t1")])
+    store.enqueue_many([NewMessage(queue="q", payload="{}", task_id=f"t{i}") for i in (2, 3)])
     assert seen == ["off"]
     with engine.connect() as conn:
         assert conn.execute(SHOW).scalar() == "on"

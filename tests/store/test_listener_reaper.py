@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from sqlease._db import wakeup
+from sqlease._db.postgresql import listener as wakeup
 
 pytestmark = [pytest.mark.pg, pytest.mark.timeout(120)]
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import generate_latest
 
-from sqlease._admin_stats import EVENT_SETTLE_MS
 from sqlease._core.maintenance import run_pass
+from sqlease._db.postgresql.driver import EVENT_SETTLE_MS
 from sqlease.admin import Admin
 from sqlease.metrics import COUNTERS, build_registry
 from sqlease.store import Store

@@ -201,14 +201,14 @@ def test_a_new_schema_is_the_one_the_migrations_build_one_by_one(db_url: str) ->
     made is not looked for again); it must come out exactly as running every migration in
     turn, with those reads, makes it: tables, columns, indexes, constraints, sequences and
     table settings."""
-    from sqlease._db.migrations import MIGRATIONS
+    from sqlease._db.migrations import MIGRATIONS, run_migration
     from sqlease._db.tables import build_tables
 
     fresh = Store(db_url, table_prefix=unique_prefix())
     one_by_one = build_tables(unique_prefix())
     with fresh.engine.begin() as conn:
-        for migration in MIGRATIONS:
-            migration(conn, one_by_one)
+        for version in range(1, len(MIGRATIONS) + 1):
+            run_migration(version, conn, one_by_one)
         conn.execute(one_by_one.schema_version.insert().values(id=1, version=CURRENT_VERSION))
     dialect = fresh.engine.dialect.name
     with fresh.engine.connect() as conn:

@@ -50,7 +50,7 @@ def test_a_release_to_claim_now_wakes_idle_workers(pg_database_url: str) -> None
 _FORKING_LISTENER = """
 import os, signal, sys, time
 from sqlalchemy.engine import make_url
-from sqlease._db.wakeup import PostgresListener
+from sqlease._db.postgresql.listener import PostgresListener
 
 listener = PostgresListener(make_url(sys.argv[1]), "fork_test", lock_key=int(sys.argv[2]))
 assert listener.fileno() is not None  # connected, listening, advisory lock held
@@ -106,12 +106,12 @@ def test_a_forked_child_does_not_keep_a_killed_workers_listen_session(
 def test_sqlease_keeps_the_urls_own_session_options_and_connect_timeout() -> None:
     from sqlalchemy.engine import make_url
 
-    from sqlease._db.engine import (
+    from sqlease._db.postgresql.engine import (
         CONNECT_TIMEOUT_S,
         GENERIC_PLANS_OPTION,
         SESSION_OPTIONS,
-        postgresql_connect_args,
     )
+    from sqlease._db.postgresql.engine import connect_args as postgresql_connect_args
 
     plain = postgresql_connect_args(make_url("postgresql+psycopg://u@h/db"))
     assert plain["options"] == SESSION_OPTIONS

@@ -81,7 +81,7 @@ def never(jobs: list[Job]) -> list[Done]:
 
 
 def backend_pid(calls: LoopCalls) -> int:
-    driver = calls._fairy.driver_connection
+    driver = calls._line._fairy.driver_connection
     assert isinstance(driver, psycopg.Connection)
     return int(driver.info.backend_pid)
 
@@ -95,7 +95,7 @@ def test_the_loop_sends_the_statement_and_reads_its_rows_when_they_come(
     monkeypatch.setattr(FastPath, "rows", lambda *a, **k: blocking.append(a))
     notified: list[int] = []
     calls = LoopCalls(
-        hub, store.driver.lane(Lane.LEASES), lambda: notified.append(1), acks(store), never
+        hub, store.driver.line(Lane.LEASES), lambda: notified.append(1), acks(store), never
     )
     calls.submit("a", lambda: None, fences=[first])
     calls.submit("b", lambda: None, fences=[second, third])  # waits: one statement at a time
@@ -117,7 +117,7 @@ def test_the_loop_sends_the_statement_and_reads_its_rows_when_they_come(
 
 def test_wait_idle_finishes_what_is_under_way_without_the_loop(store: Store, hub: Hub) -> None:
     assert store.driver.lane(Lane.LEASES) is not None
-    calls = LoopCalls(hub, store.driver.lane(Lane.LEASES), lambda: None, acks(store), never)
+    calls = LoopCalls(hub, store.driver.line(Lane.LEASES), lambda: None, acks(store), never)
     fences = leased(store, 2)
     calls.submit("a", lambda: None, fences=fences[:1])
     calls.submit("b", lambda: None, fences=fences[1:])
@@ -130,14 +130,14 @@ def test_a_statement_error_is_the_outcome_and_the_connection_is_kept(
     store: Store, hub: Hub
 ) -> None:
     assert store.driver.lane(Lane.LEASES) is not None
-    calls = LoopCalls(hub, store.driver.lane(Lane.LEASES), lambda: None, fails(store), never)
+    calls = LoopCalls(hub, store.driver.line(Lane.LEASES), lambda: None, fails(store), never)
     calls.submit("a", lambda: None)
     calls.submit("b", lambda: None)
     run_until(hub, lambda: len(calls._done) == 2)
     outcomes = calls.collect()
     assert len(outcomes) == 2
     assert all(isinstance(o.error, sa_exc.DataError) for o in outcomes)
-    assert calls._fairy is None  # given back on the failure, as the pinned path does
+    assert not calls._line.holds_connection  # given back on the failure, as the pinned path does
     calls.stop()
     pool = store.driver.lane(Lane.LEASES)._engine.pool
     assert pool.checkedout() == store.driver.lane(Lane.LEASES).spares_kept()  # type: ignore[attr-defined]
@@ -147,7 +147,7 @@ def test_a_dropped_connection_is_ridden_out_on_a_fresh_one(
     store: Store, hub: Hub, pg_database_url: str
 ) -> None:
     assert store.driver.lane(Lane.LEASES) is not None
-    calls = LoopCalls(hub, store.driver.lane(Lane.LEASES), lambda: None, acks(store), never)
+    calls = LoopCalls(hub, store.driver.line(Lane.LEASES), lambda: None, acks(store), never)
     first, second = leased(store, 2)
     calls.submit("a", lambda: None, fences=[first])
     run_until(hub, lambda: bool(calls._done))
@@ -178,7 +178,7 @@ def test_a_database_that_stays_away_fails_the_calls_after_the_retry_time(
         raise sa_exc.OperationalError("connect", {}, Exception("connection refused"))
 
     monkeypatch.setattr(store.driver.lane(Lane.LEASES), "kept_connection", refused)
-    calls = LoopCalls(hub, store.driver.lane(Lane.LEASES), lambda: None, acks(store), never)
+    calls = LoopCalls(hub, store.driver.line(Lane.LEASES), lambda: None, acks(store), never)
     calls.submit("a", lambda: None, fences=fences[:1])
     calls.submit("b", lambda: None, fences=fences[1:])  # waits behind it, then the same
     run_until(hub, lambda: len(calls._done) == 2)
@@ -197,7 +197,7 @@ def test_calls_that_are_not_one_statement_run_through_combine(store: Store, hub:
         ran.append([j.key for j in jobs])
         return [Done(j.key, value="combined") for j in jobs]
 
-    calls = LoopCalls(hub, store.driver.lane(Lane.LEASES), lambda: None, lambda jobs: None, combine)
+    calls = LoopCalls(hub, store.driver.line(Lane.LEASES), lambda: None, lambda jobs: None, combine)
     calls.submit("a", lambda: None)
     assert ran == [["a"]] and [o.value for o in calls.collect()] == ["combined"]
     calls.stop()

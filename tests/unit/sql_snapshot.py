@@ -35,10 +35,10 @@ def _statements(name: str) -> dict[str, str | None]:
             rendered[f"fragment {attr}"] = value
         elif value is None:
             rendered[attr] = None
-    from sqlease._db.leaders import leader_statements
-
-    for attr, value in sorted(vars(leader_statements(build_tables(PREFIX), name)).items()):
+    for attr, value in sorted(vars(sql.leaders).items()):
         rendered[f"leader {attr}"] = value.text
+    for attr, value in sorted(vars(sql.unique).items()):
+        rendered[f"unique {attr}"] = value.text
     from sqlease._db.schedules import schedule_statements
 
     for attr, value in sorted(vars(schedule_statements(build_tables(PREFIX))).items()):

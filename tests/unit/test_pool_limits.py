@@ -7,8 +7,8 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from sqlease import ConfigurationError
-from sqlease._db.engine import postgresql_connect_args
 from sqlease._db.postgresql import pooler
+from sqlease._db.postgresql.engine import connect_args as postgresql_connect_args
 
 BASE = "postgresql+psycopg://u@h/db"
 

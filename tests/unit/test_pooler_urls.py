@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.engine import make_url
 
-from sqlease._db.engine import postgresql_connect_args
+from sqlease._db.postgresql.engine import connect_args as postgresql_connect_args
 from sqlease._db.postgresql.pooler import split
 from sqlease.errors import ConfigurationError
 

@@ -7,8 +7,7 @@ this base; ``sqlease.store.Store`` puts them together and sets the attributes de
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -26,19 +25,6 @@ if TYPE_CHECKING:
 Clock = Callable[[], int]
 
 
-def due_ms(rows: list[dict[str, Any]]) -> int | None:
-    """The ``due`` column of an offer statement: milliseconds until the next delayed message."""
-    due = rows[0]["due"] if rows else None
-    return None if due is None else max(0, int(due))
-
-
-def by_owner(fences: Iterable[Fence]) -> dict[str, list[Fence]]:
-    groups: dict[str, list[Fence]] = defaultdict(list)
-    for fence in fences:
-        groups[fence.owner].append(fence)
-    return groups
-
-
 def dump(data: Any) -> str | None:
     return None if data is None else json.dumps(data, sort_keys=True, default=str)
 
@@ -54,16 +40,12 @@ class StoreBase:
     max_attempts: int
     max_payload_bytes: int
     publish_sync_commit: bool
-    #: PostgreSQL channel that enqueue notifies and idle workers LISTEN on.
+    #: The channel publishes notify and idle workers listen on (PostgreSQL).
     notify_channel: str
 
     def _writing(self, statements: int = 2) -> AbstractContextManager[Connection]:
         """A short write transaction (one statement needs no BEGIN/COMMIT on PostgreSQL)."""
         return self.driver.writing(statements)
-
-    def _writing_hot(self, statements: int = 2) -> AbstractContextManager[Connection]:
-        """``_writing`` for the per-task operations (enqueue, claim, ack, take, renew)."""
-        return self.driver.writing_hot(statements)
 
     def _reading(self) -> AbstractContextManager[Connection]:
         """A read-only transaction (on SQLite a deferred one: no write lock)."""

@@ -16,9 +16,9 @@ from typing import Any
 from sqlalchemy import Connection, and_, case, delete, func, or_, select, update
 
 from sqlease._core.results import ResultStore, exception_meta
-from sqlease._core.rows import row_to_message
 from sqlease._core.store import Store
 from sqlease._core.waits import validate
+from sqlease._db.rows import row_to_message
 from sqlease.errors import InvalidAnswer, InvalidTransition
 from sqlease.types import Message
 
@@ -56,7 +56,7 @@ class Control:
         """Update the matching messages, drop their run locks, write one event each."""
         m, r = self.t.messages, self.t.runs
         now = self.store.now_ms()
-        with self.store.engine.begin() as conn:
+        with self.store.driver.writing() as conn:
             rows = conn.execute(update(m).where(where).values(**values).returning(m)).fetchall()
             changed = [row_to_message(row) for row in rows]
             if changed:  # their gate slots (PostgreSQL's; none on SQLite)
@@ -154,7 +154,7 @@ class Control:
         except (TypeError, ValueError) as exc:
             raise InvalidAnswer(f"the answer must be JSON-serializable: {exc}") from exc
         w = self.t.waits
-        with self.store.engine.begin() as conn:
+        with self.store.driver.writing() as conn:
             wait = conn.execute(
                 select(w)
                 .where(w.c.task_id == task_id, w.c.status == "waiting")

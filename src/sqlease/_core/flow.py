@@ -135,7 +135,7 @@ class FlowLimits(StoreBase):
         checked = check_limits(limits)
         fl = self.tables.flow_limits
         stamp = self._stamp(now)
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             if replace:
                 conn.execute(
                     fl.update().where(fl.c.name.notin_(list(checked))).values(concurrency=None)
@@ -154,7 +154,7 @@ class FlowLimits(StoreBase):
         fl = self.tables.flow_limits
         stamp = self._stamp(now)
         none = {"interval_ms": None, "tau_ms": None, "tat_ms": None, "rate": None}
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             if replace:
                 conn.execute(fl.update().where(fl.c.name.notin_(list(checked))).values(**none))
             current = {
@@ -183,7 +183,7 @@ class FlowLimits(StoreBase):
     def remove_limit(self, name: str) -> bool:
         """Drop the concurrency and the rate limit named ``name``."""
         fl = self.tables.flow_limits
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             return bool(conn.execute(delete(fl).where(fl.c.name == name)).rowcount)
 
     @transient

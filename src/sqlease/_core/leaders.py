@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from sqlease._core.base import StoreBase
-from sqlease._db.leaders import LeaderStatements, leader_statements
+from sqlease._db.leaders import LeaderStatements
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class LeaderLease:
         #: The time leases and events are written at: the database's unless a test gives a
         #: clock (the store's own, else this one).
         self.clock = clock or store.clock
-        self._leaders: LeaderStatements = leader_statements(store.tables, store.engine.dialect.name)
+        self._leaders: LeaderStatements = store.sql.leaders
 
     def _at(self, now: int | None) -> int | None:
         """``now`` for a statement: given, the clock's, or None (the database's clock)."""

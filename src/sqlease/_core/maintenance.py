@@ -15,7 +15,7 @@ import logging
 import threading
 from typing import Any
 
-from sqlalchemy import Connection, delete, exists, func, not_, or_, select, update
+from sqlalchemy import Connection, delete, exists, not_, or_, select, update
 
 from sqlease._core import exhausted_results, retention
 from sqlease._core.flow_events import record_waits
@@ -24,10 +24,6 @@ from sqlease._core.store import Store
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = "maintenance"
-#: A handoff offer this long past its expiry whose worker's listening connection is gone (its
-#: advisory lock free) belongs to a worker that was killed: nobody will withdraw it.
-DEAD_OFFER_AFTER_MS = 60_000
-
 #: Celery's control_queue_ttl / event_queue_ttl are 300 s / 5 s; copies older than this in
 #: remote-control and event queues have no reader left.
 BROADCAST_TTL_MS = 300_000
@@ -42,7 +38,7 @@ def acquire(store: Store, owner: str, lease_ms: int, now: int) -> bool:
         set_={"owner": values.excluded.owner, "expires_at_ms": values.excluded.expires_at_ms},
         where=or_(locks.c.expires_at_ms <= now, locks.c.owner == owner),
     ).returning(locks.c.owner)
-    with store.engine.begin() as conn:
+    with store.driver.writing() as conn:
         got = conn.execute(stmt).scalar()
     return got == owner
 
@@ -52,7 +48,7 @@ def release(store: Store, owner: str) -> bool:
     without waiting out this one's lease. True if it was held."""
     locks = store.tables.locks
     stmt = delete(locks).where(locks.c.name == LOCK_NAME, locks.c.owner == owner)
-    with store.engine.begin() as conn:
+    with store.driver.writing() as conn:
         return bool(conn.execute(stmt).rowcount)
 
 
@@ -69,10 +65,10 @@ def run_pass(
     ``dead_retention_ms`` (default: ``event_retention_ms``) keeps dead messages and the
     results sqlease writes without an expiry."""
     now = store.now_ms() if now is None else now
-    with store.engine.begin() as conn:
+    with store.driver.writing() as conn:
         summary = {"steps_outcome_unknown": _interrupted_steps(conn, store, now)}
     summary.update(_leftovers(store, now))
-    with store.engine.begin() as conn:
+    with store.driver.writing() as conn:
         summary["waiting_for_limit"] = record_waits(conn, store, now)
     summary["exhausted_results_written"] = exhausted_results.write_missing(store)
     summary.update(
@@ -170,14 +166,8 @@ def leftover_statements(store: Store, now: int, broadcast_names: list[str]) -> d
         # Gate slots whose lease expired (PostgreSQL's; a claim reuses them anyway).
         "gate_slots_pruned": delete(t.slots).where(t.slots.c.lease_expires_at_ms <= now),
     }
-    if store.driver.caps.offers:
-        offers = t.offers
-        # The lock test runs last (SQL does not promise an order; a live worker's lock only
-        # makes the test fail, it never waits).
-        lock_free = func.pg_try_advisory_xact_lock_shared(offers.c.lock_key)
-        found["dead_offers_dropped"] = delete(offers).where(
-            offers.c.expires_at_ms < now - DEAD_OFFER_AFTER_MS, lock_free
-        )
+    # What only the dialect writes (PostgreSQL: dead workers' handoff offers).
+    found.update(store.driver.leftovers(now))
     return found
 
 
@@ -192,7 +182,7 @@ def _leftovers(store: Store, now: int) -> dict[str, int]:
         if kind == "broadcasts_dropped":
             done[kind] = retention.Batches(store).run_all([statement]) if names else 0
             continue
-        with store.engine.begin() as conn:
+        with store.driver.writing() as conn:
             done[kind] = _count(conn.execute(statement))
     return done
 

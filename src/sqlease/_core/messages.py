@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, TextClause
+from sqlalchemy import Connection
 
 from sqlease._core.base import StoreBase
 from sqlease._core.flow import check_concurrency
-from sqlease._core.rows import row_to_message
 from sqlease._core.uniques import Uniques, check_unique
-from sqlease._db.driver import Lane
 from sqlease._db.retry import transient
+from sqlease._db.rows import row_to_message
 from sqlease.errors import ConfigurationError, PayloadTooLarge
 from sqlease.types import Message, NewMessage
 
@@ -111,46 +110,26 @@ class Messages(Uniques, StoreBase):
     ) -> list[int]:
         """Add messages in one transaction; returns their ids in order. A unique task whose
         key holds enqueues nothing: its id in the list is the original's message, or 0 once
-        that message is gone (``sqlease._core.uniques``)."""
+        that message is gone (``sqlease._core.uniques``). With ``connection`` the messages
+        join that transaction (never handed to an idle worker: the offer's row would stay
+        locked until it ends)."""
         rows = [self._check_new(m) for m in messages]
         if not rows:
             return []
-        if connection is not None:
-            return self._enqueue_on(connection, rows, self._now(now), handoff=False)
-        publish = self.driver.lane(Lane.PUBLISH)
         unique = any(r["unique_key"] is not None for r in rows)
-        if publish is not None and len(rows) == 1 and not unique:  # one statement: autocommit
-            params = dict(rows[0], now=self._now(now), channel=self.notify_channel)
-            return [int(publish.rows(self._publish_statement(rows[0]), params)[0]["id"])]
-        # A unique task's publish is several statements: never in autocommit.
-        with self.driver.publishing(len(rows) + (2 if unique else 0)) as conn:
-            return self._enqueue_on(conn, rows, self._now(now))
+        op = self.driver.message_publish(
+            rows,
+            self._now(now),
+            handoff=connection is None,
+            admit=self._admit_id if unique else None,
+        )
+        if connection is not None:
+            return self.driver.run_on(connection, op)
+        return self.driver.execute(op)
 
-    def _publish_statement(self, row: dict[str, Any]) -> TextClause:
-        """The publish with the handoff lookup only for a message that an idle worker's offer
-        could take: one with a run, a delay or a concurrency key never can (a claim must check
-        its run, due time or gate), and on PostgreSQL the lookup costs such a publish about
-        50 us of server time for nothing (benchmarks/publish_floor.py)."""
-        if row["run_id"] is None and row["delay_ms"] <= 0 and row["gate_key"] is None:
-            return self.sql.enqueue
-        return self.sql.enqueue_plain
-
-    def _enqueue_on(
-        self, conn: Connection, rows: list[dict[str, Any]], now: int | None, *, handoff: bool = True
-    ) -> list[int]:
-        ids: list[int] = []
-        for row in rows:
-            if row["unique_key"] is not None:
-                duplicate = self._admit(conn, row, now)
-                if duplicate is not None:
-                    ids.append(duplicate.message_id or 0)
-                    continue
-            params = dict(row, now=now, channel=self.notify_channel)
-            statement = self._publish_statement(row) if handoff else self.sql.enqueue_plain
-            message_id = int(conn.execute(statement, params).scalar_one())
-            ids.append(message_id)
-            self.driver.after_enqueue(conn, row, message_id, now)
-        return ids
+    def _admit_id(self, conn: Connection, row: Mapping[str, Any], now: int | None) -> int | None:
+        duplicate = self._admit(conn, dict(row), now)
+        return None if duplicate is None else duplicate.message_id or 0
 
     @transient
     def take(
@@ -159,14 +138,7 @@ class Messages(Uniques, StoreBase):
         """Delete and return up to ``limit`` ready messages (for consumers that never ack)."""
         if not queues or limit < 1:
             return []
-        params = {
-            "queues": self.driver.queues_param(queues),
-            "limit": int(limit),
-            "now": self._now(now),
-        }
-        with self._writing_hot(statements=1) as conn:
-            rows = conn.execute(self.sql.take, params).fetchall()
-        taken = [row_to_message(r) for r in rows]
+        taken = self.driver.execute(self.driver.message_take(queues, int(limit), self._now(now)))
         taken.sort(key=lambda m: (-m.priority, m.available_at_ms, m.id))
         return taken
 
@@ -197,7 +169,7 @@ class Messages(Uniques, StoreBase):
         if not isinstance(budget, int) or budget < 1:
             raise ConfigurationError(f"max_attempts must be an integer >= 1, not {budget!r}")
         now = self._now(now)
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             row = conn.execute(
                 self.sql.requeue,
                 {
@@ -236,7 +208,7 @@ class Messages(Uniques, StoreBase):
     def purge(self, queue: str, *, now: int | None = None) -> int:
         """Delete the queue's undelivered messages (leased ones are left to their holders)."""
         now = self._now(now)
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             rows = conn.execute(self.sql.purge, {"queue": queue, "now": now}).fetchall()
             for r in rows:
                 self._insert_event(conn, r.task_id, r.id, r.attempt, "purged", None, now)

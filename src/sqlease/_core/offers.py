@@ -1,13 +1,12 @@
-"""Idle workers' standing offers (PostgreSQL handoff, see sqlease._core.handoff)."""
+"""Idle workers' standing offers (the handoff, where the driver's ``caps.offers``; see
+sqlease._core.handoff)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from sqlease._core.base import due_ms
 from sqlease._core.leases import Leases
-from sqlease._db.driver import Lane
+from sqlease._db.driver import Offer
 from sqlease._db.retry import transient
 from sqlease.errors import ConfigurationError
 from sqlease.types import Fence
@@ -40,15 +39,10 @@ class Offers(Leases):
         if not queues:
             self.withdraw_offers(owner)
             return None
-        planned = self.driver.lane(Lane.PLANNED)
-        if not self.driver.caps.offers or planned is None:
-            raise ConfigurationError("handoff offers need PostgreSQL")
-        params = self._offer_params(queues, owner, lease_ms, lock_key, ttl_ms, seen, now)
-        assert self.sql.offer_and_next_due is not None
-        rows = planned.rows(self.sql.offer_and_next_due, params)
-        return due_ms(rows)
+        terms = self._offer(queues, owner, lease_ms, lock_key, ttl_ms, seen, now)
+        return self.driver.execute(self.driver.offer_put(terms))
 
-    def _offer_params(
+    def _offer(
         self,
         queues: Sequence[str],
         owner: str,
@@ -57,20 +51,13 @@ class Offers(Leases):
         ttl_ms: int,
         seen: Mapping[str, int] | None,
         now: int | None,
-    ) -> dict[str, Any]:
+    ) -> Offer:
         for name, value in (("lease_ms", lease_ms), ("ttl_ms", ttl_ms)):
             if not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be a positive integer, not {value!r}")
         names = list(dict.fromkeys(queues))  # one write per queue: a name given twice is one
-        return {
-            "queues": names,
-            "seen": [int((seen or {}).get(q, 0)) for q in names],
-            "owner": owner,
-            "lease_ms": lease_ms,
-            "lock_key": int(lock_key),
-            "ttl_ms": ttl_ms,
-            "now": self._now(now),
-        }
+        heard = [int((seen or {}).get(q, 0)) for q in names]
+        return Offer(names, heard, owner, lease_ms, int(lock_key), ttl_ms, self._now(now))
 
     def ack_and_offer(
         self,
@@ -84,16 +71,11 @@ class Offers(Leases):
         seen: Mapping[str, int] | None = None,
         now: int | None = None,
     ) -> tuple[set[int], int | None]:
-        """``ack(fences)`` and ``offer(queues, owner, …)`` in one statement (PostgreSQL): the
-        ack that leaves a worker idle also leaves its offer. Returns the ids acked and when
-        the next delayed message of ``queues`` is due. Fences of another owner, or no
-        queues: the two run separately."""
-        if (
-            not self.driver.caps.offers
-            or not fences
-            or not queues
-            or any(f.owner != owner for f in fences)
-        ):
+        """``ack(fences)`` and ``offer(queues, owner, …)`` in one commit (PostgreSQL: one
+        statement when every fence is ``owner``'s): the ack that leaves a worker idle also
+        leaves its offer. Returns the ids acked and when the next delayed message of
+        ``queues`` is due."""
+        if not fences or not queues:
             acked = self.ack(fences, now=now) if fences else set()
             due = self.offer(
                 queues,
@@ -105,31 +87,19 @@ class Offers(Leases):
                 now=now,
             )
             return acked, due
-        params = {
-            **self.driver.fence_params(fences),
-            **self._offer_params(queues, owner, lease_ms, lock_key, ttl_ms, seen, now),
-        }
-        planned = self.driver.lane(Lane.PLANNED)
-        assert planned is not None and self.sql.ack_offer is not None
-        rows = planned.rows(self.sql.ack_offer, params)
-        acked = {int(i) for i in (rows[0]["acked_ids"] or [])} if rows else set()
-        return acked, due_ms(rows)
+        terms = self._offer(queues, owner, lease_ms, lock_key, ttl_ms, seen, now)
+        return self.driver.execute(self.driver.offer_ack(list(fences), terms))
 
     @transient
     def withdraw_offers(self, owner: str, *, handed_too: bool = False) -> None:
         """Remove ``owner``'s offers: no publish hands it a message from now on. Offers a
         publish used stay (no publish takes them) until the worker has heard of their
         handoffs, unless ``handed_too`` (the worker is closing)."""
-        statement = self.sql.offer_withdraw_all if handed_too else self.sql.offer_withdraw
-        default = self.driver.lane(Lane.DEFAULT)
-        if self.driver.caps.offers and default is not None and statement is not None:
-            default.rows(statement, {"owner": owner})
+        self.driver.execute(self.driver.offer_withdraw(owner, handed_too=handed_too))
 
     @transient
     def leased_to(self, owner: str) -> list[Fence]:
         """The fences of every message ``owner`` holds now, expired leases included."""
-        if not self.driver.caps.offers or self.sql.leased_to_owner is None:
-            return []
         with self._reading() as conn:
             rows = conn.execute(self.sql.leased_to_owner, {"owner": owner}).fetchall()
         return [Fence(int(r.id), owner, int(r.attempt)) for r in rows]

@@ -17,13 +17,12 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, or_, select, update
 
 from sqlease._core.store import Store
-from sqlease._db.driver import Lane
+from sqlease._db.driver import ResultWrite
 from sqlease._db.retry import transient
 from sqlease.types import Fence, Outcome
 
 TERMINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
-#: PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; a result that fits travels with
-#: its notification, a larger one is read back by the waiting client.
+#: PostgreSQL refuses NOTIFY payloads of 8000 bytes or more (a key is cut to fit).
 NOTIFY_LIMIT = 7900
 
 
@@ -112,61 +111,15 @@ class ResultStore:
             "expires_at_ms": None if not expires_ms else now + expires_ms,
             "updated_at_ms": now,
         }
-        if self.store.driver.caps.one_statement:
-            return self._put_in_one_statement(row, fence, keep_success, _offer_params(offer, fence))
-        insert = self._insert(self.results).values(**row)
-        upsert = insert.on_conflict_do_update(
-            index_elements=[self.results.c.key],
-            set_={k: insert.excluded[k] for k in row if k != "key"},
-            where=self.results.c.state.is_distinct_from("SUCCESS") if keep_success else None,
-        ).returning(self.results.c.key)
-        with self.store.engine.begin() as conn:
-            if fence is not None and not self._held(conn, fence, task_id):
-                return Outcome.LEASE_LOST
-            if conn.execute(upsert).first() is None:
-                return Outcome.KEPT_SUCCESS
-        return Outcome.UPDATED
-
-    def _put_in_one_statement(
-        self,
-        row: dict[str, Any],
-        fence: Fence | None,
-        keep_success: bool,
-        offer: dict[str, Any] | None = None,
-    ) -> Outcome:
-        # One statement in autocommit (one round trip, one commit): the lease check locks the
-        # message row, the upsert writes only if it held, and the notification goes out with
-        # the commit. The payload carries the value when it fits, so a waiting client need
-        # not read it back.
-        payload = row["key"]
-        try:
-            text_value = row["value"].decode("utf-8")
-        except UnicodeDecodeError:
-            text_value = None
-        if text_value is not None and "\x00" not in text_value:
-            candidate = f"{row['key']}\n{text_value}"
-            if len(candidate.encode("utf-8")) < NOTIFY_LIMIT:
-                payload = candidate
-        params = dict(
-            row,
-            channel=self.notify_channel,
-            payload=payload,
-            fenced=fence is not None,
-            owner=None if fence is None else fence.owner,
+        write = ResultWrite(
+            row=row,
+            fence=fence,
             keep_success=keep_success,
-            now=None if self.store.clock is None else row["updated_at_ms"],
+            offer=_offer_params(offer, fence),
+            now=None if self.store.clock is None else now,
+            channel=self.notify_channel,
         )
-        statement = self.store.sql.result_put
-        if offer is not None and self.store.sql.result_put_offer is not None:
-            statement = self.store.sql.result_put_offer
-            params.update(offer)
-        default = self.store.driver.lane(Lane.DEFAULT)
-        assert default is not None and statement is not None
-        (outcome,) = default.rows(statement, params)
-        held, stored = outcome["held"], outcome["stored"]
-        if fence is not None and not held:
-            return Outcome.LEASE_LOST
-        return Outcome.UPDATED if stored else Outcome.KEPT_SUCCESS
+        return self.store.driver.execute(self.store.driver.result_put(write))
 
     def _live(self) -> Any:
         return or_(
@@ -196,14 +149,14 @@ class ResultStore:
 
     @transient
     def delete(self, key: str) -> None:
-        with self.store.engine.begin() as conn:
+        with self.store.driver.writing() as conn:
             conn.execute(delete(self.results).where(self.results.c.key == key))
             conn.execute(delete(self.counters).where(self.counters.c.key == key))
 
     @transient
     def expire(self, key: str, seconds: float | None) -> None:
         expires = None if not seconds else self._now() + int(seconds * 1000)
-        with self.store.engine.begin() as conn:
+        with self.store.driver.writing() as conn:
             for table in (self.results, self.counters):
                 conn.execute(update(table).where(table.c.key == key).values(expires_at_ms=expires))
 
@@ -233,7 +186,7 @@ class ResultStore:
             index_elements=[self.counters.c.key],
             set_={"value": self.counters.c.value + 1},
         ).returning(self.counters.c.value)
-        with self.store.engine.begin() as conn:
+        with self.store.driver.writing() as conn:
             if fence is not None and not self._held(conn, fence, task_id):
                 raise FenceRefused(fence)
             if part is None:
@@ -326,7 +279,7 @@ class ResultStore:
         """Delete expired results and counters; returns how many rows went."""
         now = self._now()
         removed = 0
-        with self.store.engine.begin() as conn:
+        with self.store.driver.writing() as conn:
             for table in (self.results, self.counters):
                 result = conn.execute(
                     delete(table).where(

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sqlalchemy import Connection, Delete, and_, any_, delete, exists, or_, select
+from sqlalchemy import Connection, Delete, and_, delete, exists, or_, select
 
 from sqlease._core.store import Store
 from sqlease._db.tables import Tables
@@ -52,7 +52,7 @@ class Batches:
         """Run ``build()`` (a delete of at most ``batch`` rows) until it deletes fewer."""
         total = 0
         while True:
-            with self.store.engine.begin() as conn:
+            with self.store.driver.writing() as conn:
                 done = int(conn.execute(build()).rowcount or 0)
             total += done
             if done < batch or time.monotonic() >= self.deadline:
@@ -66,7 +66,7 @@ class Batches:
         """Run ``step`` (which handles at most ``batch`` items) until it handles fewer."""
         total = 0
         while True:
-            with self.store.engine.begin() as conn:
+            with self.store.driver.writing() as conn:
                 done = step(conn)
             total += done
             if done < batch or time.monotonic() >= self.deadline:
@@ -78,6 +78,8 @@ def _fixed(statement: Delete) -> Callable[[], Delete]:
 
 
 OneOf = Callable[[Any, Any], Any]
+#: The driver's deletes of old batch events (``Driver.batch_event_deletes``).
+BatchEvents = Callable[[Any, int], dict[str, Delete]]
 
 
 def _in_batch(one_of: OneOf, key: Any, query: Any) -> Any:
@@ -117,10 +119,12 @@ def unexpiring_results(t: Tables, horizon: int, one_of: OneOf) -> Delete:
     return delete(r).where(_in_batch(one_of, r.c.key, old))
 
 
-def old_events(t: Tables, horizon: int, one_of: OneOf, *, batch_events: bool) -> dict[str, Delete]:
-    """Old events, in three statements (one OR of them would read every message into a
-    hash): of no task, of a task with no message left, and (PostgreSQL) batch events none
-    of whose tasks is still queued."""
+def old_events(
+    t: Tables, horizon: int, one_of: OneOf, batch_events: BatchEvents
+) -> dict[str, Delete]:
+    """Old events, in separate statements (one OR of them would read every message into a
+    hash): of no task, of a task with no message left, and (``batch_events``: the driver's,
+    where it writes batch rows) batch events none of whose tasks is still queued."""
     m, ev = t.messages, t.events
     old = select(ev.c.id).where(ev.c.at_ms < horizon)
     found = {
@@ -135,17 +139,7 @@ def old_events(t: Tables, horizon: int, one_of: OneOf, *, batch_events: bool) ->
             )
         ),
     }
-    if batch_events:
-        found["events_batch"] = delete(ev).where(
-            _in_batch(
-                one_of,
-                ev.c.id,
-                old.where(
-                    ev.c.task_ids.isnot(None),
-                    ~exists().where(m.c.task_id == any_(ev.c.task_ids)),
-                ),
-            )
-        )
+    found.update(batch_events(old, PRUNE_BATCH))
     return found
 
 
@@ -257,7 +251,7 @@ def prune(
         )
     if event_retention_ms > 0:
         horizon = now - event_retention_ms
-        events = old_events(t, horizon, one_of, batch_events=store.driver.caps.batch_events)
+        events = old_events(t, horizon, one_of, store.driver.batch_event_deletes)
         done["events_expired"] = batches.run_all(events.values())
         done["task_records_expired"] = batches.run(lambda: old_task_records(t, horizon, one_of))
         done["steps_expired"] = batches.run(lambda: old_steps(t, horizon, one_of))
@@ -276,7 +270,7 @@ def statements(store: Store, now: int) -> dict[str, Delete]:
         "counters_expired": counters,
         "dead_messages": dead_messages(t, now, one_of),
         "unexpiring_results": unexpiring_results(t, now, one_of),
-        **old_events(t, now, one_of, batch_events=store.driver.caps.batch_events),
+        **old_events(t, now, one_of, store.driver.batch_event_deletes),
         "task_records": old_task_records(t, now, one_of),
         "steps": old_steps(t, now, one_of),
         **old_waits(t, now, one_of),

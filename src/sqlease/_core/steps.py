@@ -96,7 +96,7 @@ class StepStore:
             index_elements=[self.steps.c.task_id, self.steps.c.name],
             set_={k: stmt.excluded[k] for k in row if k not in ("task_id", "name")},
         )
-        with self.store.engine.begin() as conn:
+        with self.store.driver.writing() as conn:
             if not self._held(conn, fence, task_id):
                 return False
             conn.execute(stmt)
@@ -117,7 +117,7 @@ class StepStore:
         now = self.store.now_ms()
         status = "failed" if error is not None else "succeeded"
         s = self.steps
-        with self.store.engine.begin() as conn:
+        with self.store.driver.writing() as conn:
             if not self._held(conn, fence, task_id):
                 return False
             conn.execute(
@@ -140,7 +140,7 @@ class StepStore:
         """Record that an interrupted step's outcome is unknown (fenced; for inspection)."""
         s = self.steps
         now = self.store.now_ms()
-        with self.store.engine.begin() as conn:
+        with self.store.driver.writing() as conn:
             if not self._held(conn, fence, task_id):
                 return False
             changed = conn.execute(

@@ -13,7 +13,6 @@ from sqlease._core.tasks import Tasks
 from sqlease._core.topology import Topology
 from sqlease._core.transitions import Transitions
 from sqlease._db.connect import driver_for
-from sqlease._db.dialects import dialect_for
 from sqlease._db.engine import get_engine
 from sqlease._db.migrations import ensure_schema
 from sqlease._db.retry import RETRY_SECONDS, retry_transient
@@ -53,21 +52,20 @@ class Store(Messages, Offers, Leases, Transitions, Tasks, Topology, FlowLimits):
             else get_engine(url, sqlite_synchronous=sqlite_synchronous)
         )
         self.tables = build_tables(table_prefix)
-        self.sql = dialect_for(self.engine.dialect.name).statements(self.tables)
-        #: The database's driver: its lanes (which pool and commit level each hot statement
-        #: runs on), its capabilities and its dialect's differences.
+        #: The database's driver: its operations, its transactions, what it can do.
         self.driver = driver_for(
             url,
             self.engine,
-            self.sql,
+            self.tables,
             lease_sync_commit=lease_sync_commit,
             publish_sync_commit=publish_sync_commit,
         )
+        self.sql = self.driver.sql
         self.publish_sync_commit = publish_sync_commit
         self.max_attempts = max_attempts
         self.max_payload_bytes = max_payload_bytes
         self.clock = clock
-        self.notify_channel = f"{self.tables.prefix}wakeup"
+        self.notify_channel = self.driver.wakeup_channel
         # A pooled connection killed by a restart fails once: ride it out here too, for up to
         # ``connect_retry_seconds`` (the transport keeps it short: Kombu retries connecting).
         retry_transient(ensure_schema, connect_retry_seconds)(
@@ -76,6 +74,6 @@ class Store(Messages, Offers, Leases, Transitions, Tasks, Topology, FlowLimits):
 
     @property
     def is_postgresql(self) -> bool:
-        """Whether the database is PostgreSQL (for callers; sqlease itself asks the driver's
-        capabilities)."""
-        return self.driver.is_postgresql
+        """Whether the database is PostgreSQL (for callers; sqlease itself calls the driver's
+        operations)."""
+        return self.driver.name == "postgresql"

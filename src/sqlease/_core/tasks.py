@@ -36,7 +36,7 @@ class Tasks(StoreBase):
         and the task is at ``expected_revision``. Renews the lease by ``lease_ms``."""
         now = self._now(now)
         checkpoint_text = None if checkpoint is None else json.dumps(dict(checkpoint))
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             held = conn.execute(
                 self.sql.hold,
                 {
@@ -101,7 +101,7 @@ class Tasks(StoreBase):
     ) -> bool:
         """Append a timeline event under the lease; False (nothing written) if it is lost."""
         now = self._now(now)
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             if not self.holds_on(conn, fence, task_id, now):
                 return False
             self._insert_event(
@@ -121,7 +121,7 @@ class Tasks(StoreBase):
         now: int | None = None,
     ) -> None:
         """Append an observation that needs no lease (e.g. ``lease_lost`` seen by a worker)."""
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             self._insert_event(conn, task_id, message_id, attempt, kind, dump(data), self._now(now))
 
     def holds_on(
@@ -150,7 +150,7 @@ class Tasks(StoreBase):
     @transient
     def is_held(self, fence: Fence, *, now: int | None = None) -> bool:
         """Does this delivery still hold its lease, by the database's answer?"""
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             return self.holds_on(conn, fence, None, now)
 
     @transient

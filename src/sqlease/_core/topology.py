@@ -29,7 +29,7 @@ class Topology(StoreBase):
         if connection is not None:  # inside the caller's transaction (transactional enqueue)
             self._declare(connection, params, expires_ms)
             return
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             self._declare(conn, params, expires_ms)
 
     def _declare(self, conn: Connection, params: Mapping[str, Any], expires_ms: int | None) -> None:
@@ -52,7 +52,7 @@ class Topology(StoreBase):
         if not names:
             return set()
         q = self.tables.queues
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             at = int(conn.execute(self.sql.now, {"now": self._now(now)}).scalar_one())
             rows = conn.execute(
                 update(q)
@@ -71,7 +71,7 @@ class Topology(StoreBase):
     @transient
     def delete_queue(self, queue: str, *, now: int | None = None) -> None:
         """Forget a queue: its bindings and undelivered messages."""
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             params = {"queue": queue, "now": self._now(now)}
             conn.execute(self.sql.delete_queue_messages, params)
             conn.execute(self.sql.delete_queue_bindings, params)
@@ -96,12 +96,12 @@ class Topology(StoreBase):
         if connection is not None:  # inside the caller's transaction
             connection.execute(self.sql.bind, params)
             return
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             conn.execute(self.sql.bind, params)
 
     @transient
     def unbind(self, exchange: str, queue: str, routing_key: str = "", pattern: str = "") -> None:
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             conn.execute(
                 self.sql.unbind,
                 {
@@ -117,7 +117,7 @@ class Topology(StoreBase):
         """Remove a binding whatever its pattern (the unbinding side may not know the
         exchange's type, and so not the pattern it was bound with)."""
         b = self.tables.bindings
-        with self.engine.begin() as conn:
+        with self.driver.writing() as conn:
             conn.execute(
                 b.delete().where(
                     b.c.exchange == exchange,

@@ -7,7 +7,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from sqlease._core.base import StoreBase, by_owner, dump
+from sqlease._core.base import StoreBase, dump
+from sqlease._db.driver import Change
 from sqlease._db.retry import transient
 from sqlease.types import Fence
 
@@ -30,33 +31,9 @@ class Transitions(StoreBase):
         now: int | None = None,
         also: Callable[[Connection], None] | None = None,
     ) -> set[int]:
-        now = self._now(now)
-        changed: set[int] = set()
-        groups = by_owner(fences)
-        if not groups:
-            return changed
-        data_text = dump(data)
-        with self._writing(statements=len(groups) + (also is not None)) as conn:
-            for owner, group in groups.items():
-                params = {
-                    **self.driver.fence_params(group),
-                    "owner": owner,
-                    "now": now,
-                    "delay_ms": max(0, int(delay_ms)),
-                    "refund": 1 if refund else 0,
-                    "new_state": new_state,
-                    "reason": reason,
-                    "error": error,
-                    "kind": kind,
-                    "data": data_text,
-                    "channel": self.notify_channel,
-                }
-                rows = [r._mapping for r in conn.execute(self.sql.transition, params).fetchall()]
-                changed.update(int(m["id"]) for m in rows)
-                self.driver.after_transitions(conn, rows, kind, data_text, now)
-            if changed and also is not None:
-                also(conn)  # the caller's write, in the same transaction
-        return changed
+        change = Change(new_state, kind, reason, int(delay_ms), refund, error, dump(data))
+        op = self.driver.message_transition(list(fences), change, self._now(now), also)
+        return self.driver.execute(op)
 
     def release(
         self,

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from functools import cached_property
 from typing import Any
 
 from sqlalchemy import Connection, select
 
 from sqlease._core.base import StoreBase
 from sqlease._db.retry import transient
-from sqlease._db.unique_sql import UniqueStatements, unique_statements
+from sqlease._db.unique_sql import UniqueStatements
 from sqlease.errors import ConfigurationError
 
 #: The scopes a uniqueness key may have.
@@ -109,9 +108,9 @@ class UniqueState:
 class Uniques(StoreBase):
     """The uniqueness decision of a publish, and the reads ``Admin`` makes of keys."""
 
-    @cached_property
+    @property
     def _unique_sql(self) -> UniqueStatements:
-        return unique_statements(self.tables, row_locks=not self.driver.caps.single_writer)
+        return self.sql.unique
 
     def _holder(self, conn: Connection, task_id: str | None, scope: str, now: int) -> int | None:
         """The newest message of ``task_id`` that holds its key under ``scope``, if any."""

@@ -1,13 +1,18 @@
-"""The lease store's SQL: one builder function per statement, per dialect.
+"""The database layer: the only code that knows a dialect.
 
-- ``statements.py``: ``Statements``, the collection a ``Store`` builds once for its dialect and
-  table prefix (``store.sql.claim``: one attribute lookup on the hot path), and
-  ``Capabilities``, what a dialect can do in one statement;
-- ``dialects.py``: a dialect by name (``dialect_for``, ``statements_for``);
+- ``driver.py``: ``Driver``, the one seam: one method per operation (``message_claim``,
+  ``message_ack``, ``message_publish``, ``result_put``, …), each returning an ``Op`` built
+  without I/O (``ops.py``: ops, lanes and their parameters), and the transactions
+  (``reading``, ``writing``) everything above runs through;
+- ``dialects.py``: the registry, the one place that chooses a dialect by name;
+- ``statements.py``: ``Statements``, the statements both dialects have (the facades' and the
+  core's own reads and writes), and ``Capabilities``, what a database can do;
 - ``sql_common.py``: the statements and fragments identical on both dialects;
-- ``postgresql/`` and ``sqlite/``: each dialect's own statements, one module per aggregate
-  (messages, leases, events; offers and results on PostgreSQL), and its constants in
-  ``dialect.py``.
+- ``postgresql/`` and ``sqlite/``: each dialect's driver (its operations), its own statements
+  (one module per aggregate, its constants in ``dialect.py``), its engine, its waker, its
+  schema steps, and its ``entry`` (the dialect as the registry knows it);
+- ``engine.py`` (process-wide engines), ``migrations.py``, ``tables.py``, ``rows.py`` (rows to
+  values), ``translate.py`` (driver errors to sqlease's), ``retry.py``, ``spares.py``.
 
 Statements are SQL text because the PostgreSQL claim is a chain of data-modifying CTEs that
 SQLAlchemy's expression language would only obscure; table names come from the validated

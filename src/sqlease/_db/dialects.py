@@ -1,47 +1,40 @@
-"""A dialect by its SQLAlchemy name: its capabilities and its statements."""
+"""The dialects sqlease supports, by name: the only place that chooses between them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-from sqlalchemy import Connection
 from sqlalchemy.engine import URL
 
-from sqlease._db import postgresql, sqlite
-from sqlease._db.postgresql import storage
+from sqlease._db.driver import Dialect
+from sqlease._db.postgresql.entry import POSTGRESQL
+from sqlease._db.sqlite.entry import SQLITE
 from sqlease._db.statements import Capabilities, Statements
 from sqlease._db.tables import Tables
 
 
-@dataclass(frozen=True, slots=True)
-class Dialect:
-    name: str
-    caps: Capabilities
-    #: The statements for a table prefix (build once and keep: see ``Statements``).
-    statements: Callable[[Tables], Statements]
-    #: Sets the dialect's storage parameters on the tables (migration 7).
-    tune_tables: Callable[[Connection, Tables], None]
-
-
-def _nothing_to_tune(conn: Connection, tables: Tables) -> None:
-    """SQLite has no per-table storage or vacuum parameters."""
-
-
-POSTGRESQL = Dialect("postgresql", postgresql.CAPABILITIES, postgresql.statements, storage.apply)
-SQLITE = Dialect("sqlite", sqlite.CAPABILITIES, sqlite.statements, _nothing_to_tune)
-
-
 def dialect_for(name: str) -> Dialect:
     """PostgreSQL for ``"postgresql"``, otherwise SQLite (the two dialects sqlease
-    supports)."""
+    supports; sqlease.urls refuses any other scheme first)."""
     return POSTGRESQL if name == "postgresql" else SQLITE
 
 
 def capabilities_of(url: URL) -> Capabilities:
     """What the database behind ``url`` can do."""
-    return dialect_for(url.get_backend_name()).caps
+    return dialect_for(url.get_backend_name()).capabilities(url)
 
 
-def statements_for(dialect_name: str, tables: Tables) -> Statements:
-    return dialect_for(dialect_name).statements(tables)
+def statements_for(name: str, tables: Tables) -> Statements:
+    return dialect_for(name).statements(tables)
+
+
+def same_database(mine: URL, theirs: URL) -> bool:
+    """Do two URLs name one database (SQLite: one file, whatever the relative path)?"""
+    first, second = dialect_for(mine.get_backend_name()), dialect_for(theirs.get_backend_name())
+    return first.database_key(mine) == second.database_key(theirs)
+
+
+#: Errors of the dialects' own drivers that mean the connection was lost or refused (Kombu's
+#: ``connection_errors`` lists them: a worker reconnects on one).
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    *POSTGRESQL.connection_errors,
+    *SQLITE.connection_errors,
+)

@@ -1,145 +1,106 @@
-"""The one dialect seam: a driver per dialect behind one interface.
+"""The one dialect seam: a driver per dialect, one method per database operation.
 
-The lease core builds each unit of hot database work once, without I/O, as an :class:`Op`,
-and hands it to the store's :class:`Driver`: ``execute`` runs it blocking; the worker's event
-loop may instead send a one-statement op without blocking (``Driver.lane`` gives the pool
-and ``Op.statement`` / ``Op.params`` what to send) and call ``Op.finish`` on its rows. So the
-thread runner and the event-loop runner run the very same op.
+Shaped like River's driver (``riverdriver``): each hot operation is a method named noun then
+verb (``message_claim``, ``message_ack``, ``message_ack_claim``, ``message_publish``,
+``result_put``, ``offer_put``, …) that takes its parameters and returns an :class:`Op`: the
+unit of database work, built without I/O, with the dialect's own statements and bookkeeping
+inside it. PostgreSQL's ops are one statement each (data-modifying CTEs write the run locks,
+events and task rows), SQLite's one short transaction (the bookkeeping beside the statement,
+under the one write lock); the lease core calls the operation and never asks which.
 
-A driver says which pool and commit level a statement runs on (its :class:`Lane`), what the
-dialect can do (:class:`Capabilities`), and does the few things the dialects do differently
-around a statement: how a batch of fences or queue names is bound, and the bookkeeping that
-PostgreSQL writes inside the statement itself while SQLite writes it beside the statement in
-the same transaction.
+An op runs three ways, always the same op: ``execute`` (blocking, in its own transaction or in
+autocommit), ``run_on`` (inside a caller's transaction: the outbox), or, where it is one
+statement and the driver can (``nonblocking``), sent from the worker's event loop on a
+:class:`Line` and finished when its rows arrive.
+
+Every write transaction goes through ``writing`` (on SQLite inside the fork guard), every read
+through ``reading``: nothing outside ``sqlease._db`` opens a connection of its own.
 """
 
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from sqlalchemy import Connection, Table
-from sqlalchemy.engine import Engine
-from sqlalchemy.sql.elements import TextClause
+from sqlalchemy.engine import URL, Engine
 
-from sqlease._db.statements import Capabilities
+from sqlease._db.ops import (
+    WAIT_READ,
+    WAIT_WRITE,
+    Admit,
+    Change,
+    Claim,
+    Lane,
+    Line,
+    Offer,
+    Op,
+    Pending,
+    ResultWrite,
+    by_owner,
+    event_params,
+    publish_each,
+)
+from sqlease._db.statements import Capabilities, Statements
+from sqlease._db.tables import Tables
 
 if TYPE_CHECKING:
-    from sqlease._db.postgresql.fastpath import FastPath
+    from sqlalchemy import Select
+    from sqlalchemy.sql.dml import Delete
+
     from sqlease._db.wakeup import Waker
-    from sqlease.types import Fence, Message
+    from sqlease.types import Fence, Message, Outcome
+
+__all__ = [
+    "WAIT_READ",
+    "WAIT_WRITE",
+    "Admit",
+    "Change",
+    "Claim",
+    "Dialect",
+    "Driver",
+    "Lane",
+    "Line",
+    "Offer",
+    "Op",
+    "Pending",
+    "ResultWrite",
+    "by_owner",
+    "event_params",
+    "publish_each",
+]
 
 T = TypeVar("T")
-U = TypeVar("U")
-
-
-def event_params(
-    task_id: str | None,
-    message_id: int | None,
-    attempt: int | None,
-    kind: str,
-    data: str | None,
-    now: int | None,
-) -> dict[str, Any]:
-    """The parameters of the event insert (``data`` already JSON)."""
-    return {
-        "task_id": task_id,
-        "message_id": message_id,
-        "attempt": attempt,
-        "kind": kind,
-        "data": data,
-        "now": now,
-    }
-
-
-class Lane(enum.Enum):
-    """Which pool, and so which commit level, a statement runs on."""
-
-    #: sqlease's hot-path pool: publishes in transactions, results (commits wait for the flush)
-    DEFAULT = "default"
-    #: the main engine's pool, whose plans depend on the values: the idle worker's offers
-    PLANNED = "planned"
-    #: claims and acks: commits need not wait for the WAL flush unless lease_sync_commit
-    LEASES = "leases"
-    #: one-row publishes: the no-flush pool when publish_sync_commit is off
-    PUBLISH = "publish"
-
-
-@dataclass(frozen=True, slots=True)
-class Op(Generic[T]):
-    """One unit of database work, built without I/O.
-
-    Either one statement that runs alone in autocommit on ``lane`` (``statement`` and
-    ``params``; ``finish(rows)`` says what its rows mean), or a short write transaction
-    (``body(connection)``, with ``statements`` saying how many statements it runs: one needs
-    no BEGIN/COMMIT on PostgreSQL; ``finish``, if given, then turns the body's return into
-    the op's, after the commit)."""
-
-    lane: Lane
-    statement: TextClause | None = None
-    params: Mapping[str, Any] = field(default_factory=dict)
-    finish: Callable[[Any], T] | None = None
-    body: Callable[[Connection], Any] | None = None
-    statements: int = 2
-
-    @property
-    def sendable(self) -> bool:
-        """One statement: the worker's event loop can send it without blocking."""
-        return self.statement is not None
-
-    def then(self, after: Callable[[T], U]) -> Op[U]:
-        """The same work, ``after`` applied to what it means."""
-        first = self.finish
-        finish: Callable[[Any], U] = after if first is None else (lambda done: after(first(done)))
-        return Op(self.lane, self.statement, self.params, finish, self.body, self.statements)
 
 
 class Driver(ABC):
-    """One database: its engine, its lanes and the dialect's differences."""
+    """One database: its engine, its transactions and its operations."""
 
     name: str
     caps: Capabilities
+    sql: Statements
+    #: Statements cross a network: a round trip that an event loop should not wait for.
+    remote: bool = False
+    #: An op's statement can be sent from an event loop without blocking (``line``).
+    nonblocking: bool = False
+    #: How long after an event id is visible a lower one may still commit (the statistics'
+    #: settling time): ids are taken before commit, in parallel, on a server with many writers.
+    event_settle_ms: int = 0
 
-    @property
-    def is_postgresql(self) -> bool:
-        return self.name == "postgresql"
-
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, tables: Tables) -> None:
         self.engine = engine
+        self.tables = tables
+        #: The channel publishes notify and idle workers listen on.
+        self.wakeup_channel = f"{tables.prefix}wakeup"
 
-    # ---- running ---------------------------------------------------------------------
-
-    def execute(self, op: Op[T]) -> T:
-        """Run ``op``, blocking, and return what it means."""
-        if op.statement is not None:
-            fast = self.lane(op.lane)
-            assert fast is not None and op.finish is not None
-            return op.finish(fast.rows(op.statement, op.params))
-        assert op.body is not None
-        with self.writing_hot(op.statements) as conn:
-            done = op.body(conn)
-        return done if op.finish is None else op.finish(done)
-
-    def lane(self, lane: Lane) -> FastPath | None:
-        """The pool a one-statement op on ``lane`` runs on (None: the dialect runs every op
-        as a transaction)."""
-        return None
+    # ---- transactions ----------------------------------------------------------------
 
     @abstractmethod
     def writing(self, statements: int = 2) -> AbstractContextManager[Connection]:
-        """A write transaction through SQLAlchemy."""
-
-    def writing_hot(self, statements: int = 2) -> AbstractContextManager[Connection]:
-        """A write transaction for the per-task operations (the fastest way the dialect has)."""
-        return self.writing(statements)
-
-    def publishing(self, rows: int) -> AbstractContextManager[Connection]:
-        """The transaction a publish of ``rows`` messages runs in."""
-        return self.writing_hot(rows)
+        """A short write transaction (one statement needs no BEGIN/COMMIT on PostgreSQL; on
+        SQLite it is inside the fork guard)."""
 
     @contextmanager
     def reading(self) -> Iterator[Connection]:
@@ -155,6 +116,33 @@ class Driver(ABC):
     def fork_section(self) -> AbstractContextManager[None]:
         """A block a fork of this process waits for (SQLite's mutexes), or nothing."""
 
+    # ---- running ops -----------------------------------------------------------------
+
+    @abstractmethod
+    def execute(self, op: Op[T]) -> T:
+        """Run ``op``, blocking, and return what it means."""
+
+    def run_on(self, conn: Connection, op: Op[T]) -> T:
+        """Run ``op`` inside the caller's transaction ``conn`` (it commits with it)."""
+        if op.statement is not None:
+            done: Any = [dict(r._mapping) for r in conn.execute(op.statement, op.params)]
+        elif op.body is not None:
+            done = op.body(conn)
+        else:
+            done = None
+        return done if op.finish is None else op.finish(done)
+
+    def line(self, lane: Lane) -> Line:
+        """A connection on ``lane`` for an event loop to send ops on (``nonblocking``)."""
+        raise NotImplementedError(f"{self.name} sends no statement without blocking")
+
+    def pin_thread(self, lane: Lane) -> None:  # noqa: B027 (most dialects keep none)
+        """The calling thread keeps one connection of ``lane`` between ops (a thread that
+        does nothing else), until ``release_thread``."""
+
+    def release_thread(self, lane: Lane) -> None:  # noqa: B027
+        """Give back the calling thread's kept connection."""
+
     # ---- dialect constructs ----------------------------------------------------------
 
     @abstractmethod
@@ -167,6 +155,21 @@ class Driver(ABC):
         return column.in_(keys.scalar_subquery())
 
     @abstractmethod
+    def events_per_row(self) -> Any:
+        """How many messages' events one row of the events table stands for (a column
+        expression over ``tables.events``)."""
+
+    def batch_event_deletes(self, old: Select[Any], batch: int) -> dict[str, Delete]:
+        """The retention's deletes of the events rows that list several messages (those of a
+        dialect that writes them), by kind: of the rows ``old`` selects (ids, oldest), at most
+        ``batch`` a statement, once none of their tasks has a message left."""
+        return {}
+
+    def leftovers(self, now: int) -> dict[str, Delete]:
+        """The maintenance pass's cleanups of what only this dialect writes, by kind."""
+        return {}
+
+    @abstractmethod
     def notify(self, conn: Connection, channel: str, payload: str) -> None:
         """Inside ``conn``'s transaction: wake the listeners of ``channel`` at commit."""
 
@@ -175,36 +178,131 @@ class Driver(ABC):
         """What an idle client waits on: a LISTEN connection on ``channel`` (holding the
         advisory lock ``lock_key``, if given), or a watch of the database file."""
 
-    # ---- binding ---------------------------------------------------------------------
-
     @abstractmethod
     def queues_param(self, queues: Sequence[str]) -> Any:
         """Queue names bound as one parameter (``:queues``)."""
 
-    @abstractmethod
-    def fence_params(self, fences: Sequence[Fence]) -> dict[str, Any]:
-        """A batch of fences bound as the statements' fence parameters."""
-
-    # ---- bookkeeping PostgreSQL does inside the statement ------------------------------
+    # ---- operations: messages --------------------------------------------------------
 
     @abstractmethod
-    def after_enqueue(
-        self, conn: Connection, row: Mapping[str, Any], message_id: int, now: int | None
-    ) -> None:
-        """After one message was inserted (its ``enqueued`` event)."""
+    def message_publish(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        now: int | None,
+        *,
+        handoff: bool = True,
+        admit: Admit | None = None,
+    ) -> Op[list[int]]:
+        """Insert checked message rows (``sqlease._core.messages``), with their ``enqueued``
+        events and task rows, waking listeners at commit; their ids in order. ``handoff``: a
+        message an idle worker's offer can take is leased to it (never inside a caller's
+        transaction). ``admit``: a unique task's row is admitted first (its duplicate's id
+        stands in the list instead)."""
 
     @abstractmethod
-    def after_claim(
-        self, conn: Connection, claimed: list[Message], owner: str, now: int | None
-    ) -> None:
-        """After a claim (run locks, ``claimed`` and ``attempts_exhausted`` events)."""
+    def message_take(self, queues: Sequence[str], limit: int, now: int | None) -> Op[list[Message]]:
+        """Delete and return up to ``limit`` ready messages (consumers that never ack)."""
 
     @abstractmethod
-    def after_transitions(
-        self, conn: Connection, rows: list[Any], kind: str, data: str | None, now: int | None
-    ) -> None:
-        """After fenced transitions (acks, releases, parks): run locks and events."""
+    def message_claim(self, claim: Claim) -> Op[list[Message]]:
+        """Lease ready messages (exhausted ones come back marked dead), with their run locks,
+        gate slots, rate limits, task attempts and ``claimed`` events."""
 
     @abstractmethod
-    def after_renew(self, conn: Connection, row: Mapping[Any, Any]) -> None:
-        """After one lease was renewed (its run lock's expiry)."""
+    def message_ack(self, fences: Sequence[Fence], now: int | None) -> Op[set[int]]:
+        """Finish deliveries (the rows leave the table); the ids acked."""
+
+    @abstractmethod
+    def message_ack_claim(
+        self, fences: Sequence[Fence], claim: Claim
+    ) -> Op[tuple[set[int], list[Message]]]:
+        """``message_ack`` and ``message_claim`` in one commit: the ids acked and the messages
+        claimed (whether the claim sees the acks free a run's next message is the
+        dialect's: PostgreSQL's one statement does not, SQLite's transaction does)."""
+
+    @abstractmethod
+    def message_renew(
+        self, fences: Sequence[Fence], lease_ms: int, now: int | None
+    ) -> Op[dict[int, int]]:
+        """Extend every lease still held: ``{message_id: new expiry}`` for those."""
+
+    @abstractmethod
+    def message_transition(
+        self,
+        fences: Sequence[Fence],
+        change: Change,
+        now: int | None,
+        also: Callable[[Connection], None] | None = None,
+    ) -> Op[set[int]]:
+        """Release, park or fail held messages (fenced); the ids changed. ``also`` runs in
+        the same transaction when something changed."""
+
+    # ---- operations: results ---------------------------------------------------------
+
+    @abstractmethod
+    def result_put(self, write: ResultWrite) -> Op[Outcome]:
+        """Store a result row (fenced, see ``ResultWrite``) and wake its waiting clients."""
+
+    # ---- operations: offers (the handoff, where ``caps.offers``) ---------------------
+
+    @abstractmethod
+    def offer_put(self, offer: Offer) -> Op[int | None]:
+        """Stand the offer (withdrawing the owner's offers for other queues); when the next
+        delayed message of its queues is due, in milliseconds."""
+
+    @abstractmethod
+    def offer_ack(self, fences: Sequence[Fence], offer: Offer) -> Op[tuple[set[int], int | None]]:
+        """The acks that leave a worker idle, with its offer: the ids acked, and when the next
+        delayed message is due."""
+
+    @abstractmethod
+    def offer_withdraw(self, owner: str, *, handed_too: bool = False) -> Op[None]:
+        """Remove ``owner``'s offers (those a publish used too, with ``handed_too``)."""
+
+
+class Dialect(Protocol):
+    """A dialect as the rest of ``sqlease._db`` knows it (each dialect package's ``entry``):
+    how to reach it, what it can do, and what its schema needs besides the shared tables.
+    ``sqlease._db.dialects`` finds one by name; nothing else chooses between them."""
+
+    name: str
+    #: what its driver raises for a lost or refused connection that reaches a caller unwrapped
+    connection_errors: tuple[type[BaseException], ...]
+    #: the ``get_engine`` options this dialect's engines take (the rest are ignored)
+    engine_options: tuple[str, ...]
+
+    def create_engine(self, url: URL, options: Mapping[str, Any]) -> Engine:
+        """A new engine for ``url`` with ``options`` (those of ``engine_options``)."""
+
+    def forget_engine(self, engine: Engine) -> None:
+        """The engine is going for good: let go of what the dialect keeps for it."""
+
+    def file_of(self, url: URL) -> str | None:
+        """The file the database lives in, if it is one."""
+
+    def database_key(self, url: URL) -> tuple[object, ...]:
+        """What names one database: two URLs with one key reach the same one."""
+
+    def capabilities(self, url: URL) -> Capabilities:
+        """What the database behind ``url`` can do (known before connecting)."""
+
+    def driver(
+        self,
+        url: str | URL | Engine,
+        engine: Engine,
+        tables: Tables,
+        *,
+        lease_sync_commit: bool,
+        publish_sync_commit: bool,
+        engines: Callable[..., Engine],
+    ) -> Driver:
+        """The driver for a store on ``engine`` (``engines``: get_engine, for more)."""
+
+    def statements(self, tables: Tables) -> Statements:
+        """The statements for ``tables``, built once."""
+
+    def lock_schema(self, conn: Connection, tables: Tables) -> None:
+        """Inside a migration's transaction: serialize concurrent migrators."""
+
+    def schema_step(self, version: int, conn: Connection, tables: Tables) -> None:
+        """What migration ``version`` does on this dialect besides the shared part."""

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 from sqlalchemy import TextClause, text
 
-from sqlease._db.postgresql import dialect as postgresql
-from sqlease._db.sqlite import dialect as sqlite
 from sqlease._db.tables import Tables
 
 
@@ -29,9 +27,9 @@ class LeaderStatements:
     publish_info: TextClause
 
 
-def leader_statements(tables: Tables, dialect: str) -> LeaderStatements:
-    fragments = postgresql if dialect == "postgresql" else sqlite
-    now, greatest = fragments.NOW, fragments.GREATEST
+def leader_statements(tables: Tables, now: str, greatest: str) -> LeaderStatements:
+    """On the dialect's clock ``now`` (epoch milliseconds unless ``:now`` is bound), with its
+    name for GREATEST."""
     name = tables.leaders.name
     fenced = f"name = :name AND owner = :owner AND term = :term AND expires_at_ms > {now}"
     return LeaderStatements(

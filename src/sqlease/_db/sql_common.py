@@ -266,6 +266,12 @@ def message_get(t: Tables) -> TextClause:
     return text(f"SELECT {SELECT_COLS}, last_error FROM {t.messages.name} WHERE id = :id")
 
 
+def leased_to_owner(t: Tables) -> TextClause:
+    return text(
+        f"SELECT id, attempt FROM {t.messages.name} WHERE lease_owner = :owner AND state = 'ready'"
+    )
+
+
 def now_query(now: str) -> TextClause:
     return text(f"SELECT {now}")
 

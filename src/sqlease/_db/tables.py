@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
     Boolean,
     CheckConstraint,
@@ -21,7 +22,6 @@ from sqlalchemy import (
     Text,
     false,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
 
 from sqlease._db.flow_tables import flow_tables, message_columns, message_indexes, unique_tables
 from sqlease._db.schedule_tables import schedule_tables

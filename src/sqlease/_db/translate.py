@@ -14,12 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import psycopg
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect, Engine
 
 from sqlease.errors import DatabaseReadOnly, PermissionDenied
+
+#: SQLSTATE 42501 (PostgreSQL's insufficient_privilege; psycopg's errors carry ``sqlstate``).
+INSUFFICIENT_PRIVILEGE = "42501"
 
 
 def refusal(original: BaseException, where: str) -> BaseException | None:
@@ -30,7 +32,7 @@ def refusal(original: BaseException, where: str) -> BaseException | None:
             f"the database {where} refuses writes ({text.strip()}); sqlease needs write "
             "access to enqueue, claim and ack"
         )
-    elif isinstance(original, psycopg.errors.InsufficientPrivilege):
+    elif getattr(original, "sqlstate", None) == INSUFFICIENT_PRIVILEGE:
         error = PermissionDenied(
             f"the database role lacks a privilege sqlease needs: {text.strip()} (see "
             "docs/explanation/reliability.md for the grants a worker role needs)"

@@ -28,15 +28,15 @@ transport writes), ``control`` (revokes across processes).
 
 from __future__ import annotations
 
-from sqlease._db.postgresql.fastpath import NONBLOCKING
 from sqlease._registry import CONNECT_RETRY_SECONDS, store_for
-
-# ``NONBLOCKING`` is read from this package when a transport picks its runner, so that
-# ``sqlease.transport.NONBLOCKING = False`` (the benchmarks, the tests) puts a busy worker's
-# statements on a thread instead of the event loop.
 from sqlease.delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY, fence_of
 from sqlease.transport._channel import Channel
 from sqlease.transport._transport import Transport
+
+#: Read from this package when a transport picks its runner: ``False`` (the benchmarks, the
+#: tests) puts a busy worker's statements on a thread even where the driver could send them
+#: from the event loop.
+NONBLOCKING = True
 
 __all__ = [
     "ATTEMPT_KEY",

@@ -34,8 +34,7 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from sqlease._db.driver import Op
-from sqlease._db.postgresql.fastpath import WAIT_READ, WAIT_WRITE, FastPath, Sending
+from sqlease._db.driver import WAIT_READ, WAIT_WRITE, Line, Op, Pending
 from sqlease._db.retry import RETRY_SECONDS
 from sqlease.transport._background import Done, Job
 
@@ -46,13 +45,13 @@ class LoopCalls:
     def __init__(
         self,
         hub: Any,
-        fast: FastPath,
+        line: Line,
         notify: Callable[[], None],
         prepare: Callable[[list[Job]], Op[list[Done]] | None],
         combine: Callable[[list[Job]], list[Done]],
     ) -> None:
         self._hub = hub
-        self._fast = fast
+        self._line = line
         self._notify = notify
         self._prepare = prepare
         self._combine = combine
@@ -60,8 +59,7 @@ class LoopCalls:
         self._done: deque[Done] = deque()
         #: The statement under way: how it is going, its jobs, what its rows mean, and until
         #: when (with what next delay) a dropped connection is ridden out.
-        self._sending: tuple[Sending, list[Job], Op[list[Done]], float, float] | None = None
-        self._fairy: Any = None
+        self._sending: tuple[Pending, list[Job], Op[list[Done]], float, float] | None = None
         #: The socket registered with the hub, and whether for writing (else reading).
         self._watched: tuple[int, bool] | None = None
         #: A statement to send again once the backoff passed: its jobs, itself, the deadline,
@@ -116,9 +114,7 @@ class LoopCalls:
                 "when their leases expire"
             )
             self._sending = None
-        if self._fairy is not None:
-            self._fast.give_back(self._fairy, busy=busy)
-            self._fairy = None
+        self._line.close(busy=busy)
 
     # ---- the statement under way ---------------------------------------------------------
 
@@ -138,15 +134,9 @@ class LoopCalls:
     def _send(
         self, jobs: list[Job], prepared: Op[list[Done]], deadline: float, delay: float
     ) -> None:
-        assert prepared.statement is not None  # the runner is handed sendable ops only
         try:
-            if self._fairy is None:
-                self._fairy = self._fast.kept_connection()
-            sending = self._fast.send(prepared.statement, prepared.params, self._fairy)
-        except BaseException as exc:  # the connection is in an unknown state: dropped
-            if self._fairy is not None:
-                self._fast.give_back(self._fairy, busy=True)
-                self._fairy = None
+            sending = self._line.send(prepared)
+        except BaseException as exc:  # the line dropped its connection: none is under way
             self._failed(jobs, exc, again=(prepared, deadline, delay))
             return
         self._sending = (sending, jobs, prepared, deadline, delay)
@@ -204,7 +194,6 @@ class LoopCalls:
         self._unwatch()
         self._sending = None
         if sending.error is not None:
-            self._fairy = None  # given back (or dropped) by the failure
             self._failed(jobs, sending.error, again=(prepared, deadline, delay))
         else:
             assert prepared.finish is not None
@@ -242,7 +231,7 @@ class LoopCalls:
                 pass
 
 
-def _wait(sending: Sending, timeout: float | None) -> int:
+def _wait(sending: Pending, timeout: float | None) -> int:
     """Block until the socket is ready for what ``sending`` waits for (0 on timeout)."""
     poller = select.poll()
     mask = (select.POLLIN if sending.waits_for & WAIT_READ else 0) | (

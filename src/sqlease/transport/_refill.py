@@ -33,7 +33,7 @@ class Refill:
         transport = self._transport
         loop = transport.loop
         in_loop = loop.pipe_open and threading.get_ident() == loop.thread
-        return transport.caps.one_statement and in_loop
+        return transport.store.driver.remote and in_loop
 
     def in_background(self, channel: Channel) -> bool:
         """While the channel holds deliveries (tasks running or buffered), its refill claim
@@ -58,7 +58,7 @@ class Refill:
         waiting: as they are."""
         transport = self._transport
         acks = transport.acks
-        if transport.caps.one_statement or not acks.pending:
+        if transport.store.driver.remote or not acks.pending:
             return transport.leases.claim(queues, limit)
         pending = acks.take()
         try:

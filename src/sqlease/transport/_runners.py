@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sqlease._core.leases import delivery_order, split_exhausted
 from sqlease._db.driver import Lane, Op
 from sqlease.store import Fence, Message
 from sqlease.transport._background import BackgroundCalls, Done, Job
@@ -107,20 +108,20 @@ class Leases:
 
     def runner(self, hub: Any, notify: Callable[[], None]) -> Runner:
         """A runner for a busy worker's calls in the event loop ``hub``."""
-        fast = self._transport.store.driver.lane(Lane.LEASES)
+        driver = self._transport.store.driver
         # Read at call time from the package: ``sqlease.transport.NONBLOCKING = False`` (the
         # benchmarks, the tests) puts the statements on a thread instead.
         nonblocking = sys.modules[__package__].NONBLOCKING
-        if fast is not None and nonblocking and hub is not None:
+        if driver.nonblocking and nonblocking and hub is not None:
             # The loop sends the statements itself and reads their rows when they come.
-            return LoopCalls(hub, fast, notify, self.prepare, self.combine)
+            return LoopCalls(hub, driver.line(Lane.LEASES), notify, self.prepare, self.combine)
         # A psycopg without the generator the loop drives: a thread waits instead.
         return BackgroundCalls(
             notify,
             self.combine,
             # The thread runs one statement after another: it keeps its connection.
-            on_start=None if fast is None else fast.pin_thread,
-            on_exit=None if fast is None else fast.release_thread,
+            on_start=lambda: driver.pin_thread(Lane.LEASES),
+            on_exit=lambda: driver.release_thread(Lane.LEASES),
         )
 
     def combine(self, jobs: list[Job]) -> list[Done]:
@@ -143,21 +144,30 @@ class Leases:
         """The same as one statement for the loop to send (None where it is not one)."""
         transport = self._transport
         fences, first = _acks_and_first_claim(jobs)
+        store = transport.store
         if first is None:
-            acks = transport.store.ack_op(fences) if fences else None
-            if acks is None or not acks.sendable:
+            acks = store.ack_op(fences)
+            if not acks.sendable:
                 return None
             return acks.then(lambda acked: _outcomes(jobs, None, acked, [], short=False))
         queues, limit = first.context["queues"], first.context["limit"]
-        op = transport.store.ack_and_claim_op(fences, queues, **self._terms(limit))
-        if op is None or not op.sendable:
+        terms = self._terms(limit)
+        terms.pop("on_exhausted")
+        op = store.ack_and_claim_op(fences, queues, **terms)
+        if not op.sendable:
             return None
 
         def outcomes(found: tuple[set[int], list[Message]]) -> list[Done]:
             acked, messages = found
+            delivered, exhausted = split_exhausted(messages)
+            if exhausted:
+                transport.record_exhausted(exhausted)
+                if len(delivered) < limit:  # a look past them, as claim() takes
+                    delivered += store.claim(queues, limit=limit - len(delivered), **terms)
+            delivered = delivery_order(delivered)
             # Never "short" when acks went with the claim (see claim_with_acks).
-            short = not fences and len(messages) < limit
-            return _outcomes(jobs, first, acked, hold(transport, messages), short=short)
+            short = not fences and len(delivered) < limit
+            return _outcomes(jobs, first, acked, hold(transport, delivered), short=short)
 
         return op.then(outcomes)
 

@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from queue import Empty
 from typing import Any
 
-import psycopg
 import sqlalchemy
 import sqlalchemy.exc
 from kombu.transport import virtual
@@ -21,7 +20,7 @@ from sqlalchemy.engine import URL
 
 from sqlease._core.handoff import lock_key_for
 from sqlease._core.results import ResultStore
-from sqlease._db.dialects import capabilities_of
+from sqlease._db.dialects import CONNECTION_ERRORS, capabilities_of
 from sqlease._db.wakeup import Waker
 from sqlease._registry import CONNECT_RETRY_SECONDS, store_for
 from sqlease._task_limits import write_limits
@@ -68,8 +67,7 @@ class Transport(virtual.Transport):
         sqlalchemy.exc.OperationalError,
         sqlalchemy.exc.InterfaceError,
         sqlalchemy.exc.TimeoutError,
-        psycopg.OperationalError,
-        psycopg.InterfaceError,
+        *CONNECTION_ERRORS,
         DatabaseUnavailable,
     )
 

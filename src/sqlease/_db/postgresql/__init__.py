@@ -1,57 +1,72 @@
-"""PostgreSQL's statements: one module per aggregate, its constants in ``dialect.py``."""
+"""PostgreSQL: its statements (one module per aggregate, its constants in ``dialect.py``), its
+driver (``driver.py``, the operations) and what the driver runs on (``fastpath.py``, the
+lanes; ``engine.py``; ``listener.py``; ``pooler.py``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from sqlalchemy import TextClause
+
 from sqlease._db import sql_common as c
+from sqlease._db.leaders import leader_statements
 from sqlease._db.postgresql import events, leases, messages, offers, results
-from sqlease._db.postgresql.dialect import CAPABILITIES, NOW
+from sqlease._db.postgresql.dialect import GREATEST, NOW
 from sqlease._db.statements import Statements
 from sqlease._db.tables import Tables
+from sqlease._db.unique_sql import unique_statements
 
-__all__ = ["CAPABILITIES", "statements"]
+__all__ = ["PgStatements", "statements"]
 
 
-def statements(t: Tables) -> Statements:
+@dataclass(frozen=True)
+class PgStatements(Statements):
+    """Every statement of the PostgreSQL driver: the hot operations are one statement each."""
+
+    #: Publish one message, handing it to an idle worker's offer when one stands.
+    enqueue: TextClause
+    #: Publish without the handoff lookup: inside a caller's transaction (the offer's row
+    #: would stay locked until it ends), and for a message no offer could take.
+    enqueue_plain: TextClause
+    #: Delete and return ready messages (consumers that never ack).
+    take: TextClause
+    claim: TextClause
+    claim_single: TextClause
+    #: The acks and the refill claim in one statement.
+    ack_claim: TextClause
+    ack_claim_single: TextClause
+    renew: TextClause
+    ack: TextClause
+    #: Release, park or fail fenced deliveries.
+    transition: TextClause
+    offer_and_next_due: TextClause
+    ack_offer: TextClause
+    offer_withdraw: TextClause
+    offer_withdraw_all: TextClause
+    result_put: TextClause
+    result_put_offer: TextClause
+
+
+def statements(t: Tables) -> PgStatements:
     """Every statement for the tables ``t``, built once."""
-    return Statements(
-        enqueue=messages.enqueue(t),
-        enqueue_plain=messages.enqueue_plain(t),
-        take=messages.take(t),
+    return PgStatements(
         size=c.size(t, NOW),
         purge=c.purge(t, NOW),
         requeue=c.requeue(t, NOW),
         next_due=messages.next_due(t),
         message_get=c.message_get(t),
+        leased_to_owner=c.leased_to_owner(t),
         now=c.now_query(NOW),
-        claim=leases.claim(t, single_queue=False),
-        claim_single=leases.claim(t, single_queue=True),
-        claim_runs=None,
-        rate_take=None,
-        ack_claim=leases.ack_claim(t, single_queue=False),
-        ack_claim_single=leases.ack_claim(t, single_queue=True),
-        renew=leases.renew(t),
-        renew_runs=None,
-        ack=leases.ack(t),
-        release_run=c.release_run(t),
-        transition=leases.transition(t),
         hold=leases.hold(t),
         hold_run=c.run_lease(t),
+        release_run=c.release_run(t),
         held_predicate=c.held(NOW),
-        offer_and_next_due=offers.offer_and_next_due(t),
-        ack_offer=offers.ack_offer(t),
-        offer_withdraw=offers.offer_withdraw(t),
-        offer_withdraw_all=offers.offer_withdraw_all(t),
-        leased_to_owner=offers.leased_to_owner(t),
         task_ensure=c.task_ensure(t, NOW),
         task_cas=c.task_cas(t, NOW),
         task_get=c.task_get(t),
-        task_publish=None,
-        task_attempts=None,
         event_insert=c.event_insert(t, NOW),
         events_for_task=events.events_for_task(t),
         events_for_message=events.events_for_message(t),
-        result_put=results.result_put(t, offer=False),
-        result_put_offer=results.result_put(t, offer=True),
         bind=c.bind(t),
         unbind=c.unbind(t),
         bindings_for=c.bindings_for(t),
@@ -60,4 +75,23 @@ def statements(t: Tables) -> Statements:
         delete_queue=c.delete_queue(t),
         delete_queue_bindings=c.delete_queue_bindings(t),
         delete_queue_messages=c.delete_queue_messages(t, NOW),
+        # Two publishes of one new key both insert; the key's row lock decides.
+        unique=unique_statements(t, row_locks=True),
+        leaders=leader_statements(t, NOW, GREATEST),
+        enqueue=messages.enqueue(t),
+        enqueue_plain=messages.enqueue_plain(t),
+        take=messages.take(t),
+        claim=leases.claim(t, single_queue=False),
+        claim_single=leases.claim(t, single_queue=True),
+        ack_claim=leases.ack_claim(t, single_queue=False),
+        ack_claim_single=leases.ack_claim(t, single_queue=True),
+        renew=leases.renew(t),
+        ack=leases.ack(t),
+        transition=leases.transition(t),
+        offer_and_next_due=offers.offer_and_next_due(t),
+        ack_offer=offers.ack_offer(t),
+        offer_withdraw=offers.offer_withdraw(t),
+        offer_withdraw_all=offers.offer_withdraw_all(t),
+        result_put=results.result_put(t, offer=False),
+        result_put_offer=results.result_put(t, offer=True),
     )

@@ -1,18 +1,26 @@
-"""PostgreSQL's fragments of SQL text and what it can do in one statement."""
+"""PostgreSQL's fragments of SQL text, and what it can do."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from sqlease._db.schema_indexes import task_key
 from sqlease._db.statements import Capabilities
 from sqlease._db.tables import Tables
 
-CAPABILITIES = Capabilities(
-    one_statement=True,
-    offers=True,
-    notifications=True,
-    batch_events=True,
-    single_writer=False,
-)
+if TYPE_CHECKING:
+    from sqlease._db.postgresql.pooler import Pooling
+    from sqlease.types import Fence
+
+
+def capabilities(pooling: Pooling) -> Capabilities:
+    """Behind a pooler in transaction mode without a ``listen_url``, nothing can LISTEN: no
+    notifications reach idle clients, and no offer can stand (its liveness is the listening
+    connection's advisory lock)."""
+    listens = not pooling.transaction or pooling.listen_url is not None
+    return Capabilities(offers=listens, notifications=listens, single_writer=False)
+
 
 #: The statement's clock in epoch milliseconds, unless ``:now`` is bound.
 #: statement_timestamp() is stable within a statement, so every comparison in one claim sees
@@ -66,3 +74,23 @@ def batch_event(t: Tables, kind: str, data: str, source: str, where: str) -> str
         f"array_agg(DISTINCT {task_key('m.task_id')}) FILTER (WHERE m.task_id IS NOT NULL) "
         f"FROM {source} m WHERE {where} HAVING count(*) > 0"
     )
+
+
+#: PostgreSQL: events younger than this are left for the next call. An event's id is taken
+#: when it is written, and a transaction that commits later than a newer event's would be
+#: passed over for good; no publish, claim or ack statement stays open this long (a publish
+#: inside an application's own transaction could: see docs/reference/metrics.md). Under
+#: SQLite's single writer ids become visible in order, so there is no wait.
+EVENT_SETTLE_MS = 10_000
+
+#: A handoff offer this long past its expiry whose worker's listening connection is gone (its
+#: advisory lock free) belongs to a worker that was killed: nobody will withdraw it.
+DEAD_OFFER_AFTER_MS = 60_000
+
+
+def fence_params(fences: Sequence[Fence]) -> dict[str, Any]:
+    """A batch of fences bound as the statements' ``:ids`` and ``:attempts``."""
+    # Arrays (unnest), sorted by id so that concurrent batches tend to lock rows in one
+    # order (fewer deadlocks).
+    ordered = sorted(fences, key=lambda f: f.message_id)
+    return {"ids": [f.message_id for f in ordered], "attempts": [f.attempt for f in ordered]}

@@ -1,87 +1,103 @@
-"""The PostgreSQL driver: psycopg pools per lane, one-statement hot operations.
+"""The PostgreSQL driver: every hot operation one statement, on the pool of its lane.
 
-The per-task statements bypass SQLAlchemy's execution layer (sqlease._db.postgresql.fastpath)
-on an engine of their own whose sessions use generic plans; the idle worker's offers run on
-the main engine, whose plans follow the values; claims and acks run on a pool whose commits
-do not wait for the WAL flush unless ``lease_sync_commit``; one-row publishes on that pool
+Data-modifying CTEs write a claim's run locks, gate slots, rate limits, task attempts and
+events inside the claim itself, and likewise for publish, ack, ack + claim, renew, transition
+and the result write, so each op is one autocommit statement: one round trip, one commit,
+and the event loop can send it without blocking (``line``). Only a batch that names several
+owners, or a publish of several rows, is a transaction of several statements.
+
+Lanes: the per-task statements bypass SQLAlchemy's execution layer (fastpath.py) on an engine
+of their own whose sessions use generic plans; the idle worker's offers, takes and renewals
+run on the main engine, whose plans follow the values; claims and acks on a pool whose
+commits do not wait for the WAL flush unless ``lease_sync_commit``; publishes on that pool
 too when ``publish_sync_commit`` is off. An engine a user passed in serves every lane.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Table, any_, func, text
+from sqlalchemy import Connection, Select, Table, any_, delete, exists, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Engine
+from sqlalchemy.sql.dml import Delete
 
-from sqlease._db.driver import Driver, Lane
-from sqlease._db.engine import get_engine
-from sqlease._db.postgresql import pooler
-from sqlease._db.postgresql.dialect import CAPABILITIES
-from sqlease._db.postgresql.fastpath import FastPath
-from sqlease._db.wakeup import PollingWaker, PostgresListener, Waker
-from sqlease.types import Fence, Message
+from sqlease._db.driver import (
+    Admit,
+    Change,
+    Claim,
+    Driver,
+    Lane,
+    Offer,
+    Op,
+    ResultWrite,
+    by_owner,
+    publish_each,
+)
+from sqlease._db.postgresql import PgStatements, pooler, statements
+from sqlease._db.postgresql.dialect import (
+    DEAD_OFFER_AFTER_MS,
+    EVENT_SETTLE_MS,
+    capabilities,
+    fence_params,
+)
+from sqlease._db.postgresql.fastpath import NONBLOCKING, FastPath
+from sqlease._db.postgresql.lanes import KeptLine, LaneRunner, build_lanes
+from sqlease._db.postgresql.listener import PostgresListener
+from sqlease._db.postgresql.results import result_params
+from sqlease._db.rows import acked_ids_of, due_of, expiries_of, ids_of, messages_of
+from sqlease._db.tables import Tables
+from sqlease._db.wakeup import PollingWaker, Waker
+from sqlease.types import Fence, Message, Outcome
 from sqlease.urls import to_sqlalchemy_url
+
+T = TypeVar("T")
 
 NOTIFY = text("SELECT pg_notify(:channel, :key)")
 
 
 class PostgresDriver(Driver):
     name = "postgresql"
-    caps = CAPABILITIES
+    remote = True
+    nonblocking = NONBLOCKING
+    event_settle_ms = EVENT_SETTLE_MS
+    sql: PgStatements
 
     def __init__(
         self,
         url: str | URL | Engine,
         engine: Engine,
+        tables: Tables,
         *,
         lease_sync_commit: bool,
         publish_sync_commit: bool,
+        engines: Callable[..., Engine],
     ) -> None:
-        super().__init__(engine)
+        super().__init__(engine, tables)
+        self.sql = statements(tables)
+        self.results_channel = f"{tables.prefix}results"
         self.publish_sync_commit = publish_sync_commit
-        ours = not isinstance(url, Engine)  # sqlease's own engines keep spare connections
         #: What the URL says about a pooler in front of the server (see pooler.py).
         self.pooling = pooler.split(
             engine.url if isinstance(url, Engine) else to_sqlalchemy_url(url)
         )[1]
-        if self.pooling.transaction:
-            # The no-flush pool is a session setting; behind the pooler a publish that skips
-            # the flush does it with SET LOCAL in its transaction (Lane.PUBLISH None), and the
-            # claims and acks wait for the flush as publishes do.
-            lease_sync_commit = True
-        # shared_pool=true: one engine (the URL's) serves every lane, as an engine passed in
-        # does: a third of the connections, for generic plans and the no-flush claims.
-        single = isinstance(url, Engine) or self.pooling.shared
-        if self.pooling.shared:
-            lease_sync_commit = True
-        hot = engine
-        if not isinstance(url, Engine) and not single:
-            hot = get_engine(url, generic_plans=True)
-        default = FastPath(hot, spares=ours)
-        # The pool whose commits do not wait for the flush, if anything uses it.
-        no_flush = (
-            FastPath(get_engine(url, generic_plans=True, wait_for_flush=False), spares=True)
-            if not single
-            and not isinstance(url, Engine)
-            and not (lease_sync_commit and publish_sync_commit)
-            and not self.pooling.transaction
-            else None
+        self.caps = capabilities(self.pooling)
+        self._lanes = build_lanes(
+            url,
+            engine,
+            self.pooling,
+            lease_sync_commit=lease_sync_commit,
+            publish_sync_commit=publish_sync_commit,
+            engines=engines,
         )
-        self._lanes: dict[Lane, FastPath | None] = {
-            Lane.DEFAULT: default,
-            Lane.PLANNED: FastPath(engine, spares=ours),
-            Lane.LEASES: default if no_flush is None or lease_sync_commit else no_flush,
-            # None: a one-row publish runs in a transaction, which skips the flush by
-            # SET LOCAL (an engine passed in has no no-flush pool of sqlease's).
-            Lane.PUBLISH: default if publish_sync_commit else no_flush,
-        }
 
-    def lane(self, lane: Lane) -> FastPath | None:
+    def lane(self, lane: Lane) -> LaneRunner:
+        """The pool a one-statement op on ``lane`` runs on."""
         return self._lanes[lane]
+
+    # ---- transactions ----------------------------------------------------------------
 
     @contextmanager
     def writing(self, statements: int = 2) -> Iterator[Connection]:
@@ -94,20 +110,49 @@ class PostgresDriver(Driver):
         with self.engine.begin() as conn:
             yield conn
 
+    def fork_section(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
     @contextmanager
-    def publishing(self, rows: int) -> Iterator[Connection]:
-        if self.publish_sync_commit:
-            with self.writing_hot(rows) as conn:
+    def _transaction(self, lane: Lane, statements: int) -> Iterator[Connection]:
+        if lane is not Lane.PUBLISH or self.publish_sync_commit:
+            with self.writing(statements) as conn:
                 yield conn
             return
-        # SET LOCAL needs a transaction (a single row too must not run in autocommit), and
-        # changes this transaction's commit only: the pooled session keeps its setting.
-        with self.writing_hot(max(rows, 2)) as conn:
+        # SET LOCAL needs a transaction (one statement too), and changes this transaction's
+        # commit only: the pooled session keeps its setting.
+        with self.writing(max(statements, 2)) as conn:
             conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
             yield conn
 
-    def fork_section(self) -> AbstractContextManager[None]:
-        return nullcontext()
+    # ---- running ops -----------------------------------------------------------------
+
+    def execute(self, op: Op[T]) -> T:
+        if op.statement is not None:
+            done: Any = self._lanes[op.lane].rows(op.statement, op.params)
+        elif op.body is not None:
+            with self._transaction(op.lane, op.statements) as conn:
+                done = op.body(conn)
+        else:
+            done = None
+        return done if op.finish is None else op.finish(done)
+
+    def line(self, lane: Lane) -> KeptLine:
+        fast = self._lanes[lane]
+        assert isinstance(fast, FastPath)  # only publishes may be SET LOCAL transactions
+        return KeptLine(fast)
+
+    def pin_thread(self, lane: Lane) -> None:
+        fast = self._lanes[lane]
+        if isinstance(fast, FastPath):
+            fast.pin_thread()
+
+    def release_thread(self, lane: Lane) -> None:
+        fast = self._lanes[lane]
+        if isinstance(fast, FastPath):
+            fast.release_thread()
+
+    # ---- dialect constructs ----------------------------------------------------------
 
     def insert(self, table: Table) -> Any:
         return pg_insert(table)
@@ -117,6 +162,25 @@ class PostgresDriver(Driver):
         # the key's index. With ``IN (subquery)`` the planner may join instead, and on a
         # table it thinks small it hashes the batch and reads the whole table.
         return column == any_(func.array(keys.scalar_subquery()))
+
+    def events_per_row(self) -> Any:
+        # A batch row (one statement's claimed or acked events) lists its messages.
+        return func.coalesce(func.cardinality(self.tables.events.c.message_ids), 1)
+
+    def batch_event_deletes(self, old: Select[Any], batch: int) -> dict[str, Delete]:
+        ev, m = self.tables.events, self.tables.messages
+        none_queued = ~exists().where(m.c.task_id == any_(ev.c.task_ids))
+        rows = old.where(ev.c.task_ids.isnot(None), none_queued).limit(batch)
+        return {"events_batch": delete(ev).where(self.one_of(ev.c.id, rows))}
+
+    def leftovers(self, now: int) -> dict[str, Delete]:
+        offers = self.tables.offers
+        # The lock test runs last (SQL does not promise an order; a live worker's lock only
+        # makes the test fail, it never waits). A dead worker's offer: its listening
+        # connection, which held the lock, is gone.
+        lock_free = func.pg_try_advisory_xact_lock_shared(offers.c.lock_key)
+        stale = offers.c.expires_at_ms < now - DEAD_OFFER_AFTER_MS
+        return {"dead_offers_dropped": delete(offers).where(stale, lock_free)}
 
     def notify(self, conn: Connection, channel: str, payload: str) -> None:
         conn.execute(NOTIFY, {"channel": channel, "key": payload})
@@ -130,31 +194,209 @@ class PostgresDriver(Driver):
             return PostgresListener(self.pooling.listen_url, channel, lock_key=lock_key)
         return PollingWaker()
 
-    # PostgreSQL writes run locks and events inside the statements themselves.
-
-    def after_enqueue(
-        self, conn: Connection, row: Mapping[str, Any], message_id: int, now: int | None
-    ) -> None:
-        pass
-
-    def after_claim(
-        self, conn: Connection, claimed: list[Message], owner: str, now: int | None
-    ) -> None:
-        pass
-
-    def after_transitions(
-        self, conn: Connection, rows: list[Any], kind: str, data: str | None, now: int | None
-    ) -> None:
-        pass
-
-    def after_renew(self, conn: Connection, row: Mapping[Any, Any]) -> None:
-        pass
-
     def queues_param(self, queues: Sequence[str]) -> Any:
         return list(queues)  # text[]
 
-    def fence_params(self, fences: Sequence[Fence]) -> dict[str, Any]:
-        # Arrays (unnest), sorted by id so that concurrent batches tend to lock rows in one
-        # order (fewer deadlocks).
-        ordered = sorted(fences, key=lambda f: f.message_id)
-        return {"ids": [f.message_id for f in ordered], "attempts": [f.attempt for f in ordered]}
+    # ---- operations: messages --------------------------------------------------------
+
+    def message_publish(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        now: int | None,
+        *,
+        handoff: bool = True,
+        admit: Admit | None = None,
+    ) -> Op[list[int]]:
+        channel = self.wakeup_channel
+        plain = self.sql.enqueue_plain
+        if len(rows) == 1 and admit is None:
+            row = rows[0]
+            statement = self._publish_statement(row) if handoff else plain
+            params = {**row, "now": now, "channel": channel}
+            return Op(Lane.PUBLISH, statement, params, lambda done: [int(done[0]["id"])])
+
+        def body(conn: Connection) -> list[int]:
+            def insert(row: Mapping[str, Any]) -> int:
+                statement = self._publish_statement(row) if handoff else plain
+                params = {**row, "now": now, "channel": channel}
+                return int(conn.execute(statement, params).scalar_one())
+
+            return publish_each(conn, rows, now, admit, insert)
+
+        # A unique task's admission is a few statements more: never in autocommit.
+        return Op(Lane.PUBLISH, body=body, statements=len(rows) + (2 if admit else 0))
+
+    def _publish_statement(self, row: Mapping[str, Any]) -> Any:
+        """The publish with the handoff lookup only for a message an idle worker's offer could
+        take: one with a run, a delay or a concurrency key never can (a claim must check its
+        run, due time or gate), and the lookup costs such a publish about 50 us of server
+        time for nothing (benchmarks/publish_floor.py)."""
+        if row["run_id"] is None and row["delay_ms"] <= 0 and row["gate_key"] is None:
+            return self.sql.enqueue
+        return self.sql.enqueue_plain
+
+    def message_take(self, queues: Sequence[str], limit: int, now: int | None) -> Op[list[Message]]:
+        params = {"queues": list(queues), "limit": int(limit), "now": now}
+        return Op(Lane.PLANNED, self.sql.take, params, messages_of)
+
+    def _claim(self, claim: Claim) -> tuple[Any, dict[str, Any]]:
+        params: dict[str, Any] = {
+            "owner": claim.owner,
+            "lease_ms": int(claim.lease_ms),
+            "limit": int(claim.limit),
+            "now": claim.now,
+        }
+        if len(claim.queues) == 1:
+            params["queue"] = claim.queues[0]
+            return self.sql.claim_single, params
+        params["queues"] = list(claim.queues)
+        return self.sql.claim, params
+
+    def message_claim(self, claim: Claim) -> Op[list[Message]]:
+        statement, params = self._claim(claim)
+        return Op(Lane.LEASES, statement, params, messages_of)
+
+    def _ack_all(
+        self, conn: Connection, groups: Mapping[str, list[Fence]], now: int | None
+    ) -> set[int]:
+        acked: set[int] = set()
+        for owner, group in groups.items():
+            params = {**fence_params(group), "owner": owner, "now": now}
+            acked.update(int(r.id) for r in conn.execute(self.sql.ack, params))
+        return acked
+
+    def message_ack(self, fences: Sequence[Fence], now: int | None) -> Op[set[int]]:
+        groups = by_owner(fences)
+        if not groups:
+            return Op.answer(set())
+        if len(groups) == 1:
+            ((owner, group),) = groups.items()
+            params = {**fence_params(group), "owner": owner, "now": now}
+            return Op(Lane.LEASES, self.sql.ack, params, ids_of)
+        return Op(
+            Lane.LEASES, body=lambda conn: self._ack_all(conn, groups, now), statements=len(groups)
+        )
+
+    def message_ack_claim(
+        self, fences: Sequence[Fence], claim: Claim
+    ) -> Op[tuple[set[int], list[Message]]]:
+        if not fences:
+            return self.message_claim(claim).then(lambda claimed: (set(), claimed))
+        statement, params = self._claim(claim)
+        groups = by_owner(fences)
+        if list(groups) == [claim.owner]:
+            # One statement: the claim does not see the acks' effects (a run's next message
+            # waits for the next claim).
+            combined = self.sql.ack_claim_single if len(claim.queues) == 1 else self.sql.ack_claim
+            params.update(fence_params(fences))
+
+            def finish(rows: list[dict[str, Any]]) -> tuple[set[int], list[Message]]:
+                return acked_ids_of(rows), messages_of([r for r in rows if r["id"] is not None])
+
+            return Op(Lane.LEASES, combined, params, finish)
+
+        def body(conn: Connection) -> tuple[set[int], list[Message]]:
+            acked = self._ack_all(conn, groups, claim.now)
+            rows = [dict(r._mapping) for r in conn.execute(statement, params)]
+            return acked, messages_of(rows)
+
+        return Op(Lane.LEASES, body=body, statements=len(groups) + 1)
+
+    def message_renew(
+        self, fences: Sequence[Fence], lease_ms: int, now: int | None
+    ) -> Op[dict[int, int]]:
+        groups = by_owner(fences)
+        each = [
+            {**fence_params(group), "owner": owner, "lease_ms": int(lease_ms), "now": now}
+            for owner, group in groups.items()
+        ]
+        if len(each) <= 1:
+            if not each:
+                return Op.answer({})
+            return Op(Lane.PLANNED, self.sql.renew, each[0], expiries_of)
+
+        def body(conn: Connection) -> dict[int, int]:
+            held: dict[int, int] = {}
+            for params in each:
+                held.update(
+                    expiries_of([dict(r._mapping) for r in conn.execute(self.sql.renew, params)])
+                )
+            return held
+
+        return Op(Lane.PLANNED, body=body, statements=len(each))
+
+    def message_transition(
+        self,
+        fences: Sequence[Fence],
+        change: Change,
+        now: int | None,
+        also: Callable[[Connection], None] | None = None,
+    ) -> Op[set[int]]:
+        groups = by_owner(fences)
+        if not groups:
+            return Op.answer(set())
+        terms = {
+            "now": now,
+            "delay_ms": max(0, int(change.delay_ms)),
+            "refund": 1 if change.refund else 0,
+            "new_state": change.new_state,
+            "reason": change.reason,
+            "error": change.error,
+            "kind": change.kind,
+            "data": change.data,
+            "channel": self.wakeup_channel,
+        }
+
+        def body(conn: Connection) -> set[int]:
+            changed: set[int] = set()
+            for owner, group in groups.items():
+                params = {**fence_params(group), "owner": owner, **terms}
+                changed.update(int(r.id) for r in conn.execute(self.sql.transition, params))
+            if changed and also is not None:
+                also(conn)  # the caller's write, in the same transaction
+            return changed
+
+        return Op(Lane.DEFAULT, body=body, statements=len(groups) + (also is not None))
+
+    # ---- operations: results ---------------------------------------------------------
+
+    def result_put(self, write: ResultWrite) -> Op[Outcome]:
+        # One statement in autocommit (one round trip, one commit): the lease check locks the
+        # message row, the upsert writes only if it held, and the notification goes out with
+        # the commit.
+        fence = write.fence
+        statement = self.sql.result_put
+        if write.offer is not None and fence is not None:
+            statement = self.sql.result_put_offer
+
+        def outcome(rows: list[dict[str, Any]]) -> Outcome:
+            (found,) = rows
+            if fence is not None and not found["held"]:
+                return Outcome.LEASE_LOST
+            return Outcome.UPDATED if found["stored"] else Outcome.KEPT_SUCCESS
+
+        return Op(Lane.DEFAULT, statement, result_params(write), outcome)
+
+    # ---- operations: offers ----------------------------------------------------------
+
+    def offer_put(self, offer: Offer) -> Op[int | None]:
+        return Op(Lane.PLANNED, self.sql.offer_and_next_due, offer.params(), due_of)
+
+    def offer_ack(self, fences: Sequence[Fence], offer: Offer) -> Op[tuple[set[int], int | None]]:
+        groups = by_owner(fences)
+        if list(groups) == [offer.owner]:
+            params = {**fence_params(fences), **offer.params()}
+            return Op(
+                Lane.PLANNED, self.sql.ack_offer, params, lambda r: (acked_ids_of(r), due_of(r))
+            )
+
+        def body(conn: Connection) -> tuple[set[int], int | None]:
+            acked = self._ack_all(conn, groups, offer.now)
+            rows = conn.execute(self.sql.offer_and_next_due, offer.params())
+            return acked, due_of([dict(r._mapping) for r in rows])
+
+        return Op(Lane.PLANNED, body=body, statements=len(groups) + 1)
+
+    def offer_withdraw(self, owner: str, *, handed_too: bool = False) -> Op[None]:
+        statement = self.sql.offer_withdraw_all if handed_too else self.sql.offer_withdraw
+        return Op(Lane.DEFAULT, statement, {"owner": owner}, lambda _rows: None)

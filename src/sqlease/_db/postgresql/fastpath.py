@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import TextClause
 
 from sqlease._db import spares as spares_module
+from sqlease._db.driver import WAIT_READ, WAIT_WRITE
 from sqlease._db.spares import spares_of
 from sqlease._db.translate import translate
 
@@ -288,8 +289,8 @@ class FastPath:
 #: (psycopg.waiting drives it with select/poll): an event loop can drive it instead. Private,
 #: so used only where it is there (psycopg 3.1-3.3 have it).
 NONBLOCKING = inspect.isgeneratorfunction(getattr(psycopg.Cursor, "_execute_gen", None))
-WAIT_READ = int(Wait.R)
-WAIT_WRITE = int(Wait.W)
+# What psycopg's generator waits for, as the driver seam names it.
+assert (int(Wait.R), int(Wait.W)) == (WAIT_READ, WAIT_WRITE)
 
 
 class Sending:

@@ -97,9 +97,3 @@ def offer_withdraw(t: Tables) -> TextClause:
 
 def offer_withdraw_all(t: Tables) -> TextClause:
     return text(f"DELETE FROM {t.offers.name} WHERE owner = :owner")
-
-
-def leased_to_owner(t: Tables) -> TextClause:
-    return text(
-        f"SELECT id, attempt FROM {t.messages.name} WHERE lease_owner = :owner AND state = 'ready'"
-    )

@@ -3,9 +3,12 @@ in one transaction instead, through SQLAlchemy's expressions in ``sqlease._core.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
+from sqlease._db.ops import ResultWrite
 from sqlease._db.postgresql.dialect import NOW
 from sqlease._db.postgresql.offers import offer_writes
 from sqlease._db.tables import Tables, offers_sequence
@@ -64,3 +67,35 @@ def result_put(t: Tables, *, offer: bool) -> TextClause:
         "SELECT EXISTS (SELECT 1 FROM h) AS held, "
         "(SELECT count(*) FROM up) + 0 * (SELECT count(*) FROM n) AS stored"
     )
+
+
+#: PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; a result that fits travels with
+#: its notification, a larger one is read back by the waiting client.
+NOTIFY_LIMIT = 7900
+
+
+def result_params(write: ResultWrite) -> dict[str, Any]:
+    """``result_put``'s parameters. The payload carries the value when it fits, so a waiting
+    client need not read it back."""
+    row, fence = write.row, write.fence
+    payload = row["key"]
+    try:
+        text_value = row["value"].decode("utf-8")
+    except UnicodeDecodeError:
+        text_value = None
+    if text_value is not None and "\x00" not in text_value:
+        candidate = f"{row['key']}\n{text_value}"
+        if len(candidate.encode("utf-8")) < NOTIFY_LIMIT:
+            payload = candidate
+    params = dict(
+        row,
+        channel=write.channel,
+        payload=payload,
+        fenced=fence is not None,
+        owner=None if fence is None else fence.owner,
+        keep_success=write.keep_success,
+        now=write.now,
+    )
+    if write.offer is not None and fence is not None:
+        params.update(write.offer)
+    return params

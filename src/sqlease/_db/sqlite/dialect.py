@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from sqlease._db.statements import Capabilities
 
-#: No offers (no LISTEN/NOTIFY to hand a message over); the lease statements leave the run
-#: locks and events to the caller, in the same transaction under the one write lock.
-CAPABILITIES = Capabilities(
-    one_statement=False,
-    offers=False,
-    notifications=False,
-    batch_events=False,
-    single_writer=True,
-)
+#: No offers (no LISTEN/NOTIFY to hand a message over); one writer holds the whole file.
+CAPABILITIES = Capabilities(offers=False, notifications=False, single_writer=True)
 
 #: The statement's clock in epoch milliseconds, unless ``:now`` is bound.
 NOW = "COALESCE(:now, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))"

@@ -1,43 +1,68 @@
-"""The SQLite driver: per-task transactions straight through sqlite3, bookkeeping beside them.
+"""The SQLite driver: every hot operation one short transaction, bookkeeping beside it.
 
-Every hot operation is a short ``BEGIN IMMEDIATE`` transaction on a kept sqlite3 connection
-(sqlease._db.sqlite.fast) inside the fork guard; an engine a user passed in is used through
-SQLAlchemy. SQLite has no data-modifying CTEs, so the run locks and timeline events that
-PostgreSQL writes inside a claim or transition statement are written here, in the same
-transaction, one ``executemany`` per table.
+Each op is a ``BEGIN IMMEDIATE`` transaction on a kept sqlite3 connection (sqlease._db.sqlite
+.fast) inside the fork guard; an engine a user passed in is used through SQLAlchemy. SQLite
+has no data-modifying CTEs, so the run locks, task rows, rate limits and timeline events that
+PostgreSQL writes inside a statement are written here, in the same transaction, under the one
+write lock: one ``executemany`` per table.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection, Table
+from sqlalchemy import Connection, Table, literal
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Engine
 
-from sqlease._db.driver import Driver, event_params
+from sqlease._db.driver import (
+    Admit,
+    Change,
+    Claim,
+    Driver,
+    Lane,
+    Offer,
+    Op,
+    ResultWrite,
+    by_owner,
+    event_params,
+    publish_each,
+)
+from sqlease._db.rows import row_to_message
+from sqlease._db.sqlite import SqliteStatements, statements
 from sqlease._db.sqlite.dialect import CAPABILITIES
 from sqlease._db.sqlite.fast import SqliteFast
 from sqlease._db.sqlite.fork_guard import sqlite_section
-from sqlease._db.wakeup import SqliteWatcher, Waker
-from sqlease.types import Fence, Message
+from sqlease._db.sqlite.watcher import SqliteWatcher
+from sqlease._db.tables import Tables
+from sqlease._db.wakeup import Waker
+from sqlease.errors import ConfigurationError
+from sqlease.types import Fence, Message, Outcome
 
-if TYPE_CHECKING:
-    from sqlease._db.statements import Statements
+T = TypeVar("T")
+
+
+def _fence_params(fences: Sequence[Fence]) -> dict[str, Any]:
+    ordered = sorted(fences, key=lambda f: f.message_id)
+    return {"fences": json.dumps([[f.message_id, f.attempt] for f in ordered])}
 
 
 class SqliteDriver(Driver):
     name = "sqlite"
     caps = CAPABILITIES
+    sql: SqliteStatements
 
-    def __init__(self, url: str | URL | Engine, engine: Engine, sql: Statements) -> None:
-        super().__init__(engine)
-        self.sql = sql
+    def __init__(self, url: str | URL | Engine, engine: Engine, tables: Tables) -> None:
+        super().__init__(engine, tables)
+        self.sql = statements(tables)
         #: sqlease's own engines: the per-task transactions through sqlite3.
         self.fast: SqliteFast | None = None if isinstance(url, Engine) else SqliteFast(engine)
+
+    # ---- transactions ----------------------------------------------------------------
 
     @contextmanager
     def writing(self, statements: int = 2) -> Iterator[Connection]:
@@ -46,21 +71,39 @@ class SqliteDriver(Driver):
             yield conn
 
     @contextmanager
-    def writing_hot(self, statements: int = 2) -> Iterator[Connection]:
+    def _writing_hot(self) -> Iterator[Connection]:
         if self.fast is None:
-            with self.writing(statements) as conn:
+            with self.writing() as conn:
                 yield conn
             return
-        # sqlite_fast's Transaction provides the part of Connection's API the hot
-        # operations use.
+        # The fast Transaction provides the part of Connection's API the operations use.
         with self.fast.begin() as transaction:
             yield cast(Connection, transaction)
 
     def fork_section(self) -> AbstractContextManager[None]:
         return sqlite_section()
 
+    def execute(self, op: Op[T]) -> T:
+        # Every op is a transaction of its own: on DEFAULT through SQLAlchemy (its body may
+        # run SQLAlchemy constructs), on the other lanes on the kept sqlite3 connection.
+        if op.statement is None and op.body is None:
+            done: Any = None
+        else:
+            with self.writing() if op.lane is Lane.DEFAULT else self._writing_hot() as conn:
+                if op.statement is not None:
+                    done = [dict(r._mapping) for r in conn.execute(op.statement, op.params)]
+                else:
+                    assert op.body is not None
+                    done = op.body(conn)
+        return done if op.finish is None else op.finish(done)
+
+    # ---- dialect constructs ----------------------------------------------------------
+
     def insert(self, table: Table) -> Any:
         return sqlite_insert(table)
+
+    def events_per_row(self) -> Any:
+        return literal(1)  # one row per message's event
 
     def notify(self, conn: Connection, channel: str, payload: str) -> None:
         pass  # watchers see the commit change the file's data_version
@@ -74,65 +117,13 @@ class SqliteDriver(Driver):
         # would deliver its rows twice over in one claim's candidates.
         return json.dumps(list(dict.fromkeys(queues)))
 
-    def fence_params(self, fences: Sequence[Fence]) -> dict[str, Any]:
-        ordered = sorted(fences, key=lambda f: f.message_id)
-        return {"fences": json.dumps([[f.message_id, f.attempt] for f in ordered])}
+    # ---- bookkeeping beside the statements -------------------------------------------
 
-    def after_enqueue(
-        self, conn: Connection, row: Mapping[str, Any], message_id: int, now: int | None
-    ) -> None:
-        if row["record"]:
-            conn.execute(
-                self.sql.event_insert,
-                event_params(row["task_id"], message_id, 0, "enqueued", None, now),
-            )
-        if row["task_id"] is not None:  # its task row (sqlease._db.task_rows)
-            assert self.sql.task_publish is not None
-            conn.execute(self.sql.task_publish, {**row, "now": now})
+    def _events(self, conn: Connection, events: list[dict[str, Any]]) -> None:
+        if events:
+            conn.execute(self.sql.event_insert, events)
 
-    def after_claim(
-        self, conn: Connection, claimed: list[Message], owner: str, now: int | None
-    ) -> None:
-        assert self.sql.claim_runs is not None
-        # One executemany per table: a claim of 32 is three statements, not 64.
-        run_locks = [
-            {
-                "run_id": msg.run_id,
-                "message_id": msg.id,
-                "attempt": msg.attempt,
-                "owner": owner,
-                "lease_expires_at_ms": msg.lease_expires_at_ms,
-            }
-            for msg in claimed
-            if msg.run_id is not None and msg.state != "dead"
-        ]
-        if run_locks:
-            conn.execute(self.sql.claim_runs, run_locks)
-        attempts = [
-            {"task_id": msg.task_id, "attempt": msg.attempt}
-            for msg in claimed
-            if msg.task_id is not None and msg.state != "dead"
-        ]
-        if attempts:  # the task rows' attempts (sqlease._db.task_rows)
-            assert self.sql.task_attempts is not None
-            conn.execute(self.sql.task_attempts, attempts)
-        owner_data = json.dumps({"owner": owner})
-        self._events(
-            conn,
-            [
-                event_params(
-                    msg.task_id,
-                    msg.id,
-                    msg.attempt,
-                    "attempts_exhausted" if msg.state == "dead" else "claimed",
-                    None if msg.state == "dead" else owner_data,
-                    now,
-                )
-                for msg in claimed
-            ],
-        )
-
-    def after_transitions(
+    def _after_transitions(
         self, conn: Connection, rows: list[Any], kind: str, data: str | None, now: int | None
     ) -> None:
         runs = [
@@ -145,18 +136,226 @@ class SqliteDriver(Driver):
             [event_params(m["task_id"], m["id"], m["attempt"], kind, data, now) for m in rows],
         )
 
-    def after_renew(self, conn: Connection, row: Mapping[Any, Any]) -> None:
-        if row["run_id"] is not None:
-            assert self.sql.renew_runs is not None
-            conn.execute(
-                self.sql.renew_runs,
-                {
-                    "run_id": row["run_id"],
-                    "message_id": row["id"],
-                    "lease_expires_at_ms": row["lease_expires_at_ms"],
-                },
-            )
+    def _after_claim(
+        self, conn: Connection, claimed: list[Message], owner: str, now: int | None
+    ) -> None:
+        live = [m for m in claimed if m.state != "dead"]
+        run_locks = [
+            {
+                "run_id": m.run_id,
+                "message_id": m.id,
+                "attempt": m.attempt,
+                "owner": owner,
+                "lease_expires_at_ms": m.lease_expires_at_ms,
+            }
+            for m in live
+            if m.run_id is not None
+        ]
+        if run_locks:
+            conn.execute(self.sql.claim_runs, run_locks)
+        attempts = [{"task_id": m.task_id, "attempt": m.attempt} for m in live if m.task_id]
+        if attempts:  # the task rows' attempts (sqlease._db.task_rows)
+            conn.execute(self.sql.task_attempts, attempts)
+        owner_data = json.dumps({"owner": owner})
+        self._events(
+            conn,
+            [
+                event_params(
+                    m.task_id,
+                    m.id,
+                    m.attempt,
+                    "attempts_exhausted" if m.state == "dead" else "claimed",
+                    None if m.state == "dead" else owner_data,
+                    now,
+                )
+                for m in claimed
+            ],
+        )
 
-    def _events(self, conn: Connection, events: list[dict[str, Any]]) -> None:
-        if events:
-            conn.execute(self.sql.event_insert, events)
+    # ---- operations: messages --------------------------------------------------------
+
+    def message_publish(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        now: int | None,
+        *,
+        handoff: bool = True,
+        admit: Admit | None = None,
+    ) -> Op[list[int]]:
+        def body(conn: Connection) -> list[int]:
+            def insert(row: Mapping[str, Any]) -> int:
+                params = {**row, "now": now}
+                message_id = int(conn.execute(self.sql.enqueue, params).scalar_one())
+                if row["record"]:
+                    event = event_params(row["task_id"], message_id, 0, "enqueued", None, now)
+                    conn.execute(self.sql.event_insert, event)
+                if row["task_id"] is not None:  # its task row (sqlease._db.task_rows)
+                    conn.execute(self.sql.task_publish, params)
+                return message_id
+
+            return publish_each(conn, rows, now, admit, insert)
+
+        return Op(Lane.PUBLISH, body=body)
+
+    def message_take(self, queues: Sequence[str], limit: int, now: int | None) -> Op[list[Message]]:
+        params = {"queues": self.queues_param(queues), "limit": int(limit), "now": now}
+
+        def body(conn: Connection) -> list[Message]:
+            return [row_to_message(r) for r in conn.execute(self.sql.take, params).fetchall()]
+
+        return Op(Lane.PLANNED, body=body, statements=1)
+
+    def _claim_on(self, conn: Connection, claim: Claim) -> list[Message]:
+        params: dict[str, Any] = {
+            "owner": claim.owner,
+            "lease_ms": int(claim.lease_ms),
+            "limit": int(claim.limit),
+            "now": claim.now,
+        }
+        if len(claim.queues) == 1:
+            params["queue"] = claim.queues[0]
+            statement = self.sql.claim_single
+        else:
+            params["queues"] = self.queues_param(claim.queues)
+            statement = self.sql.claim
+        rows = conn.execute(statement, params).fetchall()
+        claimed = [row_to_message(r) for r in rows]
+        self._after_claim(conn, claimed, claim.owner, claim.now)
+        rated = Counter(
+            r._mapping["rate_gate"]
+            for r, m in zip(rows, claimed, strict=True)
+            if m.state == "ready" and r._mapping.get("rate_gate") is not None
+        )
+        if rated:
+            conn.execute(
+                self.sql.rate_take,
+                [{"name": n, "n": k, "now": claim.now} for n, k in rated.items()],
+            )
+        return claimed
+
+    def message_claim(self, claim: Claim) -> Op[list[Message]]:
+        return Op(Lane.LEASES, body=lambda conn: self._claim_on(conn, claim), statements=1)
+
+    def _ack_on(self, conn: Connection, fences: Sequence[Fence], now: int | None) -> set[int]:
+        done: set[int] = set()
+        for owner, group in by_owner(fences).items():
+            params = {**_fence_params(group), "owner": owner, "now": now}
+            rows = [row._mapping for row in conn.execute(self.sql.ack, params).fetchall()]
+            done.update(int(m["id"]) for m in rows)
+            self._after_transitions(conn, rows, "acked", None, now)
+        return done
+
+    def message_ack(self, fences: Sequence[Fence], now: int | None) -> Op[set[int]]:
+        if not fences:
+            return Op.answer(set())
+        return Op(Lane.LEASES, body=lambda conn: self._ack_on(conn, fences, now))
+
+    def message_ack_claim(
+        self, fences: Sequence[Fence], claim: Claim
+    ) -> Op[tuple[set[int], list[Message]]]:
+        # One transaction (one write lock, one commit). The claim sees the acks, so the next
+        # message of a run just acked can come with it.
+        def body(conn: Connection) -> tuple[set[int], list[Message]]:
+            acked = self._ack_on(conn, fences, claim.now) if fences else set()
+            return acked, self._claim_on(conn, claim)
+
+        return Op(Lane.LEASES, body=body)
+
+    def message_renew(
+        self, fences: Sequence[Fence], lease_ms: int, now: int | None
+    ) -> Op[dict[int, int]]:
+        groups = by_owner(fences)
+        if not groups:
+            return Op.answer({})
+
+        def body(conn: Connection) -> dict[int, int]:
+            held: dict[int, int] = {}
+            for owner, group in groups.items():
+                params = {**_fence_params(group), "owner": owner, "lease_ms": lease_ms, "now": now}
+                for row in conn.execute(self.sql.renew, params).fetchall():
+                    m = row._mapping
+                    held[int(m["id"])] = int(m["lease_expires_at_ms"])
+                    if m["run_id"] is not None:
+                        lock = {
+                            "run_id": m["run_id"],
+                            "message_id": m["id"],
+                            "lease_expires_at_ms": m["lease_expires_at_ms"],
+                        }
+                        conn.execute(self.sql.renew_runs, lock)
+            return held
+
+        return Op(Lane.LEASES, body=body)
+
+    def message_transition(
+        self,
+        fences: Sequence[Fence],
+        change: Change,
+        now: int | None,
+        also: Callable[[Connection], None] | None = None,
+    ) -> Op[set[int]]:
+        groups = by_owner(fences)
+        if not groups:
+            return Op.answer(set())
+        terms = {
+            "now": now,
+            "delay_ms": max(0, int(change.delay_ms)),
+            "refund": 1 if change.refund else 0,
+            "new_state": change.new_state,
+            "reason": change.reason,
+            "error": change.error,
+            "kind": change.kind,
+            "data": change.data,
+        }
+
+        def body(conn: Connection) -> set[int]:
+            changed: set[int] = set()
+            for owner, group in groups.items():
+                params = {**_fence_params(group), "owner": owner, **terms}
+                rows = [r._mapping for r in conn.execute(self.sql.transition, params).fetchall()]
+                changed.update(int(m["id"]) for m in rows)
+                self._after_transitions(conn, rows, change.kind, change.data, now)
+            if changed and also is not None:
+                also(conn)  # the caller's write, in the same transaction
+            return changed
+
+        return Op(Lane.DEFAULT, body=body)
+
+    # ---- operations: results ---------------------------------------------------------
+
+    def result_put(self, write: ResultWrite) -> Op[Outcome]:
+        results, row, fence = self.tables.results, write.row, write.fence
+        insert = sqlite_insert(results).values(**row)
+        upsert = insert.on_conflict_do_update(
+            index_elements=[results.c.key],
+            set_={k: insert.excluded[k] for k in row if k != "key"},
+            where=results.c.state.is_distinct_from("SUCCESS") if write.keep_success else None,
+        ).returning(results.c.key)
+
+        def body(conn: Connection) -> Outcome:
+            if fence is not None:
+                held = {
+                    "message_id": fence.message_id,
+                    "attempt": fence.attempt,
+                    "owner": fence.owner,
+                    "lease_ms": 0,
+                    "task_id": row["task_id"],
+                    "now": write.now,
+                }
+                if conn.execute(self.sql.hold, held).first() is None:
+                    return Outcome.LEASE_LOST
+            if conn.execute(upsert).first() is None:
+                return Outcome.KEPT_SUCCESS
+            return Outcome.UPDATED
+
+        return Op(Lane.DEFAULT, body=body)
+
+    # ---- operations: offers (none: no LISTEN to hand a message over) -------------------
+
+    def offer_put(self, offer: Offer) -> Op[int | None]:
+        raise ConfigurationError("handoff offers need PostgreSQL")
+
+    def offer_ack(self, fences: Sequence[Fence], offer: Offer) -> Op[tuple[set[int], int | None]]:
+        raise ConfigurationError("handoff offers need PostgreSQL")
+
+    def offer_withdraw(self, owner: str, *, handed_too: bool = False) -> Op[None]:
+        return Op.answer(None)

@@ -1,4 +1,5 @@
-"""Rows to values: the message and event shapes the statements return."""
+"""Rows to values: the message and event shapes the statements return (the drivers decode
+their rows with these)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,29 @@ def message_from(mapping: Mapping[Any, Any], *, has_last_error: bool) -> Message
         max_attempts=int(mapping["max_attempts"]),
         last_error=mapping["last_error"] if has_last_error else None,
     )
+
+
+# ---- the rows of the drivers' statements, as dicts --------------------------------------
+
+
+def messages_of(rows: list[dict[str, Any]]) -> list[Message]:
+    return [message_from(r, has_last_error="last_error" in r) for r in rows]
+
+
+def ids_of(rows: list[dict[str, Any]]) -> set[int]:
+    return {int(row["id"]) for row in rows}
+
+
+def due_of(rows: list[dict[str, Any]]) -> int | None:
+    """The ``due`` column of an offer statement: milliseconds until the next delayed message."""
+    due = rows[0]["due"] if rows else None
+    return None if due is None else max(0, int(due))
+
+
+def acked_ids_of(rows: list[dict[str, Any]]) -> set[int]:
+    """The ``acked_ids`` array of a combined statement's first row."""
+    return {int(i) for i in (rows[0]["acked_ids"] or [])} if rows else set()
+
+
+def expiries_of(rows: list[dict[str, Any]]) -> dict[int, int]:
+    return {int(r["id"]): int(r["lease_expires_at_ms"]) for r in rows}

@@ -1,0 +1,122 @@
+"""PostgreSQL's engines: psycopg 3 through SQLAlchemy's pool (a restarted server is survived
+by discarding the pool on the first disconnect error), sessions set up for short lease
+transactions (``idle_in_transaction_session_timeout`` as a backstop: no stalled worker can
+hold a row lock that blocks a takeover)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL, Engine
+
+from sqlease._db.postgresql import pooler
+
+#: Startup settings of sqlease's PostgreSQL sessions (see connect_args for why).
+SESSION_OPTIONS = "-c idle_in_transaction_session_timeout=60000 -c jit=off"
+
+#: Added for the hot path's engine (generic_plans=True).
+GENERIC_PLANS_OPTION = "-c plan_cache_mode=force_generic_plan"
+#: Added for the lease traffic's engine (wait_for_flush=False).
+NO_FLUSH_WAIT_OPTION = "-c synchronous_commit=off"
+
+#: Seconds a connection attempt may take (libpq's connect_timeout) unless the URL says.
+CONNECT_TIMEOUT_S = 10
+
+
+#: pg_stat_activity's application_name of sqlease's connections, unless the URL names one.
+APPLICATION_NAME = "sqlease"
+
+
+def application_name(url: URL) -> str:
+    """The URL's ``application_name``, else sqlease's."""
+    value = url.query.get("application_name")
+    if isinstance(value, tuple):
+        value = value[-1]
+    return value or APPLICATION_NAME
+
+
+def connect_args(
+    url: URL, *, generic_plans: bool = False, wait_for_flush: bool = True
+) -> dict[str, Any]:
+    """What sqlease adds to a PostgreSQL URL's connection parameters. The URL's own
+    ``options`` (say ``-c search_path=app``) are kept, after sqlease's so that they win;
+    its ``connect_timeout`` is kept too."""
+    clean, pooling = pooler.split(url)
+    query = clean.query
+    own = query.get("options")
+    if isinstance(own, tuple):  # given more than once
+        own = " ".join(own)
+    # A worker stopped (SIGSTOP) mid-transaction must not hold locks for long.
+    # No JIT: the claim is a short OLTP statement whose estimated cost can cross
+    # jit_above_cost on a large backlog, and compiling it costs more than running it.
+    session = SESSION_OPTIONS
+    if generic_plans:
+        # The hot path's engine (fastpath: enqueue, claim, ack, result writes). psycopg
+        # prepares a statement a connection runs five times, but on `auto` PostgreSQL kept
+        # re-planning the claim and ack for each call (their generic plan's estimate looks
+        # dearer than the custom one), and planning cost as much server time as running
+        # them: one process claiming and acking batches of 32 went from 5,400 to 10,600
+        # tasks/s, server CPU per task from 112 to 57 us. Those statements are written so
+        # that their plan does not depend on the values. The mode applies to every
+        # statement with parameters, so the rest of sqlease (admin, maintenance, reads, the
+        # idle worker's offer) keeps `auto` on its own engine: a generic plan for, say,
+        # "the next due time after now" scanned the whole table.
+        session = f"{session} {GENERIC_PLANS_OPTION}"
+    if not wait_for_flush:
+        # The lease traffic's engine (claims and acks, see Store): a commit that returns
+        # before its WAL is flushed can only be lost with the server itself (a crash of
+        # PostgreSQL or of its machine), never with a worker. A lost claim leaves its message
+        # ready again, a lost ack leaves it leased until its lease expires: redelivered
+        # either way, never lost (the task, under its new attempt, finds any result it
+        # stored: invariant 9). Any later commit that waits for the flush (every publish,
+        # result, checkpoint and step) makes the earlier ones durable with it, since the WAL
+        # is flushed in order. Publishes, results and the task context keep waiting.
+        session = f"{session} {NO_FLUSH_WAIT_OPTION}"
+    # Behind a pooler in transaction mode no startup options go out (see pooler.py); the
+    # URL's own options are the user's business and go out as given.
+    args: dict[str, Any] = {
+        # The URL's own application_name wins (psycopg would otherwise get ours over it):
+        # pg_stat_activity then tells one deployment's connections from another's.
+        "application_name": application_name(clean),
+        **pooler.connect_args(pooling, session if not own else f"{session} {own}"),
+    }
+    if pooling.transaction and own:
+        args["options"] = own
+    if "connect_timeout" not in query:
+        # Without it, a host that drops packets holds each attempt for the kernel's TCP
+        # timeout (minutes), and Kombu's connect_timeout and failover never get their turn.
+        args["connect_timeout"] = CONNECT_TIMEOUT_S
+    return args
+
+
+def create(url: URL, options: dict[str, Any]) -> Engine:
+    clean, pooling = pooler.split(url)
+    # ?pool_size= / ?max_overflow= cap every engine of the URL (docs/howto/operations.md,
+    # "Connections").
+    pool_size, max_overflow = pooler.pool_limits(url)
+    engine = create_engine(
+        clean,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        # No pre-ping: it costs a round trip per operation. A connection broken by a server
+        # restart raises a disconnect error once, SQLAlchemy then drops the whole pool, and
+        # Kombu/Celery retry the operation as a connection error.
+        pool_pre_ping=False,
+        pool_recycle=3600,
+        connect_args=connect_args(
+            url, generic_plans=options["generic_plans"], wait_for_flush=options["wait_for_flush"]
+        ),
+    )
+    if pooling.transaction:
+        where = clean.render_as_string(hide_password=True)
+
+        @event.listens_for(engine, "first_connect")
+        def _check(dbapi_connection: Any, _record: Any) -> None:
+            pooler.check_settings(dbapi_connection, where)
+
+    return engine
+
+
+def forget(engine: Engine) -> None:
+    """Nothing of PostgreSQL's outlives its engine's pool."""
