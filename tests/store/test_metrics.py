@@ -9,9 +9,9 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import generate_latest
 
-from sqlease._admin_stats import EVENT_SETTLE_MS
 from sqlease._core.maintenance import run_pass
 from sqlease.admin import Admin
+from sqlease.admin._stats import EVENT_SETTLE_MS
 from sqlease.metrics import COUNTERS, build_registry
 from sqlease.store import Store
 from sqlease.testing import FakeClock

@@ -41,8 +41,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "facade": (
         "store",
         "admin",
-        "_admin_reads",
-        "_admin_stats",
         "_admin_views",
         "_admin_pages",
         "_task_history",
@@ -50,7 +48,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "transactions",
         "_registry",
         "_schedules",
-        "_flow_admin",
     ),
     "core": ("_core", "options"),
     "db": ("_db",),
