@@ -41,9 +41,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "facade": (
         "store",
         "admin",
-        "_admin_views",
-        "_admin_pages",
-        "_task_history",
         "revokes",
         "transactions",
         "_registry",
