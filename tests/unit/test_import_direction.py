@@ -30,11 +30,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "task_context",
         "cli",
         "__main__",
-        "_celery_defaults",
+        "_celery",
         "loop_calls",
         "background",
         "beat",
-        "_task_limits",
         "metrics",
         "ui",
     ),
@@ -43,7 +42,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "admin",
         "revokes",
         "transactions",
-        "_registry",
         "_schedules",
     ),
     "core": ("_core", "options"),
@@ -60,18 +58,16 @@ ADAPTER_EDGES = {
     ("transport", "loop_calls"),
     ("transport", "background"),
     ("loop_calls", "background"),
-    ("backend", "_celery_defaults"),
+    ("backend", "_celery"),
     # the command line: ``python -m sqlease``, and the servers ``sqlease ui`` and ``sqlease
     # metrics`` start (imported lazily: the ui and metrics extras)
     ("__main__", "cli"),
     ("cli", "metrics"),
     ("cli", "ui"),
     # the beat finds the app's sqlease broker URL as the backend does
-    ("beat", "_celery_defaults"),
-    # importing the Celery defaults connects the tasks' concurrency options
-    ("_celery_defaults", "_task_limits"),
+    ("beat", "_celery"),
     # a consuming worker writes its tasks' rate limits (cluster_rate_limits)
-    ("transport", "_task_limits"),
+    ("transport", "_celery"),
 }
 FOREIGN = ("kombu", "celery", "billiard", "vine")
 

@@ -21,10 +21,10 @@ from celery import beat
 from celery.schedules import crontab
 from sqlalchemy.engine import URL
 
-from sqlease._celery_defaults import broker_urls
+from sqlease._celery.defaults import broker_urls
+from sqlease._celery.registry import store_for
 from sqlease._core.leaders import Term
 from sqlease._core.schedules import EntryRow, ScheduleStore, sync_config
-from sqlease._registry import store_for
 from sqlease._schedules.specs import EntrySpec, entry_spec
 from sqlease.beat._firing import Firing
 from sqlease.beat._options import BeatOptions, beat_options

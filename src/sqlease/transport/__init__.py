@@ -28,8 +28,8 @@ transport writes), ``control`` (revokes across processes).
 
 from __future__ import annotations
 
+from sqlease._celery.registry import CONNECT_RETRY_SECONDS, store_for
 from sqlease._db.postgresql.fastpath import NONBLOCKING
-from sqlease._registry import CONNECT_RETRY_SECONDS, store_for
 
 # ``NONBLOCKING`` is read from this package when a transport picks its runner, so that
 # ``sqlease.transport.NONBLOCKING = False`` (the benchmarks, the tests) puts a busy worker's
