@@ -42,7 +42,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "admin",
         "revokes",
         "transactions",
-        "_schedules",
+        "schedules",
     ),
     "core": ("_core", "options"),
     "db": ("_db",),
