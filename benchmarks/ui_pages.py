@@ -1,5 +1,5 @@
 """The dashboard's reads at 1,000,000 messages on PostgreSQL: a throwaway database filled by
-INSERT ... SELECT generate_series, then each read of sqlease._admin_views timed (median of
+INSERT ... SELECT generate_series, then each read of sqlease.ui._read.views timed (median of
 5 after one warm-up). Drops the database at the end.
 
     python benchmarks/ui_pages.py [--url postgresql://postgres@127.0.0.1:5432/test] [--rows N]
@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from sqlease import Admin, Store
-from sqlease._admin_views import AdminViews
+from sqlease.ui._read.views import AdminViews
 
 NAMES = [f"shop.task_{i}" for i in range(10)]
 

@@ -19,7 +19,7 @@ for _alias in _ALIASES:  # "sqlease", and the full schemes for failover (see sql
     TRANSPORT_ALIASES[_alias] = _TARGET
 
 try:
-    from sqlease import _celery_defaults as _celery_defaults
+    from sqlease._celery import defaults as _celery_defaults  # noqa: F401 (connects signals)
 except ImportError:  # pragma: no cover - kombu without celery
     pass
 

@@ -43,7 +43,7 @@ _WATCHED = "celery.app.base"
 
 def _register_defaults() -> None:
     try:
-        importlib.import_module("sqlease._celery_defaults")
+        importlib.import_module("sqlease._celery.defaults")
     except ImportError:  # pragma: no cover - kombu without celery
         pass
 
@@ -78,7 +78,7 @@ class _AfterCeleryLoads(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if _WATCHED in sys.modules:
     _register_defaults()
-elif "sqlease._celery_defaults" not in sys.modules:
+elif "sqlease._celery.defaults" not in sys.modules:
     sys.meta_path.insert(0, _AfterCeleryLoads())
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from sqlease import _cli_render as render
 from sqlease.admin import Admin
+from sqlease.cli import _render as render
 from sqlease.cli import main
 from sqlease.store import Store
 from sqlease.testing import FakeClock

@@ -77,7 +77,7 @@ def test_pass_drops_the_handoff_offers_of_killed_workers_only(
     with the worker's listening connection gone (its advisory lock free), they are dropped;
     a live worker's are kept however old."""
     from sqlease._core.handoff import lock_key_for
-    from sqlease._db.postgresql.driver import DEAD_OFFER_AFTER_MS
+    from sqlease._db.postgresql.dialect import DEAD_OFFER_AFTER_MS
     from sqlease._db.postgresql.listener import PostgresListener
 
     live = PostgresListener(store.engine.url, store.notify_channel, lock_key=lock_key_for("live"))

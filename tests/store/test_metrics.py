@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from sqlease._core.maintenance import run_pass
-from sqlease._db.postgresql.driver import EVENT_SETTLE_MS
+from sqlease._db.postgresql.dialect import EVENT_SETTLE_MS
 from sqlease.admin import Admin
 from sqlease.metrics import COUNTERS, build_registry
 from sqlease.store import Store

@@ -13,7 +13,7 @@ from celery.result import AsyncResult
 import sqlease
 from conftest import unique_prefix
 from sqlease import Admin, ContextUnavailable, LeaseLost, OutcomeUnknown, Store
-from sqlease._celery_defaults import uses_sqlease
+from sqlease._celery.defaults import uses_sqlease
 from sqlease._core.results import ResultStore
 from sqlease.errors import AttemptsExhausted, SchemaVersionMismatch, WaitingForPerson
 from sqlease.transport import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OWNER_KEY

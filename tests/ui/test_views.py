@@ -11,11 +11,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from sqlease import Admin, SchemaMissing, Store, WaitingForPerson
-from sqlease._admin_views import AdminViews
 from sqlease._core.results import ResultStore
 from sqlease.task_context import TaskContext
 from sqlease.testing import FakeClock
 from sqlease.ui import create_app
+from sqlease.ui._read.views import AdminViews
 
 from .helpers import TOKEN, enqueue
 

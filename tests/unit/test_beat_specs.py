@@ -11,7 +11,8 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule, solar
 
-from sqlease._schedules.specs import (
+from sqlease.errors import InvalidSchedule
+from sqlease.schedules._specs import (
     MAX_STEPS,
     entry_spec,
     from_spec,
@@ -20,7 +21,6 @@ from sqlease._schedules.specs import (
     plan,
     to_spec,
 )
-from sqlease.errors import InvalidSchedule
 
 
 def ms(dt: datetime) -> int:

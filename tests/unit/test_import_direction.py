@@ -10,7 +10,9 @@ alike), so a lazy import cannot hide an edge. Rules:
 - the import graph has no cycle (a type-only import inside one package, such as a part's
   annotation naming the ``Transport`` that owns it, is not an edge for this rule: it never
   runs, and the owner and its parts are one unit);
-- every module is assigned a layer, so a new one is placed on purpose.
+- every module is assigned a layer, so a new one is placed on purpose;
+- every name in ``LAYERS`` and ``ADAPTER_EDGES`` is an existing module, and every edge in
+  ``ADAPTER_EDGES`` is used, so no entry outlives what it names.
 """
 
 from __future__ import annotations
@@ -22,88 +24,45 @@ import sqlease
 
 ROOT = Path(sqlease.__file__).parent
 
-#: Layers from the top. A module belongs to the first entry naming it or a package above it.
+#: Layers from the top, by top-level package or module (a module belongs to the entry naming
+#: it or a package above it).
 LAYERS: dict[str, tuple[str, ...]] = {
     "adapter": (
+        # Kombu and Celery: the transport, the result backend, beat, a task's context, and
+        # the glue they share in a process (durable defaults, task options, the store registry)
         "transport",
         "backend",
-        "task_context",
-        "cli",
-        "_demo",
-        "_demo_app",
-        "__main__",
-        "_celery_defaults",
-        "loop_calls",
-        "background",
         "beat",
-        "_cli_schedules",
-        "_task_limits",
-        "_cli_limits",
-        "_cli_base",
-        "_cli_render",
-        "_cli_tasks",
-        "_cli_ops",
-        "_cli_celery",
-        "metrics",
+        "task_context",
+        "_celery",
+        # people and other programs: the command line, the dashboard, the metrics exporter
+        "__main__",
+        "cli",
         "ui",
+        "metrics",
     ),
-    "facade": (
-        "store",
-        "admin",
-        "_admin_reads",
-        "_admin_stats",
-        "_admin_views",
-        "_admin_pages",
-        "_task_history",
-        "revokes",
-        "transactions",
-        "_registry",
-        "_schedules",
-        "_flow_admin",
-    ),
+    "facade": ("admin", "schedules", "store", "revokes", "transactions"),
     "core": ("_core", "options"),
     "db": ("_db",),
-    "base": ("errors", "types", "delivery", "_aliases", "urls", "testing"),
+    "base": ("errors", "types", "delivery", "urls", "testing", "_aliases"),
 }
 RANK = {layer: rank for rank, layer in enumerate(reversed(LAYERS))}
 
-#: Adapter → adapter edges that are part of the design.
+#: Adapter → adapter edges that are part of the design (each one is used: a test checks it).
 ADAPTER_EDGES = {
     # the task context finds the worker's transport (lazily, one way) for its store and lease
     ("task_context", "transport"),
-    # the transport's runners and the Celery defaults it relies on
-    ("transport", "loop_calls"),
-    ("transport", "background"),
-    ("loop_calls", "background"),
-    ("backend", "_celery_defaults"),
-    # the command line, its demo command and the demo's Celery app
+    # the transport, the backend and beat share one store per database (_celery.registry); a
+    # consuming worker writes its tasks' rate limits (_celery.task_limits); the backend and
+    # beat find the app's sqlease broker URL (_celery.defaults)
+    ("transport", "_celery"),
+    ("backend", "_celery"),
+    ("beat", "_celery"),
+    # ``python -m sqlease`` runs the command line
     ("__main__", "cli"),
-    ("cli", "_cli_schedules"),
-    ("cli", "_cli_base"),
-    ("cli", "_cli_tasks"),
-    ("cli", "_cli_ops"),
-    ("_cli_schedules", "_cli_base"),
-    ("_cli_schedules", "_cli_render"),
-    ("_cli_tasks", "_cli_base"),
-    ("_cli_tasks", "_cli_render"),
-    ("_cli_ops", "_cli_base"),
-    ("_cli_ops", "_demo"),
-    ("_cli_ops", "metrics"),
-    # ``sqlease ui`` starts the dashboard (imported lazily: the ui extra)
-    ("_cli_ops", "ui"),
-    ("cli", "_cli_limits"),
-    ("_cli_limits", "_cli_base"),
-    ("_cli_limits", "_cli_render"),
-    # ``celery -A app sqlease``: the same verbs under Celery's command line
-    ("_cli_celery", "cli"),
-    ("_cli_celery", "_cli_base"),
-    ("_demo", "_demo_app"),
-    # the beat finds the app's sqlease broker URL as the backend does
-    ("beat", "_celery_defaults"),
-    # importing the Celery defaults connects the tasks' concurrency options
-    ("_celery_defaults", "_task_limits"),
-    # a consuming worker writes its tasks' rate limits (cluster_rate_limits)
-    ("transport", "_task_limits"),
+    # ``sqlease ui`` and ``sqlease metrics`` start their servers (imported lazily: the extras)
+    ("cli", "ui"),
+    ("cli", "metrics"),
 }
 FOREIGN = ("kombu", "celery", "billiard", "vine")
 
@@ -259,3 +218,22 @@ def test_the_walk_sees_lazy_and_typing_imports() -> None:
     edges, _ = _graph()
     assert "transport" in edges["task_context"]
     assert "store" in edges["transactions"]
+    assert "ui" in edges["cli._ops"]
+
+
+def test_layers_and_edges_name_existing_modules() -> None:
+    modules = _modules()
+    named = [name for names in LAYERS.values() for name in names]
+    assert len(named) == len(set(named)), "a name is in LAYERS twice"
+    wrong = sorted(name for name in named if name not in modules)
+    assert not wrong, f"LAYERS names modules that do not exist: {wrong}"
+    adapters = set(LAYERS["adapter"])
+    wrong = sorted(edge for edge in ADAPTER_EDGES if not set(edge) <= adapters)
+    assert not wrong, f"ADAPTER_EDGES names what is no adapter of LAYERS, or no module: {wrong}"
+
+
+def test_every_adapter_edge_is_used() -> None:
+    edges, _ = _graph()
+    used = {(_top(source), _top(target)) for source, targets in edges.items() for target in targets}
+    stale = sorted(ADAPTER_EDGES - used)
+    assert not stale, f"ADAPTER_EDGES lists edges no import makes: {stale}"

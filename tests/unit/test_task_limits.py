@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from celery import Celery
 
 from sqlease import ConfigurationError
-from sqlease._task_limits import ERROR_HEADER, _apply_task_default, key_for
+from sqlease._celery.task_limits import ERROR_HEADER, _apply_task_default, key_for
 from sqlease.transport._codec import new_message
 
 
@@ -86,7 +88,7 @@ def stray() -> None:
 
 
 def test_a_tasks_unique_options_become_headers_and_the_codec_reads_them() -> None:
-    from sqlease._task_limits import unique_for
+    from sqlease._celery.task_limits import unique_for
 
     app = Celery("uniques", set_as_current=False)
     task = app.task(name="u.report", unique_key="report:{user}", unique_for=30)(report)
@@ -113,3 +115,10 @@ def test_a_chord_header_part_is_never_unique() -> None:
             "celery",
             {"headers": {"id": "t", "unique_key": "k", "unique_scope": "x"}, "properties": {}},
         )
+
+
+def test_importing_sqlease_connects_the_publish_handler() -> None:
+    # A process that only imports sqlease still sets its tasks' headers: the package imports
+    # the Celery defaults, which import task_limits for its before_task_publish handler.
+    code = "import sys, sqlease; assert 'sqlease._celery.task_limits' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,8 +10,8 @@ from celery import states
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
+from sqlease._celery.registry import store_for
 from sqlease._core.results import ResultStore
-from sqlease._registry import store_for
 from sqlease.backend._chords import NativeChords
 from sqlease.backend._fencing import REFUSED, counting_part, writing_under
 from sqlease.backend._waits import PushedWaits
@@ -64,7 +64,7 @@ class SqleaseBackend(PushedWaits, NativeChords):  # type: ignore[misc]
         self._local = threading.local()
 
     def _shares_broker_database(self) -> bool:
-        from sqlease._celery_defaults import broker_urls, sqlease_transport_setting
+        from sqlease._celery.defaults import broker_urls, sqlease_transport_setting
 
         plain_sql_ok = sqlease_transport_setting(self.app)
         mine = self.sa_url.render_as_string(hide_password=False)

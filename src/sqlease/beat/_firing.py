@@ -13,8 +13,8 @@ from sqlalchemy import Connection
 
 from sqlease._core.leaders import Term
 from sqlease._core.schedules import EntryRow, ScheduleStore
-from sqlease._schedules.specs import Plan, from_spec, loads, next_slot, plan
 from sqlease.errors import LeadershipLost
+from sqlease.schedules._specs import Plan, from_spec, loads, next_slot, plan
 from sqlease.transactions import transaction
 
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ from typing import Any
 
 from celery import Celery
 
-from sqlease._schedules.specs import CATCH_UP
 from sqlease.errors import ConfigurationError
+from sqlease.schedules._specs import CATCH_UP
 
 #: Celery settings sqlease's beat reads (besides ``beat_schedule``, ``beat_max_loop_interval``,
 #: ``beat_cron_starting_deadline``, ``timezone`` and ``enable_utc``), with their defaults.

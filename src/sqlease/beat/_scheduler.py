@@ -21,15 +21,15 @@ from celery import beat
 from celery.schedules import crontab
 from sqlalchemy.engine import URL
 
-from sqlease._celery_defaults import broker_urls
+from sqlease._celery.defaults import broker_urls
+from sqlease._celery.registry import store_for
 from sqlease._core.leaders import Term
 from sqlease._core.schedules import EntryRow, ScheduleStore, sync_config
-from sqlease._registry import store_for
-from sqlease._schedules.specs import EntrySpec, entry_spec
 from sqlease.beat._firing import Firing
 from sqlease.beat._options import BeatOptions, beat_options
 from sqlease.errors import ConfigurationError, DatabaseUnavailable, LeadershipLost
 from sqlease.options import TransportOptions
+from sqlease.schedules._specs import EntrySpec, entry_spec
 from sqlease.urls import to_sqlalchemy_url
 
 logger = logging.getLogger("sqlease.beat")
@@ -245,7 +245,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
     @property
     def schedule(self) -> dict[str, beat.ScheduleEntry]:
         """The entries as Celery's ScheduleEntry objects (for introspection)."""
-        from sqlease._schedules.specs import from_spec, loads
+        from sqlease.schedules._specs import from_spec, loads
 
         found = {}
         for row in self.entries.all():

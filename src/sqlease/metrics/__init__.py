@@ -8,7 +8,7 @@ reads the database at each scrape, through ``sqlease.Admin`` (the dashboard moun
 A scrape is a few short statements: one GROUP BY over the messages table (counts per queue
 and state, live leases), the declared queues, and the event totals, which fold in only the
 events written since the previous scrape and keep their sums in the ``counters`` table
-(``sqlease._admin_stats``), so the counters stay monotonic while the maintenance pass
+(``sqlease.admin._stats``), so the counters stay monotonic while the maintenance pass
 prunes the events table.
 """
 
@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sqlease._admin_stats import QUEUE_STATES
+from sqlease.admin._stats import QUEUE_STATES
 
 if TYPE_CHECKING:
     from sqlease.admin import Admin

@@ -28,7 +28,7 @@ transport writes), ``control`` (revokes across processes).
 
 from __future__ import annotations
 
-from sqlease._registry import CONNECT_RETRY_SECONDS, store_for
+from sqlease._celery.registry import CONNECT_RETRY_SECONDS, store_for
 from sqlease.delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY, fence_of
 from sqlease.transport._channel import Channel
 from sqlease.transport._transport import Transport

@@ -18,12 +18,12 @@ import sqlalchemy.exc
 from kombu.transport import virtual
 from sqlalchemy.engine import URL
 
+from sqlease._celery.registry import CONNECT_RETRY_SECONDS, store_for
+from sqlease._celery.task_limits import write_limits
 from sqlease._core.handoff import lock_key_for
 from sqlease._core.results import ResultStore
 from sqlease._db.dialects import CONNECTION_ERRORS, capabilities_of
 from sqlease._db.wakeup import Waker
-from sqlease._registry import CONNECT_RETRY_SECONDS, store_for
-from sqlease._task_limits import write_limits
 from sqlease.errors import ConfigurationError, DatabaseUnavailable
 from sqlease.options import TransportOptions
 from sqlease.store import Message, Store

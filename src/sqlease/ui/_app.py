@@ -16,12 +16,12 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sqlease._admin_views import AdminViews
 from sqlease.admin import Admin
 from sqlease.errors import SqleaseError
 from sqlease.ui import _actions, _pages
 from sqlease.ui._auth import Guard
 from sqlease.ui._context import Ui
+from sqlease.ui._read.views import AdminViews
 from sqlease.ui._render import STATIC
 
 Handler = Callable[..., Awaitable[Response]]

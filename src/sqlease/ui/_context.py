@@ -12,8 +12,8 @@ from jinja2 import Environment
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from sqlease._admin_views import AdminViews
 from sqlease.ui._auth import CSRF_COOKIE, CSRF_FIELD, Guard, csrf_token
+from sqlease.ui._read.views import AdminViews
 from sqlease.ui._render import environment
 
 

@@ -9,11 +9,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sqlease._admin_views import AdminViews
-from sqlease._task_history import checkpoint_diffs, host_of, lease_history, parse_payload
 from sqlease.admin import TASK_STATES
 from sqlease.errors import UnknownTask
 from sqlease.ui._context import Ui
+from sqlease.ui._read.history import checkpoint_diffs, host_of, lease_history, parse_payload
+from sqlease.ui._read.views import AdminViews
 
 LIST_STATES = (*TASK_STATES, "waiting")
 #: Seconds one overview read serves every page that asks (its fragment polls every 5 s).

@@ -10,7 +10,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
 
-from sqlease._admin_views import Throughput
+from sqlease.ui._read.views import Throughput
 
 HERE = Path(__file__).parent
 TEMPLATES = HERE / "templates"

@@ -57,7 +57,7 @@ class Failure(click.ClickException):
 
 def _verb(ctx: click.Context) -> str:
     parts = ctx.command_path.split()
-    # after the program: ``sqlease`` itself, or ``celery … sqlease`` (sqlease._cli_celery)
+    # after the program: ``sqlease`` itself, or ``celery … sqlease`` (sqlease.cli._celery)
     start = parts.index("sqlease") + 1 if "sqlease" in parts else 1
     return " ".join(parts[start:]) or parts[0]
 

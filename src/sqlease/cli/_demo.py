@@ -26,7 +26,7 @@ def _start_worker(name: str, env: dict[str, str], log: Path) -> subprocess.Popen
         "-m",
         "celery",
         "-A",
-        "sqlease._demo_app",
+        "sqlease.cli._demo_app",
         "worker",
         "--pool",
         "prefork",
@@ -64,7 +64,7 @@ def run(workdir: str | None = None, *, pages: int = PAGES, kill_after_page: int 
     url = f"sqlease+sqlite:///{db}"
     env = dict(os.environ, SQLEASE_DEMO_URL=url)
     os.environ["SQLEASE_DEMO_URL"] = url
-    from sqlease import _demo_app as demo_app
+    from sqlease.cli import _demo_app as demo_app
     from sqlease.store import Store
 
     log = folder / "workers.log"

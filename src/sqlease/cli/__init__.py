@@ -4,20 +4,19 @@
 ``sqlease --url sqlease+postgresql://… status`` (or set ``SQLEASE_URL``). Tables for people
 by default, ``--json`` for scripts. The common options may come before or after the verb.
 Errors name what was wrong and exit with status 2 (usage) or 1 (the operation was refused).
-The verbs live in ``sqlease._cli_tasks`` (tasks and queues), ``sqlease._cli_ops`` (schema,
-maintenance, servers) and ``sqlease._cli_schedules``; ``sqlease._cli_celery`` mounts the
+The verbs live in ``sqlease.cli._tasks`` (tasks and queues), ``sqlease.cli._ops`` (schema,
+maintenance, servers) and ``sqlease.cli._schedules``; ``sqlease.cli._celery`` mounts the
 same verbs under ``celery -A app sqlease``.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 import click
 
-from sqlease import _cli_limits, _cli_ops, _cli_schedules, _cli_tasks
-from sqlease._cli_base import VerbGroup, common
+from sqlease.cli import _limits, _ops, _schedules, _tasks
+from sqlease.cli._base import VerbGroup, common
 
 
 @click.group(
@@ -30,7 +29,7 @@ def cli() -> None:
     """Durable Celery on SQL: see and steer tasks, queues and schedules."""
 
 
-for _module in (_cli_tasks, _cli_ops, _cli_schedules, _cli_limits):
+for _module in (_tasks, _ops, _schedules, _limits):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 
@@ -53,6 +52,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     return 0
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlease._core.schedules import EntryRow, ScheduleStore
-from sqlease._schedules.specs import describe, entry_spec, from_spec, loads, parse_crontab
 from sqlease.errors import InvalidSchedule, UnknownTask
+from sqlease.schedules._specs import describe, entry_spec, from_spec, loads, parse_crontab
 
 if TYPE_CHECKING:
     from sqlease.store import Store

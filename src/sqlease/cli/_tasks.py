@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from sqlease import _cli_render as r
-from sqlease._cli_base import Failure, admin_of, common, out
-from sqlease._cli_base import verb as verb_command
+from sqlease.cli import _render as r
+from sqlease.cli._base import Failure, admin_of, common, out
+from sqlease.cli._base import verb as verb_command
 
 # ---- status ------------------------------------------------------------------------------
 

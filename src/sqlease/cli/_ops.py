@@ -8,14 +8,14 @@ from typing import Any
 
 import click
 
-from sqlease._cli_base import Failure, admin_of, common, out, prefix_of, url_of, verb
+from sqlease.cli._base import Failure, admin_of, common, out, prefix_of, url_of, verb
 
 
 @verb(help="kill a worker mid-task on SQLite and watch the task resume on another")
 @click.option("--dir", "folder", help="folder for the demo database (default: a temp folder)")
 @click.pass_context
 def demo(ctx: click.Context, folder: str | None) -> None:
-    from sqlease._demo import run
+    from sqlease.cli._demo import run
 
     ctx.exit(run(folder))
 

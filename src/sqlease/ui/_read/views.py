@@ -15,11 +15,11 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Table, and_, func, or_, select
 
-from sqlease._admin_pages import TaskPage, TaskRow, succeeded_page
-from sqlease._admin_reads import state_of as _state_of
-from sqlease._task_history import host_of, parse_payload
 from sqlease.admin import TASK_STATES, Admin
+from sqlease.admin._reads import state_of as _state_of
 from sqlease.store import Message
+from sqlease.ui._read.history import host_of, parse_payload
+from sqlease.ui._read.task_list import TaskPage, TaskRow, succeeded_page
 
 #: Throughput counts these event kinds: a finished delivery, and a failed one.
 DONE_KINDS = ("acked",)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from sqlease import cli as sqlease_cli
-from sqlease._cli_base import VerbGroup, common, options
+from sqlease.cli._base import VerbGroup, common, options
 
 
 def _app_of(ctx: click.Context) -> Any:

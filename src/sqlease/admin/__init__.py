@@ -17,14 +17,14 @@ from typing import Any, NoReturn
 
 from sqlalchemy.engine import URL
 
-from sqlease._admin_reads import TASK_STATES, TaskReads, TaskSnapshot, state_of
-from sqlease._admin_stats import StatsAdmin
 from sqlease._core.control import Control
 from sqlease._core.results import ResultStore
 from sqlease._core.steps import StepStore
-from sqlease._flow_admin import FlowAdmin
-from sqlease._schedules.admin import ScheduleAdmin
+from sqlease.admin._flow import FlowAdmin
+from sqlease.admin._reads import TASK_STATES, TaskReads, TaskSnapshot, state_of
+from sqlease.admin._stats import StatsAdmin
 from sqlease.errors import InvalidAnswer, InvalidTransition, UnknownTask
+from sqlease.schedules._admin import ScheduleAdmin
 from sqlease.store import Store
 from sqlease.urls import strip_prefix
 

@@ -1,4 +1,5 @@
-"""The Celery app that ``python -m sqlease demo`` runs (``celery -A sqlease._demo_app worker``)."""
+"""The Celery app that ``python -m sqlease demo`` runs (``celery -A sqlease.cli._demo_app
+worker``)."""
 
 from __future__ import annotations
 

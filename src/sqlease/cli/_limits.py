@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from sqlease import _cli_render as r
-from sqlease._cli_base import VerbGroup, admin_of, common, out
+from sqlease.cli import _render as r
+from sqlease.cli._base import VerbGroup, admin_of, common, out
 
 
 def _show_text(gates: list[dict[str, Any]], rates: dict[str, dict[str, Any]], now: int) -> str:
