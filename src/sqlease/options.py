@@ -84,7 +84,7 @@ def _boolean(name: str, value: Any) -> bool:
 
 @dataclass(frozen=True)
 class TransportOptions:
-    """The options of DESIGN §2, with their defaults."""
+    """The transport options (docs/reference/transport-options.md), with their defaults."""
 
     #: How long a delivery is held without a heartbeat before another worker may take it over.
     lease_seconds: float = 60.0
