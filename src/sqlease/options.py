@@ -45,7 +45,9 @@ def _number(minimum: float, unit: str = "seconds") -> Parser:
 
     def parse(name: str, value: Any) -> float:
         if isinstance(value, bool):
-            raise ConfigurationError(f"transport option {name!r} must be a number of {unit}")
+            raise ConfigurationError(
+                f"transport option {name!r} must be a number of {unit}, not {value!r}"
+            )
         try:
             number = float(value)
         except (TypeError, ValueError):
@@ -190,7 +192,7 @@ class TransportOptions:
     event_retention_days: float = field(
         default=30.0,
         metadata=_row(
-            _number(0.0),
+            _number(0.0, "days"),
             "Days to keep events, checkpoints and answers of finished tasks (0 keeps them "
             "forever).",
         ),
@@ -198,7 +200,7 @@ class TransportOptions:
     dead_retention_days: float | None = field(
         default=None,
         metadata=_row(
-            _number(0.0),
+            _number(0.0, "days"),
             "Days to keep dead messages and the FAILURE/REVOKED results sqlease writes without an "
             "expiry (None: event_retention_days; 0 keeps them forever).",
             none_keeps_default=True,
