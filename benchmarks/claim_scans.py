@@ -31,7 +31,7 @@ does. Reported: the claim's p50 and p99 in milliseconds, medians over the rounds
     .venv/bin/python benchmarks/claim_scans.py                 # both databases, 3 rounds
     .venv/bin/python benchmarks/claim_scans.py --backends sqlite --rounds 1
 
-JSON in ``benchmarks/results/claim-scans-<date>.json``; see docs/performance.md §8.
+JSON in ``benchmarks/results/claim-scans-<date>.json``; see docs/performance.md §6.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sqlease._core.flow import check_limits, check_rates
@@ -35,107 +35,242 @@ _GENERIC = frozenset(
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
-def _seconds(name: str, value: Any, *, minimum: float) -> float:
-    if isinstance(value, bool):
-        raise ConfigurationError(f"transport option {name!r} must be a number of seconds")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigurationError(
-            f"transport option {name!r} must be a number of seconds, not {value!r}"
-        ) from None
-    if math.isnan(number) or math.isinf(number) or number < minimum:
-        raise ConfigurationError(
-            f"transport option {name!r} must be at least {minimum} seconds, not {value!r}"
-        )
-    return number
+#: A parser takes the option's name and its raw value, and returns the value to keep or raises
+#: ConfigurationError naming the option and the value.
+Parser = Callable[[str, Any], Any]
 
 
-def _integer(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ConfigurationError(f"transport option {name!r} must be an integer, not {value!r}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise ConfigurationError(
-            f"transport option {name!r} must be an integer, not {value!r}"
-        ) from None
-    if number < minimum:
-        raise ConfigurationError(f"transport option {name!r} must be >= {minimum}, not {value!r}")
-    return number
+def _number(minimum: float, unit: str = "seconds") -> Parser:
+    """A float of at least ``minimum`` (a string of one is fine, a bool is not)."""
+
+    def parse(name: str, value: Any) -> float:
+        if isinstance(value, bool):
+            raise ConfigurationError(
+                f"transport option {name!r} must be a number of {unit}, not {value!r}"
+            )
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigurationError(
+                f"transport option {name!r} must be a number of {unit}, not {value!r}"
+            ) from None
+        if math.isnan(number) or math.isinf(number) or number < minimum:
+            raise ConfigurationError(
+                f"transport option {name!r} must be at least {minimum} {unit}, not {value!r}"
+            )
+        return number
+
+    return parse
+
+
+def _integer(minimum: int) -> Parser:
+    """An int of at least ``minimum`` (a string of one is fine, a float or a bool is not)."""
+
+    def parse(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ConfigurationError(f"transport option {name!r} must be an integer, not {value!r}")
+        try:
+            number = int(value)
+        except ValueError:
+            raise ConfigurationError(
+                f"transport option {name!r} must be an integer, not {value!r}"
+            ) from None
+        if number < minimum:
+            raise ConfigurationError(
+                f"transport option {name!r} must be >= {minimum}, not {value!r}"
+            )
+        return number
+
+    return parse
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
 def _boolean(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.lower() in (
-        "1",
-        "true",
-        "yes",
-        "on",
-        "0",
-        "false",
-        "no",
-        "off",
-    ):
-        return value.lower() in ("1", "true", "yes", "on")
+    if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+        return value.lower() in _TRUE
     raise ConfigurationError(f"transport option {name!r} must be true or false, not {value!r}")
+
+
+def _prefix(name: str, value: Any) -> str:
+    return validate_prefix(value)  # its error names table_prefix and the value
+
+
+def _synchronous(name: str, value: Any) -> str:
+    sync = str(value).upper()
+    if sync not in _SYNCHRONOUS:
+        raise ConfigurationError(
+            f"transport option {name!r} must be one of {_SYNCHRONOUS}, not {sync!r}"
+        )
+    return sync
+
+
+def _limits(name: str, value: Any) -> dict[str, int]:
+    return check_limits(value)  # its errors name concurrency_limits, the key and the value
+
+
+def _rates(name: str, value: Any) -> dict[str, str]:
+    # Checked, then kept as written ("100/m"): the worker parses them again as it stores them.
+    return {n: text for n, (text, _) in check_rates(value).items()}
+
+
+def _row(parse: Parser, doc: str, *, none_keeps_default: bool = False) -> dict[str, Any]:
+    """The rest of an option's row, beside its field's name, type and default: the parser that
+    checks a raw value and what the option means. ``none_keeps_default``: an explicit None is
+    taken as not given (otherwise the parser sees it, and refuses it)."""
+    return {"parse": parse, "doc": doc, "none_keeps_default": none_keeps_default}
 
 
 @dataclass(frozen=True)
 class TransportOptions:
-    """The options of DESIGN §2, with their defaults."""
+    """The transport options (docs/reference/transport-options.md), with their defaults.
 
-    #: How long a delivery is held without a heartbeat before another worker may take it over.
-    lease_seconds: float = 60.0
-    #: How often this process renews every lease it holds (default: a third of the lease).
-    heartbeat_interval: float | None = None
-    #: Deliveries before a message is failed ``attempts_exhausted``.
-    max_attempts: int = 3
-    #: The safety poll: the longest an idle worker goes without looking for work.
-    polling_interval: float = 1.0
-    #: Prefix of every table (and of the PostgreSQL notification channel).
-    table_prefix: str = "sqlease_"
-    #: Create or upgrade the schema at first connect.
-    auto_migrate: bool = True
-    #: Largest message accepted at publish (bytes of the stored message).
-    max_payload_bytes: int = 16 * 1024 * 1024
-    #: SQLite ``PRAGMA synchronous`` (WAL mode): NORMAL survives any process crash.
-    sqlite_synchronous: str = "NORMAL"
-    #: Seconds between maintenance passes in each worker (0 turns them off).
-    maintenance_interval: float = 60.0
-    #: Days to keep events, checkpoints and answers of finished tasks (0 keeps them forever).
-    event_retention_days: float = 30.0
-    #: Days to keep dead messages and the FAILURE/REVOKED results sqlease writes without an
-    #: expiry (None: event_retention_days; 0 keeps them forever).
-    dead_retention_days: float | None = None
-    #: Seconds an auto-delete queue (auto_delete, exclusive or x-expires: Celery's reply,
-    #: event and remote-control queues) lives on after its last declaration or consumer
-    #: (the longer of this and its own x-expires); its live consumers keep it.
-    idle_queue_expiry: float = 600.0
-    #: PostgreSQL: an idle worker offers to take its queues' next message, and a publish that
-    #: finds the offer leases the message to it in the same statement (no claim round trip).
-    handoff: bool = True
-    #: PostgreSQL: claims and acks wait for their commit to reach the disk, as publishes,
-    #: results and checkpoints always do. Off by default: a claim or ack lost with the
-    #: database server (never with a worker) only redelivers its message.
-    lease_sync_commit: bool = False
-    #: PostgreSQL: a publish (``delay()``, ``apply_async``) returns once its commit is on
-    #: disk. Off, it returns once committed in the server's memory, before the WAL flush: a
-    #: crash of the database server (never of a worker or a producer) can then lose the last
-    #: few hundred milliseconds of publishes, as Redis's and RabbitMQ's defaults can.
-    publish_sync_commit: bool = True
-    #: Concurrency limits per task name and per queue, cluster-wide:
-    #: ``{"queue:images": 4, "task:app.resize": 2}``. A consuming worker writes them to the
-    #: database at start (replacing the ones there); ``None`` leaves the database's as they are.
-    concurrency_limits: dict[str, int] | None = None
-    #: Rate limits per task name, queue or concurrency key, cluster-wide, in Celery's rate
-    #: syntax: ``{"task:app.call_api": "100/m", "queue:mail": "10/s"}``. Written at a
-    #: consuming worker's start as ``concurrency_limits`` are.
-    rate_limits: dict[str, str] | None = None
-    #: Each task's own ``rate_limit`` (``@app.task(rate_limit="10/m")``) holds across the
-    #: cluster, enforced at claim time, instead of per worker.
-    cluster_rate_limits: bool = False
+    The fields are the table of options: ``parse`` reads each one the user gave with the
+    field's parser, in this order."""
+
+    lease_seconds: float = field(
+        default=60.0,
+        metadata=_row(
+            _number(0.05),
+            "How long a delivery is held without a heartbeat before another worker may take "
+            "it over.",
+        ),
+    )
+    heartbeat_interval: float | None = field(
+        default=None,
+        metadata=_row(
+            _number(0.01),
+            "How often this process renews every lease it holds (default: a third of the lease).",
+            none_keeps_default=True,
+        ),
+    )
+    max_attempts: int = field(
+        default=3,
+        metadata=_row(_integer(1), "Deliveries before a message is failed ``attempts_exhausted``."),
+    )
+    polling_interval: float = field(
+        default=1.0,
+        metadata=_row(
+            _number(0.001),
+            "The safety poll: the longest an idle worker goes without looking for work.",
+            none_keeps_default=True,
+        ),
+    )
+    table_prefix: str = field(
+        default="sqlease_",
+        metadata=_row(
+            _prefix, "Prefix of every table (and of the PostgreSQL notification channel)."
+        ),
+    )
+    auto_migrate: bool = field(
+        default=True,
+        metadata=_row(_boolean, "Create or upgrade the schema at first connect."),
+    )
+    max_payload_bytes: int = field(
+        default=16 * 1024 * 1024,
+        metadata=_row(
+            _integer(1), "Largest message accepted at publish (bytes of the stored message)."
+        ),
+    )
+    sqlite_synchronous: str = field(
+        default="NORMAL",
+        metadata=_row(
+            _synchronous,
+            "SQLite ``PRAGMA synchronous`` (WAL mode): NORMAL survives any process crash.",
+        ),
+    )
+    maintenance_interval: float = field(
+        default=60.0,
+        metadata=_row(
+            _number(0.0), "Seconds between maintenance passes in each worker (0 turns them off)."
+        ),
+    )
+    event_retention_days: float = field(
+        default=30.0,
+        metadata=_row(
+            _number(0.0, "days"),
+            "Days to keep events, checkpoints and answers of finished tasks (0 keeps them "
+            "forever).",
+        ),
+    )
+    dead_retention_days: float | None = field(
+        default=None,
+        metadata=_row(
+            _number(0.0, "days"),
+            "Days to keep dead messages and the FAILURE/REVOKED results sqlease writes without an "
+            "expiry (None: event_retention_days; 0 keeps them forever).",
+            none_keeps_default=True,
+        ),
+    )
+    idle_queue_expiry: float = field(
+        default=600.0,
+        metadata=_row(
+            _number(1.0),
+            "Seconds an auto-delete queue (auto_delete, exclusive or x-expires: Celery's reply, "
+            "event and remote-control queues) lives on after its last declaration or consumer "
+            "(the longer of this and its own x-expires); its live consumers keep it.",
+        ),
+    )
+    handoff: bool = field(
+        default=True,
+        metadata=_row(
+            _boolean,
+            "PostgreSQL: an idle worker offers to take its queues' next message, and a publish "
+            "that finds the offer leases the message to it in the same statement (no claim round "
+            "trip).",
+        ),
+    )
+    lease_sync_commit: bool = field(
+        default=False,
+        metadata=_row(
+            _boolean,
+            "PostgreSQL: claims and acks wait for their commit to reach the disk, as publishes, "
+            "results and checkpoints always do. Off by default: a claim or ack lost with the "
+            "database server (never with a worker) only redelivers its message.",
+        ),
+    )
+    publish_sync_commit: bool = field(
+        default=True,
+        metadata=_row(
+            _boolean,
+            "PostgreSQL: a publish (``delay()``, ``apply_async``) returns once its commit is on "
+            "disk. Off, it returns once committed in the server's memory, before the WAL flush: a "
+            "crash of the database server (never of a worker or a producer) can then lose the last "
+            "few hundred milliseconds of publishes, as Redis's and RabbitMQ's defaults can.",
+        ),
+    )
+    concurrency_limits: dict[str, int] | None = field(
+        default=None,
+        metadata=_row(
+            _limits,
+            "Concurrency limits per task name and per queue, cluster-wide: "
+            '``{"queue:images": 4, "task:app.resize": 2}``. A consuming worker writes them to the '
+            "database at start (replacing the ones there); None leaves the database's as they are.",
+            none_keeps_default=True,
+        ),
+    )
+    rate_limits: dict[str, str] | None = field(
+        default=None,
+        metadata=_row(
+            _rates,
+            "Rate limits per task name, queue or concurrency key, cluster-wide, in Celery's rate "
+            'syntax: ``{"task:app.call_api": "100/m", "queue:mail": "10/s"}``. Written at a '
+            "consuming worker's start as concurrency_limits are.",
+            none_keeps_default=True,
+        ),
+    )
+    cluster_rate_limits: bool = field(
+        default=False,
+        metadata=_row(
+            _boolean,
+            'Each task\'s own ``rate_limit`` (``@app.task(rate_limit="10/m")``) holds across the '
+            "cluster, enforced at claim time, instead of per worker.",
+        ),
+    )
 
     @property
     def lease_ms(self) -> int:
@@ -179,76 +314,18 @@ class TransportOptions:
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any] | None) -> TransportOptions:
+        """The options ``raw`` gives, each checked by its field's parser (ConfigurationError
+        naming the option and the value); the rest keep their defaults. Kombu's own options
+        pass silently, other brokers' and unknown ones with a warning."""
         raw = dict(raw or {})
         values: dict[str, Any] = {}
-        if "lease_seconds" in raw:
-            values["lease_seconds"] = _seconds(
-                "lease_seconds", raw.pop("lease_seconds"), minimum=0.05
-            )
-        if "heartbeat_interval" in raw:
-            value = raw.pop("heartbeat_interval")
-            if value is not None:
-                values["heartbeat_interval"] = _seconds("heartbeat_interval", value, minimum=0.01)
-        if "max_attempts" in raw:
-            values["max_attempts"] = _integer("max_attempts", raw.pop("max_attempts"), minimum=1)
-        if "polling_interval" in raw:
-            value = raw.pop("polling_interval")
-            if value is not None:
-                values["polling_interval"] = _seconds("polling_interval", value, minimum=0.001)
-        if "table_prefix" in raw:
-            values["table_prefix"] = validate_prefix(raw.pop("table_prefix"))
-        if "auto_migrate" in raw:
-            values["auto_migrate"] = _boolean("auto_migrate", raw.pop("auto_migrate"))
-        if "max_payload_bytes" in raw:
-            values["max_payload_bytes"] = _integer(
-                "max_payload_bytes", raw.pop("max_payload_bytes"), minimum=1
-            )
-        if "sqlite_synchronous" in raw:
-            sync = str(raw.pop("sqlite_synchronous")).upper()
-            if sync not in _SYNCHRONOUS:
-                raise ConfigurationError(
-                    f"transport option 'sqlite_synchronous' must be one of {_SYNCHRONOUS}, "
-                    f"not {sync!r}"
-                )
-            values["sqlite_synchronous"] = sync
-        if "maintenance_interval" in raw:
-            values["maintenance_interval"] = _seconds(
-                "maintenance_interval", raw.pop("maintenance_interval"), minimum=0.0
-            )
-        if "event_retention_days" in raw:
-            values["event_retention_days"] = _seconds(
-                "event_retention_days", raw.pop("event_retention_days"), minimum=0.0
-            )
-        if "dead_retention_days" in raw:
-            value = raw.pop("dead_retention_days")
-            if value is not None:
-                values["dead_retention_days"] = _seconds("dead_retention_days", value, minimum=0.0)
-        if "idle_queue_expiry" in raw:
-            values["idle_queue_expiry"] = _seconds(
-                "idle_queue_expiry", raw.pop("idle_queue_expiry"), minimum=1.0
-            )
-        if "handoff" in raw:
-            values["handoff"] = _boolean("handoff", raw.pop("handoff"))
-        if "lease_sync_commit" in raw:
-            values["lease_sync_commit"] = _boolean(
-                "lease_sync_commit", raw.pop("lease_sync_commit")
-            )
-        if "publish_sync_commit" in raw:
-            values["publish_sync_commit"] = _boolean(
-                "publish_sync_commit", raw.pop("publish_sync_commit")
-            )
-        if "concurrency_limits" in raw:
-            value = raw.pop("concurrency_limits")
-            if value is not None:
-                values["concurrency_limits"] = check_limits(value)
-        if "rate_limits" in raw:
-            value = raw.pop("rate_limits")
-            if value is not None:
-                values["rate_limits"] = {n: text for n, (text, _) in check_rates(value).items()}
-        if "cluster_rate_limits" in raw:
-            values["cluster_rate_limits"] = _boolean(
-                "cluster_rate_limits", raw.pop("cluster_rate_limits")
-            )
+        for option in fields(cls):
+            if option.name not in raw:
+                continue
+            value = raw.pop(option.name)
+            if value is None and option.metadata["none_keeps_default"]:
+                continue
+            values[option.name] = option.metadata["parse"](option.name, value)
         options = cls(**values)
         if options.heartbeat_seconds >= options.lease_seconds:
             raise ConfigurationError(

@@ -1,5 +1,5 @@
-"""The store's concurrency claims (DESIGN §3: 1, 2, 7), shown with real processes racing on
-PostgreSQL: real time, the database's clock, short leases, no fake clock.
+"""The store's concurrency claims (guarantees.md, invariants 1, 2 and 7), shown with real
+processes racing on PostgreSQL: real time, the database's clock, short leases, no fake clock.
 
 Every worker is a process started with the ``spawn`` method, so it builds its own engine and
 ``Store``; the worker bodies live in ``workers.py``. Every child is killed when its test ends,

@@ -1,6 +1,7 @@
-"""Attempts exhaustion through a real worker (DESIGN invariant 6): a task that kills its own
-pool process every time is requeued by ``task_reject_on_worker_lost`` (a sqlease default),
-delivered 3 times, then failed ``attempts_exhausted``; the worker keeps serving other tasks."""
+"""Attempts exhaustion through a real worker (guarantees.md, invariant 6): a task that kills
+its own pool process every time is requeued by ``task_reject_on_worker_lost`` (a sqlease
+default), delivered 3 times, then failed ``attempts_exhausted``; the worker keeps serving
+other tasks."""
 
 from __future__ import annotations
 

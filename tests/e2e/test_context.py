@@ -164,8 +164,8 @@ def test_a_chord_part_killed_between_its_result_and_its_count_still_completes_th
 ) -> None:
     """Celery stores a part's result, then counts it towards the chord. A worker killed in
     between leaves the result stored and the part uncounted: completing that delivery from
-    the stored result (invariant 9) would leave the chord waiting forever. The part runs
-    again instead, and is counted once."""
+    the stored result (guarantees.md, invariant 9) would leave the chord waiting forever. The
+    part runs again instead, and is counted once."""
     app, result, died = _chord_of_three_with_a_kill(
         e2e, "died_before_count", E2E_DIE_BEFORE_COUNT=1
     )

@@ -1,6 +1,6 @@
-"""Warm shutdown releases the worker's unstarted leases at once (DESIGN invariant 8): the
-prefetched tasks of a worker stopped with SIGTERM go back unleased when it exits, and another
-worker runs them straight away instead of waiting for their leases to expire."""
+"""Warm shutdown releases the worker's unstarted leases at once (guarantees.md, invariant
+8): the prefetched tasks of a worker stopped with SIGTERM go back unleased when it exits, and
+another worker runs them straight away instead of waiting for their leases to expire."""
 
 from __future__ import annotations
 

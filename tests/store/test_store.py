@@ -1,4 +1,5 @@
-"""The lease store's invariants (DESIGN §3: 1-6, 11) on SQLite and PostgreSQL, fake clock."""
+"""The lease store's invariants (guarantees.md, invariants 1-6 and 11) on SQLite and
+PostgreSQL, fake clock."""
 
 from __future__ import annotations
 

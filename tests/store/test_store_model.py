@@ -5,8 +5,8 @@ release (with delay or refund) and checkpoint; the clock moves; workers crash an
 their leases but keep their old fences and keep using them, next to superseded and forged
 fences (stale operations). Every answer is compared with the model's, and after every step
 the whole database (messages, tasks, the per-run locks and the new events) is compared with
-it, and the invariants of DESIGN §3 are checked on the rows themselves: at most one live lease
-per message and per run, attempts strictly increasing, an acked or dead message never
+it, and the invariants of guarantees.md are checked on the rows themselves: at most one live
+lease per message and per run, attempts strictly increasing, an acked or dead message never
 delivered again, nothing lost, stale operations changing nothing, runs claimed in enqueue
 order, checkpoint revisions, exhausted budgets ending ``dead``/``attempts_exhausted``, one
 event per state change. Runs on a SQLite file (WAL) and on PostgreSQL, with the fake clock.

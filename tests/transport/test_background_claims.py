@@ -6,7 +6,7 @@ whose rows it reads when the socket is readable (sqlease.transport._loop_calls);
 whose statement generator is not there, a background thread runs it instead
 (sqlease.transport._background). Every test runs with both. What was claimed is delivered on
 the loop's thread. A connection closed while such a claim is under way gives its messages back
-at once (invariant 8), with the attempt refunded.
+at once (guarantees.md, invariant 8), with the attempt refunded.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The sqlease Kombu transport through Kombu's own API (DESIGN §2, §3, §5), on SQLite and
-PostgreSQL: publish/consume/ack, fenced reject/requeue/restore, stale acks, priorities,
-exchanges with persisted bindings, purge, no-ack consumers, delayed delivery, per-run
-serialization, heartbeats, bad input and URLs.
+"""The sqlease Kombu transport through Kombu's own API, on SQLite and PostgreSQL:
+publish/consume/ack, fenced reject/requeue/restore, stale acks, priorities, exchanges with
+persisted bindings, purge, no-ack consumers, delayed delivery, per-run serialization,
+heartbeats, bad input and URLs.
 
 Modelled on Kombu's integration suite (``t/integration/common.py``). Rows are checked through a
 ``sqlease.Store`` on the test's own table prefix.

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 from celery import Celery
 from celery._state import _task_stack
+from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 
 import sqlease
@@ -76,6 +78,57 @@ def test_requeued_message_runs_again_instead_of_completing_from_its_old_result(
     assert ResultStore(store).completed_messages([first.id]) == {first.id}
     Admin("x", store=store).requeue("t")
     assert ResultStore(store).completed_messages([first.id]) == set()
+
+
+def _until(done: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+def test_requeued_rejected_task_runs_again_through_a_worker(app: Celery, db_url: str) -> None:
+    """A task that stored its FAILURE and was then rejected without requeue (kept as failed
+    ``rejected``) runs its body again once requeued: the worker's lost-ack check must not
+    take the stored result for the requeued delivery's."""
+    app.conf.update(
+        task_acks_on_failure_or_timeout=False,  # a failed task is rejected, not acked
+        result_backend_transport_options=app.conf.broker_transport_options,
+    )
+    app.conf.broker_transport_options = {
+        **app.conf.broker_transport_options,
+        "polling_interval": 0.05,
+    }
+    app.loader.import_task_module("celery.contrib.testing.tasks")  # celery.ping
+    runs: list[int] = []
+
+    @app.task(name="outcomes.fails_once", shared=False)
+    def fails_once() -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            raise ValueError("the first run fails")
+        return "ran again"
+
+    with app.connection_for_write() as conn:
+        store: Store = conn.transport.store
+    admin = Admin("x", store=store)
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+        result = fails_once.delay()
+        with pytest.raises(ValueError):
+            result.get(timeout=10)
+        _until(lambda: admin.task(result.id).reason == "rejected", "the reject")
+        message_id = admin.task(result.id).message_id
+        assert message_id is not None
+        # The stored FAILURE is this message's: a plain redelivery would complete from it.
+        assert ResultStore(store).completed_messages([message_id]) == {message_id}
+        admin.requeue(result.id)
+        _until(lambda: admin.task(result.id).state == "succeeded", "the second run's ack")
+    assert len(runs) == 2
+    assert app.AsyncResult(result.id).get(timeout=5) == "ran again"
+    kinds = [e["kind"] for e in admin.task(result.id).events]
+    assert "completed_from_stored_outcome" not in kinds
+    assert kinds.count("claimed") == 2
 
 
 def test_purged_task_reads_as_cancelled(store: Store) -> None:

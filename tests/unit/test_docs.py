@@ -13,6 +13,8 @@ Fast, no database. What is checked:
   every flag written after a verb is one of that verb's flags;
 - ``docs/reference/python-api.md`` documents every name in ``sqlease.__all__``,
   ``transport-options.md`` every option, ``cli.md`` every verb and flag;
+- the error tree drawn in ``reference/errors.md`` (and in ``sqlease.errors``' docstring) is
+  the tree of the classes, with their other bases;
 - every relative link (CHANGELOG.md's too) points to an existing file, and to an existing
   heading or anchor;
 - no page but CHANGELOG.md tells history (sessions, commits) or cites DESIGN.
@@ -24,6 +26,7 @@ import dataclasses
 import importlib
 import importlib.util
 import re
+import textwrap
 from functools import cache
 from pathlib import Path
 
@@ -324,6 +327,40 @@ def test_errors_reference_lists_every_public_error() -> None:
     ]
     missing = [name for name in errors if f"`{name}`" not in text]
     assert not missing, f"reference/errors.md does not list {missing}"
+
+
+def _drawn_tree(block: str) -> dict[str, tuple[str | None, tuple[str, ...]]]:
+    """The error tree drawn in ``block``: each class with its parent in the tree and the
+    other bases its line names (``(also ValueError)``)."""
+    drawn: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+    parents: list[str] = []
+    for line in block.splitlines():
+        found = re.match(r"^((?:[│ ] {3}|[├└]── )*)(\w+)(?: \(also ([\w ]+)\))?", line)
+        assert found, f"not a line of the tree: {line!r}"
+        depth = len(found.group(1)) // 4
+        parents[depth:] = [found.group(2)]
+        also = tuple(found.group(3).split()[-1:]) if found.group(3) else ()
+        drawn[found.group(2)] = (parents[depth - 1] if depth else None, also)
+    return drawn
+
+
+def test_the_errors_tree_is_the_class_tree() -> None:
+    """reference/errors.md and sqlease.errors' docstring draw exactly the classes of
+    sqlease.errors, each under its parent, with its other bases."""
+    from sqlease import errors
+
+    actual: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+    for name, cls in vars(errors).items():
+        if isinstance(cls, type) and issubclass(cls, errors.SqleaseError):
+            ours = [b for b in cls.__bases__ if issubclass(b, errors.SqleaseError)]
+            others = tuple(
+                b.__name__ for b in cls.__bases__ if b not in ours and b is not Exception
+            )
+            actual[name] = (ours[0].__name__ if ours else None, others)
+    page = next(b for b in code_blocks(text_of(REFERENCE / "errors.md")) if "├──" in b)
+    assert _drawn_tree(page) == actual
+    literal = (errors.__doc__ or "").split("::\n\n", 1)[1].split("\n\n", 1)[0]
+    assert _drawn_tree(textwrap.dedent(literal)) == actual
 
 
 def test_options_reference_documents_every_option() -> None:

@@ -1,12 +1,12 @@
 """Recognising a Celery chord part in a stored Kombu message.
 
-Lost-ack completion (invariant 9) acks a redelivered message whose final result is already
-stored instead of running it again. Celery stores a chord part's result *before* it counts the
-part towards its chord, so a worker killed between the two leaves a stored result and no
-count: completing that message would leave the chord waiting forever. Such a part runs again
-instead; its count is idempotent (``ResultStore.incr(part=…)``), so it is counted exactly once.
-So does the chord's last part when its worker died between the count and the callback
-(``ResultStore.parts_settled``).
+Lost-ack completion (guarantees.md, invariant 9) acks a redelivered message whose final
+result is already stored instead of running it again. Celery stores a chord part's result
+*before* it counts the part towards its chord, so a worker killed between the two leaves a
+stored result and no count: completing that message would leave the chord waiting forever.
+Such a part runs again instead; its count is idempotent (``ResultStore.incr(part=…)``), so it
+is counted exactly once. So does the chord's last part when its worker died between the
+count and the callback (``ResultStore.parts_settled``).
 """
 
 from __future__ import annotations

@@ -51,4 +51,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         click.echo("aborted", err=True)
         return 1
     return 0
-

@@ -37,9 +37,9 @@ def hold(transport: Transport, messages: list[Message]) -> list[Message]:
 
 
 def skip_completed(transport: Transport, messages: list[Message]) -> list[Message]:
-    """Invariant 9: a redelivered message whose final result was already stored under
-    its own lease (the result was written, then the ack was lost) is acked now instead of
-    running the task body again."""
+    """Lost-ack completion (guarantees.md, invariant 9): a redelivered message whose final
+    result was already stored under its own lease (the result was written, then the ack was
+    lost) is acked now instead of running the task body again."""
     redelivered = [m for m in messages if m.attempt > 1 and m.task_id is not None]
     if not redelivered:
         return messages

@@ -103,7 +103,7 @@ def make_app(broker: str, *, prefix: str, lease_seconds: float = 2.0) -> Celery:
 def _lose_the_ack(
     sender: Any = None, task_id: str | None = None, kwargs: Any = None, **rest: Any
 ) -> None:
-    # The result is stored by now; dying here loses the ack (invariant 9's situation).
+    # The result is stored by now; dying here loses the ack (guarantees.md, invariant 9).
     if sender is not None and sender.name == "ctx.once" and os.environ.get("E2E_LOSE_ACK"):
         marker = os.path.join(os.path.dirname(os.environ["E2E_RECORDS"]), "ack-lost")
         if not os.path.exists(marker):

@@ -69,9 +69,10 @@ def connect_args(
         # PostgreSQL or of its machine), never with a worker. A lost claim leaves its message
         # ready again, a lost ack leaves it leased until its lease expires: redelivered
         # either way, never lost (the task, under its new attempt, finds any result it
-        # stored: invariant 9). Any later commit that waits for the flush (every publish,
-        # result, checkpoint and step) makes the earlier ones durable with it, since the WAL
-        # is flushed in order. Publishes, results and the task context keep waiting.
+        # stored: guarantees.md, invariant 9). Any later commit that waits for the flush
+        # (every publish, result, checkpoint and step) makes the earlier ones durable with
+        # it, since the WAL is flushed in order. Publishes, results and the task context
+        # keep waiting.
         session = f"{session} {NO_FLUSH_WAIT_OPTION}"
     # Behind a pooler in transaction mode no startup options go out (see pooler.py); the
     # URL's own options are the user's business and go out as given.
