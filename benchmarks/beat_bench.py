@@ -375,7 +375,7 @@ def run_sqlease(kind: str, db_url: str, args: argparse.Namespace, tmp: Path) -> 
     env.pop("BEAT_BENCH_STAMP", None)
 
     def one(query: Any) -> Any:
-        with store._reading() as conn:
+        with store.driver.reading() as conn:
             return conn.execute(query).first()
 
     def leads() -> bool:
@@ -438,7 +438,7 @@ def run_sqlease(kind: str, db_url: str, args: argparse.Namespace, tmp: Path) -> 
         if watcher is not None:
             watcher.proc.kill()
             watcher.proc.wait()
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         rows = conn.execute(
             select(m.c.task_id, m.c.created_at_ms, m.c.payload).order_by(m.c.id)
         ).all()

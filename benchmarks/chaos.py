@@ -214,7 +214,7 @@ def check(store: Any, cfg: Config, task_ids: dict[str, tuple[str, int, bool]]) -
     admin = Admin("x", store=store)
     problems: list[str] = []
     finished = exhausted = reexecuted = 0
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         results = {
             r.task_id: r
             for r in conn.execute(select(t.results.c.task_id, t.results.c.state, t.results.c.value))
@@ -338,7 +338,7 @@ def main() -> int:
         while time.monotonic() - started < cfg.timeout:
             time.sleep(0.5)
             try:
-                with store._reading() as conn:
+                with store.driver.reading() as conn:
                     remaining = conn.execute(
                         select(func.count())
                         .select_from(store.tables.messages)

@@ -124,7 +124,7 @@ def apply(store: Store, revoke: Revoke) -> None:
 def requested(store: Store, task_id: str) -> bool:
     """Was a revoke of this task recorded while a worker held it?"""
     ev = store.tables.events
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         row = conn.execute(
             select(ev.c.id).where(ev.c.task_id == task_id, ev.c.kind == REQUESTED).limit(1)
         ).first()
@@ -134,7 +134,7 @@ def requested(store: Store, task_id: str) -> bool:
 def _held_deliveries(store: Store, task_id: str) -> list[tuple[int, int]]:
     m = store.tables.messages
     now = store.now_ms()
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         rows = conn.execute(
             select(m.c.id, m.c.attempt).where(
                 m.c.task_id == task_id, m.c.state == "ready", m.c.lease_expires_at_ms > now
@@ -171,7 +171,7 @@ def _unfinished_payloads(store: Store, names: list[str]) -> Iterator[tuple[str, 
         )
     after = 0
     while True:
-        with store._reading() as conn:
+        with store.driver.reading() as conn:
             rows = conn.execute(
                 select(m.c.id, m.c.task_id, m.c.payload)
                 .where(unfinished, m.c.id > after)

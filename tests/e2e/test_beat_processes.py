@@ -50,7 +50,7 @@ def _env(db_url: str, prefix: str, **more: str) -> dict[str, str]:
 
 def _leader(store: Store) -> str | None:
     leaders = store.tables.leaders
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         row = conn.execute(select(leaders.c.owner, leaders.c.expires_at_ms)).first()
     if row is None or row[1] <= store.now_ms():
         return None
@@ -61,7 +61,7 @@ def _fired(store: Store) -> list[tuple[str, int]]:
     from datetime import datetime
 
     m = store.tables.messages
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         rows = conn.execute(select(m.c.task_id, m.c.payload).order_by(m.c.id)).all()
     out = []
     for task_id, payload in rows:

@@ -31,7 +31,7 @@ def test_the_queues_of_inspect_calls_expire_and_the_workers_stays(e2e: E2E) -> N
     q = store.tables.queues
 
     def queues() -> dict[str, int | None]:
-        with store._reading() as conn:
+        with store.driver.reading() as conn:
             rows = conn.execute(select(q.c.name, q.c.expires_ms)).fetchall()
         return {row.name: row.expires_ms for row in rows}
 

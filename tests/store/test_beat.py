@@ -64,7 +64,7 @@ def scheduler(app: Celery, clock: FakeClock, made: list[Scheduler], owner: str =
 def sent(s: Scheduler) -> list[tuple[str, str]]:
     """(task_id, queue) of every message the beat enqueued, in order."""
     m = s.entries.store.tables.messages
-    with s.entries.store._reading() as conn:
+    with s.entries.store.driver.reading() as conn:
         rows = conn.execute(select(m.c.task_id, m.c.queue).order_by(m.c.id)).all()
     return [(r[0], r[1]) for r in rows]
 
@@ -73,7 +73,7 @@ def payload_of(s: Scheduler, task_id: str) -> dict[str, Any]:
     import json
 
     m = s.entries.store.tables.messages
-    with s.entries.store._reading() as conn:
+    with s.entries.store.driver.reading() as conn:
         text = conn.execute(select(m.c.payload).where(m.c.task_id == task_id)).scalar_one()
     return json.loads(text)
 
@@ -240,7 +240,7 @@ def test_entry_options_reach_the_message(
     assert headers["expires"] is not None and headers["celery_beat_task"] is True
     assert message["properties"]["priority"] == 7
     m = s.entries.store.tables.messages
-    with s.entries.store._reading() as conn:
+    with s.entries.store.driver.reading() as conn:
         run_id = conn.execute(select(m.c.run_id).where(m.c.task_id == task_id)).scalar_one()
     assert run_id == "tenant-1"
 

@@ -257,7 +257,7 @@ def test_the_flow_migration_upgrades_the_schema_before_it(
         conn.execute(text(f"DROP TABLE {old.tables.flow_limits.name}"))
         conn.execute(update(old.tables.schema_version).values(version=version))
     new = make_store()
-    with new._reading() as conn:
+    with new.driver.reading() as conn:
         assert read_version(conn, new.tables) == CURRENT_VERSION
         assert inspect(conn).has_table(new.tables.slots.name)
     _put(new, 2, key="k", limit=1)

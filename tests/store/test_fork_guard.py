@@ -143,3 +143,51 @@ def test_children_forked_beside_a_busy_sqlite_thread_never_hang(tmp_path: Path) 
         stop.set()
         thread.join(10)
     assert written[0] > 3
+
+
+def test_every_write_of_sqlease_runs_inside_the_fork_guard(tmp_path: Path) -> None:
+    """A write transaction outside a section could be cut in two by a fork (see the module
+    above). Every write the store, the results, the steps, Admin and maintenance make opens
+    its transaction inside one: through the driver's ``writing()`` or its kept sqlite3
+    connections, never an ``engine.begin()`` of its own."""
+    from sqlalchemy import event
+
+    from sqlease._core.maintenance import run_pass
+    from sqlease._core.results import ResultStore
+    from sqlease._core.steps import StepStore
+    from sqlease.admin import Admin
+    from sqlease.testing import FakeClock
+
+    clock = FakeClock()
+    store = Store(f"sqlite:///{tmp_path / 'guarded.db'}", table_prefix=unique_prefix(), clock=clock)
+    outside: list[str] = []
+
+    def begin(conn: object) -> None:
+        if threading.get_ident() not in fork_guard._inside:
+            outside.append("".join(__import__("traceback").format_stack(limit=8)))
+
+    event.listen(store.engine, "begin", begin)
+    admin = Admin(store.engine.url, store=store)
+    results = ResultStore(store)
+    store.enqueue("q", "{}", task_id="a")
+    store.enqueue("q", "{}", task_id="b", run_id="r")
+    store.enqueue("q", "{}", task_id="c")
+    a, b, c = store.claim(["q"], "w", lease_ms=10_000, limit=3)
+    store.renew([a.fence], lease_ms=10_000)
+    store.compare_and_set(a.fence, "a", 0, checkpoint={"x": 1})
+    StepStore(store).start(a.fence, "a", "step")
+    results.put("celery-task-meta-a", b"{}", state="SUCCESS", task_id="a", fence=a.fence)
+    results.incr("chord-counter")
+    store.ack([a.fence])
+    store.release([b.fence])
+    store.fail(c.fence, "rejected")
+    admin.requeue("c")
+    admin.pause("b")
+    admin.resume("b")
+    admin.cancel("b")
+    store.purge("q")
+    store.declare_queue("other", expires_ms=1000)
+    store.bind("ex", "other", "rk", "")
+    store.set_limits({"queue:q": 2})
+    run_pass(store, event_retention_ms=1)
+    assert not outside, outside[0]

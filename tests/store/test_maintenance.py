@@ -113,9 +113,9 @@ def test_dead_messages_and_unexpiring_results_leave_after_the_retention(
     summary = run_pass(store, event_retention_ms=DAY)
     assert summary["dead_messages_expired"] == 1
     assert summary["unexpiring_results_expired"] == 1
-    assert admin._result_state("cancelled") is None
+    assert admin.reads.result_state("cancelled") is None
     assert store.events(task_id="cancelled") == []  # its timeline went with it
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         left = conn.execute(select(func.count()).select_from(store.tables.messages)).scalar()
     assert left == 1 and ResultStore(store).get("user-result") == b"x"
 

@@ -14,7 +14,7 @@ from sqlease._db.migrations import CURRENT_VERSION, read_version
 def _open(url: str, prefix: str) -> int:
     store = Store(url, table_prefix=prefix)
     store.enqueue("q", "{}")
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         return int(read_version(conn, store.tables) or 0)
 
 
@@ -52,7 +52,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) ->
     with pytest.raises(Exception, match="older"):
         Store(db_url, table_prefix=prefix, auto_migrate=False)
     new = Store(db_url, table_prefix=prefix)
-    with new._reading() as conn:
+    with new.driver.reading() as conn:
         assert read_version(conn, new.tables) == CURRENT_VERSION
         assert inspect(conn).has_table(new.tables.schedules.name)
         assert inspect(conn).has_table(new.tables.leaders.name)
@@ -115,7 +115,7 @@ def test_a_version_4_database_gets_the_offers_number_and_handed_mark(db_url: str
         )
         conn.execute(update(old.tables.schema_version).values(version=4))
     new = Store(db_url, table_prefix=prefix)
-    with new._reading() as conn:
+    with new.driver.reading() as conn:
         assert read_version(conn, new.tables) == CURRENT_VERSION
         columns = {c["name"] for c in inspect(conn).get_columns(offers)}
         assert {"offer_seq", "handed"} <= columns
@@ -150,7 +150,7 @@ def test_a_version_10_database_gets_its_batch_events_keyed(pg_database_url: str)
         )
         conn.execute(update(old.tables.schema_version).values(version=10))
     new = Store(pg_database_url, table_prefix=prefix)
-    with new._reading() as conn:
+    with new.driver.reading() as conn:
         assert read_version(conn, new.tables) == CURRENT_VERSION
         indexes = {i["name"] for i in inspect(conn).get_indexes(events)}
         assert f"{events}_batch_key_ix" in indexes and f"{events}_batch_ix" not in indexes

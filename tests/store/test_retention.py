@@ -38,7 +38,7 @@ TABLES = (
 
 
 def counts(store: Store) -> dict[str, int]:
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         return {
             name: int(
                 conn.execute(
@@ -223,7 +223,7 @@ def test_a_version_6_database_gets_migration_7(db_url: str) -> None:
                     conn.execute(text(f"ALTER TABLE {t.name(short)} RESET ({names})"))
         conn.execute(update(t.schema_version).values(version=6))
     new = Store(db_url, table_prefix=prefix)
-    with new._reading() as conn:
+    with new.driver.reading() as conn:
         assert read_version(conn, new.tables) == CURRENT_VERSION
         columns = {c["name"] for c in inspect(conn).get_columns(t.queues.name)}
         assert {"expires_ms", "expires_at_ms"} <= columns

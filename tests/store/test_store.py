@@ -607,7 +607,7 @@ def test_each_message_of_a_batch_has_its_own_claimed_and_acked_events(
     assert kinds(store, "spent")[-1] == "attempts_exhausted"
     assert spent_msg.attempt == 1
     events = store.tables.events
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         rows = conn.execute(
             select(func.count()).where(events.c.kind.in_(["claimed", "acked"]))
         ).scalar()

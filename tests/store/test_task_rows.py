@@ -15,7 +15,7 @@ from sqlease.transport._codec import new_message
 
 def row(store: Store, task_id: str) -> tuple[str | None, str | None, int]:
     k = store.tables.tasks
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         found = conn.execute(
             select(k.c.task_name, k.c.queue, k.c.attempt).where(k.c.task_id == task_id)
         ).one()
@@ -113,7 +113,7 @@ def test_a_database_before_migration_9_gets_the_columns(
             conn.execute(text(f"ALTER TABLE {tasks} DROP COLUMN {column}"))
         conn.execute(update(old.tables.schema_version).values(version=6))
     new = make_store()
-    with new._reading() as conn:
+    with new.driver.reading() as conn:
         columns = {c["name"] for c in inspect(conn).get_columns(tasks)}
     assert {"task_name", "queue", "attempt"} <= columns
     new.enqueue("q", "{}", task_id="t", task_name="app.t")

@@ -11,6 +11,7 @@ from celery import Celery
 
 from sqlease import ConfigurationError
 from sqlease._celery.task_limits import ERROR_HEADER, _apply_task_default, key_for
+from sqlease._core.uniques import check_unique
 from sqlease.transport._codec import new_message
 
 
@@ -100,7 +101,14 @@ def test_a_tasks_unique_options_become_headers_and_the_codec_reads_them() -> Non
     found = new_message(
         "celery", {"headers": {"id": "t2", "unique_key": "k", "unique_for": 1.5}, "properties": {}}
     )
-    assert (found.unique_key, found.unique_scope, found.unique_for_ms) == ("k", "period", 1500)
+    # The codec reads the headers (unique_for in ms); the store checks them, once, and gives
+    # a key with a period its scope.
+    assert (found.unique_key, found.unique_scope, found.unique_for_ms) == ("k", None, 1500)
+    assert check_unique(found.unique_key, found.unique_scope, found.unique_for_ms) == (
+        "k",
+        "period",
+        1500,
+    )
 
 
 def test_a_chord_header_part_is_never_unique() -> None:
@@ -110,11 +118,11 @@ def test_a_chord_header_part_is_never_unique() -> None:
         {"headers": {"id": "t", "unique_key": "k", "chord": {"task": "body"}}, "properties": {}},
     )
     assert found.unique_key is None
+    stray = new_message(
+        "celery", {"headers": {"id": "t", "unique_key": "k", "unique_scope": "x"}, "properties": {}}
+    )
     with pytest.raises(ConfigurationError, match="unique_scope"):
-        new_message(
-            "celery",
-            {"headers": {"id": "t", "unique_key": "k", "unique_scope": "x"}, "properties": {}},
-        )
+        check_unique(stray.unique_key, stray.unique_scope, stray.unique_for_ms)
 
 
 def test_importing_sqlease_connects_the_publish_handler() -> None:

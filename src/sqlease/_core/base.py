@@ -1,63 +1,42 @@
-"""What every part of the lease store shares: the driver, the statements, time, events.
+"""What every aggregate of the lease store is given: the driver, the clock and the limits.
 
-The store's parts (messages, leases, transitions, offers, tasks, topology) are mixins over
-this base; ``sqlease.store.Store`` puts them together and sets the attributes declared here.
+The store's aggregates (messages, leases, transitions, offers, tasks, timeline, topology,
+flow limits, uniques) are objects of their own, each built on one :class:`StoreParts`;
+``sqlease._core.store.Store`` composes them and delegates its public methods to them.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import Connection
-from sqlalchemy.engine import Engine
-
-from sqlease._db.driver import Driver, event_params
+from sqlease._db.driver import Driver
 from sqlease._db.retry import transient
-from sqlease._db.tables import Tables
-from sqlease.types import Fence
-
-if TYPE_CHECKING:
-    from sqlease._db.statements import Statements
 
 Clock = Callable[[], int]
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def dump(data: Any) -> str | None:
     return None if data is None else json.dumps(data, sort_keys=True, default=str)
 
 
-class StoreBase:
-    """The state the store's parts share (set by ``Store.__init__``)."""
+class StoreParts:
+    """One store's driver, clock and limits, shared by its aggregates."""
 
-    engine: Engine
-    driver: Driver
-    sql: Statements
-    tables: Tables
-    clock: Clock | None
-    max_attempts: int
-    max_payload_bytes: int
-    publish_sync_commit: bool
-    #: The channel publishes notify and idle workers listen on (PostgreSQL).
-    notify_channel: str
+    def __init__(
+        self, driver: Driver, *, clock: Clock | None, max_attempts: int, max_payload_bytes: int
+    ) -> None:
+        self.driver = driver
+        self.clock = clock
+        self.max_attempts = max_attempts
+        self.max_payload_bytes = max_payload_bytes
 
-    def _writing(self, statements: int = 2) -> AbstractContextManager[Connection]:
-        """A short write transaction (one statement needs no BEGIN/COMMIT on PostgreSQL)."""
-        return self.driver.writing(statements)
-
-    def _reading(self) -> AbstractContextManager[Connection]:
-        """A read-only transaction (on SQLite a deferred one: no write lock)."""
-        return self.driver.reading()
-
-    def fork_section(self) -> AbstractContextManager[None]:
-        """On SQLite, a block a fork waits for (sqlease._db.sqlite.fork_guard); else nothing."""
-        return self.driver.fork_section()
-
-    # ---- time --------------------------------------------------------------------------
-
-    def _now(self, now: int | None) -> int | None:
+    def now(self, now: int | None) -> int | None:
+        """``now`` if given, else the clock's time, else None (the database's clock)."""
         if now is not None:
             return int(now)
         return None if self.clock is None else int(self.clock())
@@ -67,43 +46,35 @@ class StoreBase:
         """The time the store compares leases against (the clock, else the database's)."""
         if self.clock is not None:
             return int(self.clock())
-        with self._reading() as conn:
-            value = conn.execute(self.sql.now, {"now": None}).scalar_one()
+        with self.driver.reading() as conn:
+            value = conn.execute(self.driver.sql.now, {"now": None}).scalar_one()
         return int(value)
 
-    # ---- events ------------------------------------------------------------------------
 
-    def _insert_event(
-        self,
-        conn: Connection,
-        task_id: str | None,
-        message_id: int | None,
-        attempt: int | None,
-        kind: str,
-        data: str | None,
-        now: int | None,
-    ) -> None:
-        """Append one event (``data`` already JSON) inside the caller's transaction."""
-        conn.execute(
-            self.sql.event_insert, event_params(task_id, message_id, attempt, kind, data, now)
-        )
+class Aggregate:
+    """One aggregate of the store, on the store's parts."""
 
-    def _event_on(
-        self,
-        conn: Connection,
-        task_id: str | None,
-        fence: Fence | None,
-        kind: str,
-        data: Any,
-        now: int | None,
-    ) -> None:
-        """Append an event inside the caller's transaction."""
-        self._insert_event(
-            conn,
-            task_id,
-            None if fence is None else fence.message_id,
-            None if fence is None else fence.attempt,
-            kind,
-            dump(data),
-            now,
-        )
+    def __init__(self, parts: StoreParts) -> None:
+        self.parts = parts
+        self.driver = parts.driver
+        self.sql = parts.driver.sql
+        self.tables = parts.driver.tables
+
+    def _now(self, now: int | None) -> int | None:
+        return self.parts.now(now)
+
+
+def delegate(
+    part: str, method: Callable[Concatenate[Any, P], R]
+) -> Callable[Concatenate[Any, P], R]:
+    """A facade's method that calls ``method`` on its aggregate ``part`` (an attribute of the
+    facade): same signature and docs, so the facade's public API is written once, where the
+    aggregate implements it."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def call(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        found: R = getattr(getattr(self, part), name)(*args, **kwargs)
+        return found
+
+    return call

@@ -67,7 +67,7 @@ class Control:
                     conn.execute(
                         delete(r).where(r.c.run_id == message.run_id, r.c.message_id == message.id)
                     )
-                self.store._event_on(conn, message.task_id, None, kind, data, now)
+                self.store.timeline.on(conn, message.task_id, None, kind, data, now)
                 if extra is not None:
                     extra(conn, message)
         return changed
@@ -206,4 +206,4 @@ class Control:
         event = {"input": "input_provided"}.get(
             kind, "approved" if data.get("approved") else "rejected"
         )
-        self.store._event_on(conn, task_id, None, event, {"key": key}, now)
+        self.store.timeline.on(conn, task_id, None, event, {"key": key}, now)

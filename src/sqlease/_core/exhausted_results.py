@@ -17,7 +17,7 @@ def write_missing(store: Store) -> int:
     """FAILURE results (``AttemptsExhausted``) for exhausted messages that have none."""
     m, r = store.tables.messages, store.tables.results
     has_result = exists().where(r.c.key == "celery-task-meta-" + m.c.task_id)
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         rows = conn.execute(
             select(m.c.task_id, m.c.attempt)
             .where(

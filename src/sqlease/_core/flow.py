@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import delete, select
 
-from sqlease._core.base import StoreBase
+from sqlease._core.base import Aggregate
 from sqlease._db.retry import transient
 from sqlease.errors import ConfigurationError
 
@@ -114,7 +114,7 @@ def check_limits(limits: Any) -> dict[str, int]:
     return checked
 
 
-class FlowLimits(StoreBase):
+class FlowLimits(Aggregate):
     """The configured limits per task name and per queue."""
 
     def _upsert(self, conn: Any, name: str, values: dict[str, Any]) -> None:
@@ -124,7 +124,7 @@ class FlowLimits(StoreBase):
 
     def _stamp(self, now: int | None) -> int:
         at = self._now(now)
-        return self.now_ms() if at is None else at
+        return self.parts.now_ms() if at is None else at
 
     @transient
     def set_limits(
@@ -189,7 +189,7 @@ class FlowLimits(StoreBase):
     @transient
     def limits(self) -> dict[str, int]:
         fl = self.tables.flow_limits
-        with self._reading() as conn:
+        with self.driver.reading() as conn:
             rows = conn.execute(
                 select(fl.c.name, fl.c.concurrency)
                 .where(fl.c.concurrency.isnot(None))
@@ -201,7 +201,7 @@ class FlowLimits(StoreBase):
     def rate_limits(self) -> dict[str, dict[str, Any]]:
         """Each rate limit: its text, interval and when its next delivery may start."""
         fl = self.tables.flow_limits
-        with self._reading() as conn:
+        with self.driver.reading() as conn:
             rows = conn.execute(
                 select(fl.c.name, fl.c.rate, fl.c.interval_ms, fl.c.tau_ms, fl.c.tat_ms)
                 .where(fl.c.interval_ms.isnot(None))

@@ -96,6 +96,8 @@ def record_waits(conn: Connection, store: Store, now: int) -> int:
     for msg in waiting:
         why = _why(msg, limits, running, now)
         if why is not None:
-            store._insert_event(conn, msg.task_id, msg.id, msg.attempt, KIND, json.dumps(why), now)
+            store.timeline.insert(
+                conn, msg.task_id, msg.id, msg.attempt, KIND, json.dumps(why), now
+            )
             written += 1
     return written

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from sqlease._core.base import StoreBase
+from sqlease._core.store import Store
 from sqlease._db.leaders import LeaderStatements
 
 
@@ -31,7 +31,7 @@ class LeaderLease:
 
     def __init__(
         self,
-        store: StoreBase,
+        store: Store,
         leader: str,
         *,
         clock: Callable[[], int] | None = None,
@@ -56,14 +56,14 @@ class LeaderLease:
     def acquire(self, owner: str, lease_ms: int, *, now: int | None = None) -> Term | None:
         """Take the lease if nobody holds it (or its holder's lease expired): the new term."""
         params = {"name": self.leader, "owner": owner, "lease_ms": lease_ms, "now": self._at(now)}
-        with self.store._writing() as conn:
+        with self.store.driver.writing() as conn:
             row = conn.execute(self._leaders.create, params).first()
             if row is None:
                 row = conn.execute(self._leaders.take, params).first()
         return None if row is None else Term(owner, int(row[0]))
 
     def renew(self, term: Term, lease_ms: int, *, now: int | None = None) -> bool:
-        with self.store._writing() as conn:
+        with self.store.driver.writing() as conn:
             return self._renew_on(conn, term, lease_ms, now)
 
     def _renew_on(
@@ -80,7 +80,7 @@ class LeaderLease:
 
     def release(self, term: Term, *, now: int | None = None) -> bool:
         params = {"name": self.leader, "owner": term.owner, "term": term.term, "now": self._at(now)}
-        with self.store._writing() as conn:
+        with self.store.driver.writing() as conn:
             return bool(conn.execute(self._leaders.release, params).rowcount == 1)
 
     def publish_info(self, term: Term, info: Mapping[str, Any], *, now: int | None = None) -> bool:
@@ -91,13 +91,13 @@ class LeaderLease:
             "info": json.dumps(info, sort_keys=True),
             "now": self._at(now),
         }
-        with self.store._writing() as conn:
+        with self.store.driver.writing() as conn:
             return bool(conn.execute(self._leaders.publish_info, params).rowcount == 1)
 
     def leader_row(self) -> dict[str, Any] | None:
         """The lease row: owner, term, expiry, when taken, and the published info."""
         leaders = self.store.tables.leaders
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             row = (
                 conn.execute(select(leaders).where(leaders.c.name == self.leader))
                 .mappings()

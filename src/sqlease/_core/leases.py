@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from sqlease._core.base import StoreBase
+from sqlalchemy import Connection
+
+from sqlease._core.base import Aggregate
 from sqlease._db.driver import Claim, Op
 from sqlease._db.retry import transient
 from sqlease.errors import ConfigurationError
@@ -39,8 +41,8 @@ def _check_lease(lease_ms: int) -> None:
         raise ConfigurationError(f"lease_ms must be positive, not {lease_ms!r}")
 
 
-class Leases(StoreBase):
-    """Claims, acks and renewals."""
+class Leases(Aggregate):
+    """Claims, acks, renewals, and the lease check of a fenced write."""
 
     # ---- claim -------------------------------------------------------------------------
 
@@ -166,3 +168,34 @@ class Leases(StoreBase):
     def ack_op(self, fences: Iterable[Fence], now: int | None = None) -> Op[Acked]:
         """``ack`` as one op."""
         return self.driver.message_ack(list(fences), self._now(now))
+
+    # ---- the lease check of a fenced write ------------------------------------------
+
+    def holds_on(
+        self,
+        conn: Connection,
+        fence: Fence,
+        task_id: str | None = None,
+        now: int | None = None,
+    ) -> bool:
+        """Inside the caller's transaction: does ``fence`` hold a live lease (for a delivery
+        of ``task_id``, when given)? Locks the message row until that transaction ends, so
+        no takeover can slip in before the caller's write."""
+        row = conn.execute(
+            self.sql.hold,
+            {
+                "message_id": fence.message_id,
+                "attempt": fence.attempt,
+                "owner": fence.owner,
+                "lease_ms": 0,
+                "task_id": task_id,
+                "now": self._now(now),
+            },
+        ).first()
+        return row is not None
+
+    @transient
+    def is_held(self, fence: Fence, *, now: int | None = None) -> bool:
+        """Does this delivery still hold its lease, by the database's answer?"""
+        with self.driver.writing() as conn:
+            return self.holds_on(conn, fence, None, now)

@@ -113,7 +113,7 @@ def _interrupted_steps(conn: Connection, store: Store, now: int) -> int:
             )
             .values(status="outcome_unknown")
         )
-        store._event_on(
+        store.timeline.on(
             conn,
             row.task_id,
             None,
@@ -176,7 +176,7 @@ def _leftovers(store: Store, now: int) -> dict[str, int]:
     remote-control and event broadcasts nobody reads any more: each in a transaction of its
     own."""
     done: dict[str, int] = {}
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         names = broadcast_queues(conn, store)
     for kind, statement in leftover_statements(store, now, names).items():
         if kind == "broadcasts_dropped":

@@ -7,8 +7,9 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from sqlease._core.base import StoreBase
+from sqlease._core.base import Aggregate, StoreParts
 from sqlease._core.flow import check_concurrency
+from sqlease._core.timeline import Timeline
 from sqlease._core.uniques import Uniques, check_unique
 from sqlease._db.retry import transient
 from sqlease._db.rows import row_to_message
@@ -16,25 +17,46 @@ from sqlease.errors import ConfigurationError, PayloadTooLarge
 from sqlease.types import Message, NewMessage
 
 
-class Messages(Uniques, StoreBase):
+class Messages(Aggregate):
     """Publishing and reading messages."""
 
+    def __init__(self, parts: StoreParts, uniques: Uniques, timeline: Timeline) -> None:
+        super().__init__(parts)
+        self._uniques = uniques
+        self._timeline = timeline
+
     def _check_new(self, msg: NewMessage) -> dict[str, Any]:
+        """The one check of a new message (whoever publishes it: the transport passes the
+        headers on as they came), and its row. A bad value raises an error that names the
+        field (as the header is named) and says that nothing was enqueued."""
         if not isinstance(msg.queue, str) or not msg.queue:
             raise ConfigurationError(f"queue name must be a non-empty string, not {msg.queue!r}")
         if not isinstance(msg.payload, str):
             raise TypeError(f"payload must be str, not {type(msg.payload).__name__}")
         size = len(msg.payload.encode("utf-8"))
-        if size > self.max_payload_bytes:
+        if size > self.parts.max_payload_bytes:
             raise PayloadTooLarge(
                 f"message for queue {msg.queue!r} is {size} bytes, over max_payload_bytes="
-                f"{self.max_payload_bytes}; it was not enqueued"
+                f"{self.parts.max_payload_bytes}; it was not enqueued"
             )
-        if not isinstance(msg.priority, int) or not -32768 <= msg.priority <= 32767:
-            raise ConfigurationError(f"priority must be a small integer, not {msg.priority!r}")
-        max_attempts = self.max_attempts if msg.max_attempts is None else msg.max_attempts
-        if not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ConfigurationError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
+        try:
+            return self._row(msg)
+        except ConfigurationError as exc:
+            raise ConfigurationError(
+                f"{exc}; the message for queue {msg.queue!r} was not enqueued"
+            ) from None
+
+    def _row(self, msg: NewMessage) -> dict[str, Any]:
+        priority = msg.priority
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ConfigurationError(f"priority must be a small integer, not {priority!r}")
+        if not -32768 <= priority <= 32767:
+            raise ConfigurationError(f"priority must be a small integer, not {priority!r}")
+        max_attempts = self.parts.max_attempts if msg.max_attempts is None else msg.max_attempts
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError(
+                f"'max_attempts' must be an integer >= 1, not {max_attempts!r}"
+            )
         key, limit = check_concurrency(msg.concurrency_key, msg.concurrency_limit)
         if msg.task_name is not None and not isinstance(msg.task_name, str):
             raise ConfigurationError(f"task name must be a string, not {msg.task_name!r}")
@@ -128,7 +150,7 @@ class Messages(Uniques, StoreBase):
         return self.driver.execute(op)
 
     def _admit_id(self, conn: Connection, row: Mapping[str, Any], now: int | None) -> int | None:
-        duplicate = self._admit(conn, dict(row), now)
+        duplicate = self._uniques.admit(conn, dict(row), now)
         return None if duplicate is None else duplicate.message_id or 0
 
     @transient
@@ -147,7 +169,7 @@ class Messages(Uniques, StoreBase):
         """Milliseconds until the next scheduled message of ``queues`` becomes due, if any."""
         if not queues:
             return None
-        with self._reading() as conn:
+        with self.driver.reading() as conn:
             value = conn.execute(
                 self.sql.next_due,
                 {"queues": self.driver.queues_param(queues), "now": self._now(now)},
@@ -165,7 +187,7 @@ class Messages(Uniques, StoreBase):
     ) -> bool:
         """Make a parked or dead message claimable again with a fresh attempt budget. The
         attempt counter keeps growing (it is the fence), the budget is counted from it."""
-        budget = self.max_attempts if max_attempts is None else max_attempts
+        budget = self.parts.max_attempts if max_attempts is None else max_attempts
         if not isinstance(budget, int) or budget < 1:
             raise ConfigurationError(f"max_attempts must be an integer >= 1, not {budget!r}")
         now = self._now(now)
@@ -188,19 +210,19 @@ class Messages(Uniques, StoreBase):
             conn.execute(
                 results.update().where(results.c.message_id == m["id"]).values(message_id=None)
             )
-            self._insert_event(conn, m["task_id"], m["id"], m["attempt"], "requeued", None, now)
+            self._timeline.insert(conn, m["task_id"], m["id"], m["attempt"], "requeued", None, now)
         return True
 
     @transient
     def get_message(self, message_id: int) -> Message | None:
-        with self._reading() as conn:
+        with self.driver.reading() as conn:
             row = conn.execute(self.sql.message_get, {"id": message_id}).first()
         return None if row is None else row_to_message(row)
 
     @transient
     def size(self, queue: str, *, now: int | None = None) -> int:
         """Messages ready to be delivered now (not leased, not scheduled for later)."""
-        with self._reading() as conn:
+        with self.driver.reading() as conn:
             value = conn.execute(self.sql.size, {"queue": queue, "now": self._now(now)}).scalar()
         return int(value or 0)
 
@@ -211,5 +233,5 @@ class Messages(Uniques, StoreBase):
         with self.driver.writing() as conn:
             rows = conn.execute(self.sql.purge, {"queue": queue, "now": now}).fetchall()
             for r in rows:
-                self._insert_event(conn, r.task_id, r.id, r.attempt, "purged", None, now)
+                self._timeline.insert(conn, r.task_id, r.id, r.attempt, "purged", None, now)
         return len(rows)

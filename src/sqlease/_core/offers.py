@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from sqlease._core.base import Aggregate, StoreParts
 from sqlease._core.leases import Leases
 from sqlease._db.driver import Offer
 from sqlease._db.retry import transient
@@ -12,8 +13,12 @@ from sqlease.errors import ConfigurationError
 from sqlease.types import Fence
 
 
-class Offers(Leases):
+class Offers(Aggregate):
     """Standing offers of idle workers."""
+
+    def __init__(self, parts: StoreParts, leases: Leases) -> None:
+        super().__init__(parts)
+        self._leases = leases
 
     def offer(
         self,
@@ -76,7 +81,7 @@ class Offers(Leases):
         leaves its offer. Returns the ids acked and when the next delayed message of
         ``queues`` is due."""
         if not fences or not queues:
-            acked = self.ack(fences, now=now) if fences else set()
+            acked = self._leases.ack(fences, now=now) if fences else set()
             due = self.offer(
                 queues,
                 owner,
@@ -100,6 +105,6 @@ class Offers(Leases):
     @transient
     def leased_to(self, owner: str) -> list[Fence]:
         """The fences of every message ``owner`` holds now, expired leases included."""
-        with self._reading() as conn:
+        with self.driver.reading() as conn:
             rows = conn.execute(self.sql.leased_to_owner, {"owner": owner}).fetchall()
         return [Fence(int(r.id), owner, int(r.attempt)) for r in rows]

@@ -128,7 +128,7 @@ class ResultStore:
 
     @transient
     def get(self, key: str) -> bytes | None:
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             value = conn.execute(
                 select(self.results.c.value).where(self.results.c.key == key, self._live())
             ).scalar()
@@ -138,7 +138,7 @@ class ResultStore:
     def mget(self, keys: Sequence[str]) -> list[bytes | None]:
         if not keys:
             return []
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             rows = conn.execute(
                 select(self.results.c.key, self.results.c.value).where(
                     self.results.c.key.in_(list(keys)), self._live()
@@ -232,7 +232,7 @@ class ResultStore:
         count and has reached the chord's size, or the size is unknown). A redelivered part
         that is not settled must run again (``incr`` then lets it send the callback)."""
         settled: set[tuple[str, str]] = set()
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             for key, part in keys_and_parts:
                 counted, current = self._marker_and_counter(conn, key, part)
                 if counted is None:
@@ -258,7 +258,7 @@ class ResultStore:
         """Write a final Celery result for a task the broker itself finished (exhausted,
         undecodable, cancelled), unless it already has a final result."""
         key = f"celery-task-meta-{task_id}"
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             state = conn.execute(
                 select(self.results.c.state).where(self.results.c.key == key)
             ).scalar()
@@ -296,7 +296,7 @@ class ResultStore:
         ids = list(message_ids)
         if not ids:
             return set()
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             rows = conn.execute(
                 select(self.results.c.message_id).where(
                     self.results.c.message_id.in_(ids),
@@ -307,7 +307,7 @@ class ResultStore:
 
     @transient
     def count(self) -> int:
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             return int(conn.execute(select(func.count()).select_from(self.results)).scalar_one())
 
 

@@ -22,8 +22,9 @@ from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, update
 
-from sqlease._core.base import StoreBase, dump
+from sqlease._core.base import dump
 from sqlease._core.leaders import LeaderLease, Term
+from sqlease._core.store import Store
 from sqlease._db.schedules import schedule_statements
 from sqlease.errors import DuplicateSchedule, LeadershipLost, UnknownSchedule
 
@@ -115,7 +116,7 @@ class ScheduleStore(LeaderLease):
 
     def __init__(
         self,
-        store: StoreBase,
+        store: Store,
         leader: str = BEAT_LEADER,
         *,
         clock: Callable[[], int] | None = None,
@@ -131,7 +132,7 @@ class ScheduleStore(LeaderLease):
         if conn is not None:
             row = conn.execute(query).mappings().first()
         else:
-            with self.store._reading() as reading:
+            with self.store.driver.reading() as reading:
                 row = reading.execute(query).mappings().first()
         return None if row is None else _row(row)
 
@@ -142,7 +143,7 @@ class ScheduleStore(LeaderLease):
         return entry
 
     def all(self) -> list[EntryRow]:
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             rows = conn.execute(select(self.t).order_by(self.t.c.name)).mappings().all()
         return [_row(r) for r in rows]
 
@@ -155,13 +156,13 @@ class ScheduleStore(LeaderLease):
             .order_by(c.next_run_at_ms, c.name)
             .limit(limit)
         )
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             return [_row(r) for r in conn.execute(query).mappings().all()]
 
     def unplanned(self, limit: int) -> list[EntryRow]:
         """Entries whose next slot the leader has to compute, and "run now" requests."""
         c = self.t.c
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             fresh = conn.execute(
                 select(self.t).where(c.enabled.is_(True), c.next_run_at_ms.is_(None)).limit(limit)
             ).mappings()
@@ -175,7 +176,7 @@ class ScheduleStore(LeaderLease):
     def next_due_ms(self) -> int | None:
         """The earliest next slot of an enabled entry (one index read)."""
         c = self.t.c
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             value = conn.execute(
                 select(func.min(c.next_run_at_ms)).where(c.enabled.is_(True))
             ).scalar()
@@ -187,7 +188,7 @@ class ScheduleStore(LeaderLease):
         at = self._now(now)
         row = dict(_encode(values), created_at_ms=at, updated_at_ms=at, revision=0)
         row.setdefault("next_run_at_ms", None)
-        with self.store._writing() as conn:
+        with self.store.driver.writing() as conn:
             if self.get(row["name"], conn) is not None:
                 raise DuplicateSchedule(row["name"])
             conn.execute(insert(self.t).values(row))
@@ -212,7 +213,7 @@ class ScheduleStore(LeaderLease):
         values = dict(_encode(changes), updated_at_ms=at, revision=self.t.c.revision + 1)
         if replan:
             values["next_run_at_ms"] = None
-        with self.store._writing() as conn:
+        with self.store.driver.writing() as conn:
             done = conn.execute(update(self.t).where(self.t.c.name == name).values(values))
             if done.rowcount != 1:
                 raise UnknownSchedule(f"no periodic task entry named {name!r}")
@@ -221,7 +222,7 @@ class ScheduleStore(LeaderLease):
 
     def remove(self, name: str, *, now: int | None = None) -> None:
         at = self._now(now)
-        with self.store._writing() as conn:
+        with self.store.driver.writing() as conn:
             done = conn.execute(self.t.delete().where(self.t.c.name == name))
             if done.rowcount != 1:
                 raise UnknownSchedule(f"no periodic task entry named {name!r}")
@@ -229,7 +230,7 @@ class ScheduleStore(LeaderLease):
 
     def request_run(self, name: str, *, now: int | None = None) -> None:
         at = self._now(now)
-        with self.store._writing() as conn:
+        with self.store.driver.writing() as conn:
             done = conn.execute(
                 update(self.t)
                 .where(self.t.c.name == name)
@@ -245,7 +246,7 @@ class ScheduleStore(LeaderLease):
     def firing(self, term: Term, lease_ms: int) -> Iterator[Connection]:
         """One transaction of the leader's: its lease renewed and the row locked first;
         LeadershipLost (and nothing written) when the lease is no longer this leader's."""
-        with self.store._writing(statements=4) as conn:
+        with self.store.driver.writing(statements=4) as conn:
             if not self._renew_on(conn, term, lease_ms):
                 raise LeadershipLost(
                     f"the beat leader lease {self.leader!r} is no longer held by "
@@ -286,7 +287,7 @@ class ScheduleStore(LeaderLease):
     def on_task(self, conn: Connection, task_id: str, name: str, slot_ms: int | None) -> None:
         """The link from a sent task's own timeline back to the entry and slot it came from."""
         data = {"schedule": name, "slot_ms": slot_ms}
-        self.store._insert_event(
+        self.store.timeline.insert(
             conn, task_id, None, None, "sent_by_schedule", dump(data), self._at(None)
         )
 
@@ -295,7 +296,7 @@ class ScheduleStore(LeaderLease):
     ) -> None:
         """Append an event to the entry's timeline inside the caller's transaction."""
         at = self._at(now)
-        self.store._insert_event(conn, timeline_id(name), None, None, kind, dump(data), at)
+        self.store.timeline.insert(conn, timeline_id(name), None, None, kind, dump(data), at)
 
 
 def sync_config(

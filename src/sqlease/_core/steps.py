@@ -43,7 +43,7 @@ class StepStore:
     @transient
     def get(self, task_id: str, name: str) -> StepRecord | None:
         s = self.steps
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             row = conn.execute(select(s).where(s.c.task_id == task_id, s.c.name == name)).first()
         if row is None:
             return None
@@ -60,7 +60,7 @@ class StepStore:
     @transient
     def all(self, task_id: str) -> list[StepRecord]:
         s = self.steps
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             rows = conn.execute(
                 select(s).where(s.c.task_id == task_id).order_by(s.c.started_at_ms, s.c.name)
             ).fetchall()
@@ -100,7 +100,7 @@ class StepStore:
             if not self._held(conn, fence, task_id):
                 return False
             conn.execute(stmt)
-            self.store._event_on(conn, task_id, fence, "step_started", {"step": name}, now)
+            self.store.timeline.on(conn, task_id, fence, "step_started", {"step": name}, now)
         return True
 
     @transient
@@ -132,7 +132,7 @@ class StepStore:
                     attempt=fence.attempt,
                 )
             )
-            self.store._event_on(conn, task_id, fence, f"step_{status}", {"step": name}, now)
+            self.store.timeline.on(conn, task_id, fence, f"step_{status}", {"step": name}, now)
         return True
 
     @transient
@@ -149,5 +149,5 @@ class StepStore:
                 .values(status="outcome_unknown")
             ).rowcount
             if changed:
-                self.store._event_on(conn, task_id, fence, "outcome_unknown", {"step": name}, now)
+                self.store.timeline.on(conn, task_id, fence, "outcome_unknown", {"step": name}, now)
         return True

@@ -1,4 +1,4 @@
-"""Fenced task state and the timeline: checkpoints, events, lease checks."""
+"""Fenced task state: checkpoints and task records, and events written under the lease."""
 
 from __future__ import annotations
 
@@ -6,15 +6,20 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection
-
-from sqlease._core.base import StoreBase, dump
+from sqlease._core.base import Aggregate, StoreParts, dump
+from sqlease._core.leases import Leases
+from sqlease._core.timeline import Timeline
 from sqlease._db.retry import transient
-from sqlease.types import CasResult, Event, Fence, Outcome, TaskRecord
+from sqlease.types import CasResult, Fence, Outcome, TaskRecord
 
 
-class Tasks(StoreBase):
-    """Fenced task state and the timeline."""
+class Tasks(Aggregate):
+    """Fenced task state: checkpoints, and events written under the lease."""
+
+    def __init__(self, parts: StoreParts, leases: Leases, timeline: Timeline) -> None:
+        super().__init__(parts)
+        self._leases = leases
+        self._timeline = timeline
 
     @transient
     def compare_and_set(
@@ -84,7 +89,7 @@ class Tasks(StoreBase):
                         else {"revision": int(revision), "checkpoint": dict(checkpoint)}
                     )
                 )
-                self._insert_event(
+                self._timeline.insert(
                     conn, task_id, fence.message_id, fence.attempt, event, dump(data), now
                 )
         return CasResult(Outcome.UPDATED, int(revision), expires)
@@ -102,60 +107,16 @@ class Tasks(StoreBase):
         """Append a timeline event under the lease; False (nothing written) if it is lost."""
         now = self._now(now)
         with self.driver.writing() as conn:
-            if not self.holds_on(conn, fence, task_id, now):
+            if not self._leases.holds_on(conn, fence, task_id, now):
                 return False
-            self._insert_event(
+            self._timeline.insert(
                 conn, task_id, fence.message_id, fence.attempt, kind, dump(data), now
             )
         return True
 
     @transient
-    def record_event(
-        self,
-        kind: str,
-        data: Any = None,
-        *,
-        task_id: str | None = None,
-        message_id: int | None = None,
-        attempt: int | None = None,
-        now: int | None = None,
-    ) -> None:
-        """Append an observation that needs no lease (e.g. ``lease_lost`` seen by a worker)."""
-        with self.driver.writing() as conn:
-            self._insert_event(conn, task_id, message_id, attempt, kind, dump(data), self._now(now))
-
-    def holds_on(
-        self,
-        conn: Connection,
-        fence: Fence,
-        task_id: str | None = None,
-        now: int | None = None,
-    ) -> bool:
-        """Inside the caller's transaction: does ``fence`` hold a live lease (for a delivery
-        of ``task_id``, when given)? Locks the message row until that transaction ends, so
-        no takeover can slip in before the caller's write."""
-        row = conn.execute(
-            self.sql.hold,
-            {
-                "message_id": fence.message_id,
-                "attempt": fence.attempt,
-                "owner": fence.owner,
-                "lease_ms": 0,
-                "task_id": task_id,
-                "now": self._now(now),
-            },
-        ).first()
-        return row is not None
-
-    @transient
-    def is_held(self, fence: Fence, *, now: int | None = None) -> bool:
-        """Does this delivery still hold its lease, by the database's answer?"""
-        with self.driver.writing() as conn:
-            return self.holds_on(conn, fence, None, now)
-
-    @transient
     def get_task(self, task_id: str) -> TaskRecord | None:
-        with self._reading() as conn:
+        with self.driver.reading() as conn:
             row = conn.execute(self.sql.task_get, {"task_id": task_id}).first()
         if row is None:
             return None
@@ -170,24 +131,3 @@ class Tasks(StoreBase):
             created_at_ms=int(m["created_at_ms"]),
             updated_at_ms=int(m["updated_at_ms"]),
         )
-
-    @transient
-    def events(self, *, task_id: str | None = None, message_id: int | None = None) -> list[Event]:
-        if (task_id is None) == (message_id is None):
-            raise ValueError("pass exactly one of task_id or message_id")
-        stmt = self.sql.events_for_task if task_id is not None else self.sql.events_for_message
-        params = {"task_id": task_id} if task_id is not None else {"message_id": message_id}
-        with self._reading() as conn:
-            rows = conn.execute(stmt, params).fetchall()
-        return [
-            Event(
-                int(r.id),
-                r.task_id,
-                None if r.message_id is None else int(r.message_id),
-                None if r.attempt is None else int(r.attempt),
-                r.kind,
-                None if r.data is None else json.loads(r.data),
-                int(r.at_ms),
-            )
-            for r in rows
-        ]

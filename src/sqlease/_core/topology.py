@@ -7,11 +7,11 @@ from typing import Any
 
 from sqlalchemy import Connection, update
 
-from sqlease._core.base import StoreBase
+from sqlease._core.base import Aggregate
 from sqlease._db.retry import transient
 
 
-class Topology(StoreBase):
+class Topology(Aggregate):
     """Queues and bindings."""
 
     @transient
@@ -64,7 +64,7 @@ class Topology(StoreBase):
 
     @transient
     def has_queue(self, queue: str) -> bool:
-        with self._reading() as conn:
+        with self.driver.reading() as conn:
             found = conn.execute(self.sql.has_queue, {"queue": queue}).first() is not None
         return found
 
@@ -129,6 +129,6 @@ class Topology(StoreBase):
     @transient
     def bindings(self, exchange: str) -> list[tuple[str, str, str]]:
         """``(routing_key, pattern, queue)`` for every binding of ``exchange``."""
-        with self._reading() as conn:
+        with self.driver.reading() as conn:
             rows = conn.execute(self.sql.bindings_for, {"exchange": exchange}).fetchall()
         return [(r.routing_key, r.pattern, r.queue) for r in rows]

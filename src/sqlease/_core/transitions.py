@@ -7,13 +7,13 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from sqlease._core.base import StoreBase, dump
+from sqlease._core.base import Aggregate, dump
 from sqlease._db.driver import Change
 from sqlease._db.retry import transient
 from sqlease.types import Fence
 
 
-class Transitions(StoreBase):
+class Transitions(Aggregate):
     """Release, park and fail held messages."""
 
     @transient

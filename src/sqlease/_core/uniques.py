@@ -31,7 +31,8 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from sqlease._core.base import StoreBase
+from sqlease._core.base import Aggregate, StoreParts
+from sqlease._core.timeline import Timeline
 from sqlease._db.retry import transient
 from sqlease._db.unique_sql import UniqueStatements
 from sqlease.errors import ConfigurationError
@@ -105,8 +106,12 @@ class UniqueState:
         return asdict(self)
 
 
-class Uniques(StoreBase):
+class Uniques(Aggregate):
     """The uniqueness decision of a publish, and the reads ``Admin`` makes of keys."""
+
+    def __init__(self, parts: StoreParts, timeline: Timeline) -> None:
+        super().__init__(parts)
+        self._timeline = timeline
 
     @property
     def _unique_sql(self) -> UniqueStatements:
@@ -121,7 +126,7 @@ class Uniques(StoreBase):
         found = conn.execute(statement, {"holder": task_id, "now": now}).scalar()
         return None if found is None else int(found)
 
-    def _admit(self, conn: Connection, row: dict[str, Any], now: int | None) -> Duplicate | None:
+    def admit(self, conn: Connection, row: dict[str, Any], now: int | None) -> Duplicate | None:
         """Take the row's key for its task, or return the Duplicate it is (see the module)."""
         if now is None:  # the database's clock, as the publish statement itself reads it
             now = int(conn.execute(self.sql.now, {"now": None}).scalar_one())
@@ -147,7 +152,7 @@ class Uniques(StoreBase):
                 sql.record, {"task_id": task_id, "holder": held.task_id, "key": key, "now": now}
             )
         data = {"unique_key": key, "scope": held.scope, "duplicate_id": task_id}
-        self._insert_event(conn, held.task_id, holder, None, "duplicate", json.dumps(data), now)
+        self._timeline.insert(conn, held.task_id, holder, None, "duplicate", json.dumps(data), now)
         return Duplicate(held.task_id, holder)
 
     @transient
@@ -156,7 +161,7 @@ class Uniques(StoreBase):
         been pruned)."""
         at = self._now(now)
         u = self.tables.uniques
-        with self._reading() as conn:
+        with self.driver.reading() as conn:
             now = int(conn.execute(self.sql.now, {"now": at}).scalar_one())
             row = conn.execute(select(u).where(u.c.key == key)).first()
             if row is None:
@@ -179,7 +184,7 @@ class Uniques(StoreBase):
         if not task_ids:
             return {}
         d = self.tables.duplicates
-        with self._reading() as conn:
+        with self.driver.reading() as conn:
             rows = conn.execute(
                 select(d.c.task_id, d.c.original_id).where(d.c.task_id.in_(task_ids))
             ).all()

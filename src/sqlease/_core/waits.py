@@ -69,7 +69,7 @@ def validate(data: Any, schema: Mapping[str, Any] | None, path: str = "$") -> No
 
 def _answer(store: Store, task_id: str, key: str) -> tuple[str, Any] | None:
     waits = store.tables.waits
-    with store._reading() as conn:
+    with store.driver.reading() as conn:
         row = conn.execute(
             select(waits.c.status, waits.c.answer).where(
                 waits.c.task_id == task_id, waits.c.key == key

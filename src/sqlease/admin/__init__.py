@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from sqlalchemy.engine import URL
 
+from sqlease._core.base import delegate
 from sqlease._core.control import Control
 from sqlease._core.results import ResultStore
 from sqlease._core.steps import StepStore
@@ -31,9 +32,12 @@ from sqlease.urls import strip_prefix
 __all__ = ["TASK_STATES", "Admin", "TaskSnapshot"]
 
 
-class Admin(TaskReads, StatsAdmin, ScheduleAdmin, FlowAdmin):
+class Admin:
     """Inspect and steer sqlease tasks in one database (the broker URL, with or without the
-    ``sqlease+`` prefix)."""
+    ``sqlease+`` prefix).
+
+    Built from parts (task reads, statistics, flow control, periodic tasks), each given the
+    store; the steering here delegates to ``sqlease._core.control``."""
 
     def __init__(
         self, url: str | URL, *, table_prefix: str = "sqlease_", store: Store | None = None
@@ -46,8 +50,41 @@ class Admin(TaskReads, StatsAdmin, ScheduleAdmin, FlowAdmin):
         self.steps = StepStore(store)
         self.control = Control(store, self.results)
         self.t = store.tables
+        self.reads = TaskReads(store, self.steps)
+        self.statistics = StatsAdmin(store)
+        self.flow = FlowAdmin(store)
+        self.schedules = ScheduleAdmin(store, self.reads.task)
 
-    # ---- reading: TaskReads (task, tasks) and StatsAdmin (stats, leases, event_totals)
+    def _now(self) -> int:
+        return self.store.now_ms()
+
+    # ---- reading -----------------------------------------------------------------------
+    task = delegate("reads", TaskReads.task)
+    tasks = delegate("reads", TaskReads.tasks)
+    overview = delegate("statistics", StatsAdmin.overview)
+    stats = delegate("statistics", StatsAdmin.stats)
+    leases = delegate("statistics", StatsAdmin.leases)
+    event_totals = delegate("statistics", StatsAdmin.event_totals)
+    # ---- flow control --------------------------------------------------------------------
+    limits = delegate("flow", FlowAdmin.limits)
+    set_limits = delegate("flow", FlowAdmin.set_limits)
+    remove_limit = delegate("flow", FlowAdmin.remove_limit)
+    rate_limits = delegate("flow", FlowAdmin.rate_limits)
+    set_rate_limits = delegate("flow", FlowAdmin.set_rate_limits)
+    unique = delegate("flow", FlowAdmin.unique)
+    original_of = delegate("flow", FlowAdmin.original_of)
+    group = delegate("flow", FlowAdmin.group)
+    gates = delegate("flow", FlowAdmin.gates)
+    # ---- periodic tasks --------------------------------------------------------------------
+    list_schedules = delegate("schedules", ScheduleAdmin.list_schedules)
+    get_schedule = delegate("schedules", ScheduleAdmin.get_schedule)
+    beat_leader = delegate("schedules", ScheduleAdmin.beat_leader)
+    add_schedule = delegate("schedules", ScheduleAdmin.add_schedule)
+    update_schedule = delegate("schedules", ScheduleAdmin.update_schedule)
+    enable_schedule = delegate("schedules", ScheduleAdmin.enable_schedule)
+    disable_schedule = delegate("schedules", ScheduleAdmin.disable_schedule)
+    remove_schedule = delegate("schedules", ScheduleAdmin.remove_schedule)
+    run_schedule = delegate("schedules", ScheduleAdmin.run_schedule)
 
     # ---- steering --------------------------------------------------------------------
 
@@ -88,8 +125,8 @@ class Admin(TaskReads, StatsAdmin, ScheduleAdmin, FlowAdmin):
     def requeue(self, task_id: str, *, max_attempts: int | None = None) -> bool:
         """Make a failed, exhausted, cancelled or parked task claimable again with a fresh
         attempt budget; its history is kept."""
-        with self.store._reading() as conn:
-            message = self._current_message(conn, task_id)
+        with self.store.driver.reading() as conn:
+            message = self.reads.current_message(conn, task_id)
         if message is None:
             raise UnknownTask(
                 f"no message for task {task_id!r} (finished tasks leave no message to requeue)"

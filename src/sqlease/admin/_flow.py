@@ -37,12 +37,14 @@ class GateState:
 
 
 class FlowAdmin:
-    """Mixed into ``Admin`` (which provides ``store`` and ``_now``)."""
+    """Flow control as ``Admin`` shows and steers it: limits, rates, gates, unique keys and
+    Celery groups."""
 
-    store: Store
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     def _now(self) -> int:
-        raise NotImplementedError
+        return self.store.now_ms()
 
     def limits(self) -> dict[str, int]:
         """The configured limits: ``{"task:<name>": n, "queue:<name>": n}``."""

@@ -129,16 +129,17 @@ def _snapshot_of(message: Message, derived: str, task_row: Any) -> TaskSnapshot:
 
 
 class TaskReads:
-    """Mixed into ``sqlease.Admin``."""
+    """One task's snapshot and the task listings (``Admin.task``, ``Admin.tasks``)."""
 
-    store: Store
-    steps: StepStore
-    t: Tables
+    def __init__(self, store: Store, steps: StepStore) -> None:
+        self.store = store
+        self.steps = steps
+        self.t: Tables = store.tables
 
     def _now(self) -> int:
         return self.store.now_ms()
 
-    def _current_message(self, conn: Connection, task_id: str) -> Message | None:
+    def current_message(self, conn: Connection, task_id: str) -> Message | None:
         m = self.t.messages
         row = conn.execute(
             select(m).where(m.c.task_id == task_id).order_by(m.c.id.desc()).limit(1)
@@ -159,16 +160,16 @@ class TaskReads:
             select(r.c.state, r.c.updated_at_ms).where(r.c.task_id == task_id).limit(1)
         ).first()
 
-    def _result_state(self, task_id: str) -> str | None:
-        with self.store._reading() as conn:
+    def result_state(self, task_id: str) -> str | None:
+        with self.store.driver.reading() as conn:
             row = self._result_row(conn, task_id)
         return None if row is None or row.state is None else str(row.state)
 
     def task(self, task_id: str) -> TaskSnapshot:
         """Everything known about a task: state, lease, checkpoint, steps, timeline."""
         now = self._now()
-        with self.store._reading() as conn:
-            message = self._current_message(conn, task_id)
+        with self.store.driver.reading() as conn:
+            message = self.current_message(conn, task_id)
             task_row = self._task_row(conn, task_id)
             result = self._result_row(conn, task_id)
         record = self.store.get_task(task_id)
@@ -227,7 +228,7 @@ class TaskReads:
 
     def _waiting(self, task_id: str) -> dict[str, Any] | None:
         w = self.t.waits
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             row = conn.execute(
                 select(w)
                 .where(w.c.task_id == task_id, w.c.status == "waiting")
@@ -276,7 +277,7 @@ class TaskReads:
         elif state in ("queued", "scheduled", "running"):
             query = query.where(m.c.state == "ready")
         found: list[TaskSnapshot] = []
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             for row in conn.execute(query):
                 message = row_to_message(row)
                 derived = state_of(message, now)
@@ -311,7 +312,7 @@ class TaskReads:
         )
         if queue is not None:
             query = query.where(k.c.queue == queue)
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             rows = conn.execute(query).fetchall()
         return [
             TaskSnapshot(

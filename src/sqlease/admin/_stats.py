@@ -59,10 +59,12 @@ def _empty() -> dict[str, Any]:
 
 
 class StatsAdmin:
-    """Mixed into ``sqlease.Admin``."""
+    """Counts per queue and state, the live leases per owner, and the event totals
+    (``Admin.stats``, ``Admin.leases``, ``Admin.event_totals``)."""
 
-    store: Store
-    t: Tables
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.t: Tables = store.tables
 
     def _scan(self, now: int) -> list[Any]:
         """Rows (queue, state, owner, count, oldest due, first and last lease expiry) from
@@ -98,7 +100,7 @@ class StatsAdmin:
             func.max(m.c.lease_expires_at_ms).filter(live),
         ).group_by(m.c.queue, owner)
         q = self.t.queues
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             found = list(conn.execute(query))
             declared = [r[0] for r in conn.execute(select(q.c.name)) if not _internal(r[0])]
         rows: list[Any] = [(name, None, None, 0, None, None, None) for name in declared]

@@ -8,6 +8,7 @@ re-scheduled entry's next slot is left for the leader to compute in its app's ti
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -44,20 +45,19 @@ def _schedule_value(name: str, every: Any, cron: Any, schedule: Any) -> Any:
 
 
 class ScheduleAdmin:
-    """Mixed into ``sqlease.Admin``."""
+    """Periodic tasks as ``Admin`` shows and edits them (``Admin.list_schedules``, …)."""
 
-    store: Store
-    _schedule_store: ScheduleStore | None = None
+    def __init__(self, store: Store, task: Callable[[str], Any]) -> None:
+        self.store = store
+        #: One task's snapshot (``Admin.task``): an entry's last run's state.
+        self.task = task
+        self._schedule_store: ScheduleStore | None = None
 
     @property
     def _entries(self) -> ScheduleStore:
         if self._schedule_store is None:
             self._schedule_store = ScheduleStore(self.store)
         return self._schedule_store
-
-    if TYPE_CHECKING:
-
-        def task(self, task_id: str) -> Any: ...  # Admin's
 
     # ---- reading -----------------------------------------------------------------------
 

@@ -13,17 +13,16 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlease._core.flow import check_concurrency
 from sqlease._core.heartbeat import heartbeat
-from sqlease._core.uniques import check_unique
 from sqlease.delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY
 from sqlease.errors import ConfigurationError
 from sqlease.store import Message, NewMessage
 from sqlease.transport._completion import record_failure
 from sqlease.transport._control import forward_revoke
 
-#: Headers that carry a task option's error (sqlease._task_limits, a ``before_task_publish``
-#: handler: Celery swallows a handler's exception), refused here at publish.
+#: Headers that carry a task option's error (sqlease._celery.task_limits, a
+#: ``before_task_publish`` handler: Celery swallows a handler's exception), refused here at
+#: publish.
 CONCURRENCY_ERROR_HEADER = "sqlease_concurrency_error"
 UNIQUE_ERROR_HEADER = "sqlease_unique_error"
 
@@ -95,7 +94,7 @@ def new_message(queue: str, message: dict[str, Any]) -> NewMessage:
     properties = message.get("properties") or {}
     run_id = headers.get("run_id")
     task_id = headers.get("id")
-    max_attempts = _max_attempts(headers)
+    max_attempts = headers.get("max_attempts")
     task_name = headers.get("task")
     key, limit = _concurrency(headers)
     unique_key, scope, for_ms = _unique(headers)
@@ -137,50 +136,27 @@ def _priority(properties: dict[str, Any]) -> int:
     return max(0, min(9, priority))
 
 
-def _max_attempts(headers: dict[str, Any]) -> Any:
-    max_attempts = headers.get("max_attempts")
-    if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-    ):
-        raise ConfigurationError(
-            f"header 'max_attempts' must be an integer >= 1, not {max_attempts!r}"
-        )
-    return max_attempts
-
-
-def _concurrency(headers: dict[str, Any]) -> tuple[str | None, int | None]:
-    """The ``concurrency_key`` and ``concurrency_limit`` headers, refused at publish when
-    they are not a non-empty string and an integer >= 1, given together."""
-    if headers.get(CONCURRENCY_ERROR_HEADER):  # from the task's options (_task_limits)
+def _concurrency(headers: dict[str, Any]) -> tuple[Any, Any]:
+    """The ``concurrency_key`` and ``concurrency_limit`` headers as they came (the store
+    checks them, with every other field of the message)."""
+    if headers.get(CONCURRENCY_ERROR_HEADER):  # from the task's options (_celery.task_limits)
         raise ConfigurationError(str(headers[CONCURRENCY_ERROR_HEADER]))
-    try:
-        return check_concurrency(headers.get("concurrency_key"), headers.get("concurrency_limit"))
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"header {exc}; the message was not enqueued") from None
+    return headers.get("concurrency_key"), headers.get("concurrency_limit")
 
 
-def _unique(headers: dict[str, Any]) -> tuple[str | None, str | None, int | None]:
-    """The ``unique_key``, ``unique_scope`` and ``unique_for`` (seconds) headers, refused at
-    publish when they do not make a uniqueness key (``sqlease._core.uniques``). A part of a
-    chord's header is never unique: a duplicate would never run, and the chord's body would
-    wait for it for ever."""
-    if headers.get(UNIQUE_ERROR_HEADER):  # from the task's options (_task_limits)
+def _unique(headers: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The ``unique_key``, ``unique_scope`` and ``unique_for`` headers, ``unique_for`` (a
+    number of seconds) in milliseconds; the store checks them (``sqlease._core.uniques``). A
+    part of a chord's header is never unique: a duplicate would never run, and the chord's
+    body would wait for it for ever."""
+    if headers.get(UNIQUE_ERROR_HEADER):  # from the task's options (_celery.task_limits)
         raise ConfigurationError(str(headers[UNIQUE_ERROR_HEADER]))
-    key, scope, period = (headers.get(n) for n in ("unique_key", "unique_scope", "unique_for"))
-    if key is None and scope is None and period is None:
+    if headers.get("chord"):
         return None, None, None
-    if period is not None:
-        if isinstance(period, bool) or not isinstance(period, int | float) or not period > 0:
-            raise ConfigurationError(
-                f"header 'unique_for' must be a number of seconds > 0, not {period!r}; the "
-                "message was not enqueued"
-            )
-        period = max(1, round(period * 1000))
-    try:
-        found = check_unique(key, scope, period)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"header {exc}; the message was not enqueued") from None
-    return (None, None, None) if headers.get("chord") else found
+    key, scope, period = (headers.get(n) for n in ("unique_key", "unique_scope", "unique_for"))
+    if isinstance(period, int | float) and not isinstance(period, bool) and period > 0:
+        period = max(1, round(period * 1000))  # anything else is refused as it came
+    return key, scope, period
 
 
 def _without_foreign_properties(queue: str, message: dict[str, Any], error: Exception) -> str:

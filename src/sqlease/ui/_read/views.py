@@ -62,7 +62,7 @@ class AdminViews:
             .where(m.c.state == "dead", m.c.reason == "cancelled")
             .group_by(m.c.queue)
         )
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             cancelled = {row[0]: int(row[1]) for row in conn.execute(query)}
         for queue, row in stats.items():
             row["cancelled"] = cancelled.get(queue, 0)
@@ -85,7 +85,7 @@ class AdminViews:
             .group_by(m.c.lease_owner)
             .order_by(m.c.lease_owner)
         )
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             rows = conn.execute(query).fetchall()
         return [
             {
@@ -129,7 +129,7 @@ class AdminViews:
         e = self.t.events
         kinds = DONE_KINDS + FAILED_KINDS
         bucket = (e.c.at_ms - e.c.at_ms % bucket_ms).label("bucket")
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             floor = self._first_id_at(conn, e, "at_ms", start - CLOCK_SLACK_MS)
             window = and_(e.c.id >= floor, e.c.at_ms >= start, e.c.kind.in_(kinds))
             singles = conn.execute(
@@ -216,7 +216,7 @@ class AdminViews:
             query = query.where(m.c.id < before)
         if name:
             query = query.where(self._name_filter(name))
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             # Times become id bounds too, so that the page is a range of the primary key.
             if since_ms is not None:
                 floor = self._first_id_at(conn, m, "created_at_ms", since_ms - CLOCK_SLACK_MS)
@@ -265,14 +265,14 @@ class AdminViews:
     # ---- one task ------------------------------------------------------------------
 
     def message_of(self, task_id: str) -> Message | None:
-        with self.store._reading() as conn:
-            return self.admin._current_message(conn, task_id)
+        with self.store.driver.reading() as conn:
+            return self.admin.reads.current_message(conn, task_id)
 
     def result_of(self, task_id: str) -> dict[str, Any] | None:
         """The Celery result meta the sqlease backend stored (None without one; a value
         that is not JSON is described, not decoded)."""
         r = self.t.results
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             row = conn.execute(
                 select(r.c.value, r.c.state, r.c.attempt, r.c.updated_at_ms)
                 .where(r.c.task_id == task_id, r.c.key.not_like("%chord%"))
@@ -305,7 +305,7 @@ class AdminViews:
             .order_by(func.min(m.c.id))
             .limit(limit)
         )
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             rows = conn.execute(query).fetchall()
             ids = [row[0] for row in rows]
             holders = {
@@ -335,7 +335,7 @@ class AdminViews:
         """A run's unfinished tasks in delivery order, and which of them holds the run."""
         m, runs = self.t.messages, self.t.runs
         now = self.now()
-        with self.store._reading() as conn:
+        with self.store.driver.reading() as conn:
             rows = conn.execute(select(m).where(m.c.run_id == run_id).order_by(m.c.id)).fetchall()
             holder = conn.execute(
                 select(runs).where(runs.c.run_id == run_id, runs.c.lease_expires_at_ms > now)
