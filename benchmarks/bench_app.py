@@ -12,13 +12,7 @@ import time
 
 from celery import Celery
 
-import sqlease  # registers the sqlease transport
-import sqlease.transport
-
-if os.environ.get("BENCH_SQLEASE_CLAIMS_THREAD"):
-    # For comparison: the busy worker's statements on a background thread (the fallback for a
-    # psycopg without the statement generator its event loop drives).
-    sqlease.transport.NONBLOCKING = False
+import sqlease  # registers the sqlease transport  # noqa: F401
 
 BROKER = os.environ.get("BENCH_BROKER", "memory://")
 BACKEND = os.environ.get("BENCH_BACKEND") or None
@@ -30,6 +24,9 @@ app.conf.update(
     # BENCH_TRANSPORT_OPTIONS: JSON merged into sqlease's options (e.g. '{"handoff": false}')
     broker_transport_options={
         "table_prefix": os.environ.get("BENCH_PREFIX", "sqlease_"),
+        # For comparison: the worker's statements on a background thread (the fallback for a
+        # psycopg without the statement generator its event loop drives).
+        **({"loop_statements": False} if os.environ.get("BENCH_SQLEASE_CLAIMS_THREAD") else {}),
         **json.loads(os.environ.get("BENCH_TRANSPORT_OPTIONS") or "{}"),
     }
     if BROKER.startswith("sqlease")

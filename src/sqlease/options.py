@@ -224,6 +224,14 @@ class TransportOptions:
             "trip).",
         ),
     )
+    loop_statements: bool = field(
+        default=True,
+        metadata=_row(
+            _boolean,
+            "PostgreSQL: a worker's event loop sends its claims and acks itself and reads their "
+            "rows when they arrive; False hands them to a thread instead.",
+        ),
+    )
     lease_sync_commit: bool = field(
         default=False,
         metadata=_row(

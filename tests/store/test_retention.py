@@ -203,9 +203,8 @@ def test_a_version_6_database_gets_migration_7(db_url: str) -> None:
     from sqlalchemy import inspect, text, update
 
     from conftest import unique_prefix
-    from sqlease._db.migrations import CURRENT_VERSION, read_version
+    from sqlease._db.migrations import CURRENT_VERSION, read_version, retention_indexes
     from sqlease._db.postgresql.storage import TABLE_SETTINGS
-    from sqlease._db.schema_indexes import retention_indexes
 
     prefix = unique_prefix()
     old = Store(db_url, table_prefix=prefix)

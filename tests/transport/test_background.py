@@ -1,22 +1,52 @@
-"""The event loop's background thread: calls run in order, waiting calls are handed to the
-combiner together, errors come back as outcomes, and the loop is woken for each batch."""
+"""The event loop's background thread: jobs are done in order, the jobs waiting are prepared
+together (one op for several), errors come back as outcomes, and the loop is woken for each
+batch. The ops here carry their answer (``Op.answer``): what is tested is the thread, not a
+statement."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from sqlease.transport._background import BackgroundCalls, Done, Job, run_each
+from sqlease._db.driver import Op
+from sqlease.transport._background import BackgroundCalls, Done, Job
+
+
+class Executes:
+    """A driver's ``execute``, as far as the runner uses it: the op's answer, after ``call``."""
+
+    def __init__(self, call: Callable[[Job], Any] = lambda job: None) -> None:
+        self.call = call
+
+    def execute(self, op: Op[Any]) -> Any:
+        return op.finish(None) if op.finish is not None else None
+
+
+def one_at_a_time(call: Callable[[Job], Any]) -> Callable[[list[Job]], Any]:
+    """Prepares the first waiting job alone; its outcome's value is ``call(job)``."""
+
+    def prepare(jobs: list[Job]) -> tuple[Op[list[Done]], list[Job]]:
+        job = jobs[0]
+
+        def answer(_none: None) -> list[Done]:
+            return [Done(job.key, value=call(job), context=job.context)]
+
+        return Op.answer(None).then(answer), [job]
+
+    return prepare
 
 
 @pytest.mark.timeout(10)
-def test_calls_run_in_order_and_their_outcomes_are_collected() -> None:
+def test_jobs_are_done_in_order_and_their_outcomes_collected() -> None:
     woken = threading.Semaphore(0)
-    calls = BackgroundCalls(woken.release)
     order: list[int] = []
+    prepare = one_at_a_time(lambda job: order.append(job.key) or job.key * 10)
+    calls = BackgroundCalls(Executes(), prepare, woken.release)  # type: ignore[arg-type]
     for i in range(5):
-        calls.submit(i, lambda i=i: order.append(i) or i * 10, n=i)
+        calls.submit(i, n=i)
     assert calls.wait_idle(5)
     outcomes = calls.collect()
     assert order == [0, 1, 2, 3, 4]
@@ -29,42 +59,45 @@ def test_calls_run_in_order_and_their_outcomes_are_collected() -> None:
 
 
 @pytest.mark.timeout(10)
-def test_an_error_is_an_outcome_and_the_thread_goes_on() -> None:
-    calls = BackgroundCalls(lambda: None)
+def test_an_error_is_the_outcome_of_the_jobs_its_op_covered_and_the_thread_goes_on() -> None:
+    def call(job: Job) -> str:
+        if job.key == "a":
+            raise RuntimeError("database said no")
+        return "fine"
 
-    def fail() -> None:
-        raise RuntimeError("database said no")
-
-    calls.submit("a", fail)
-    calls.submit("b", lambda: "fine")
+    calls = BackgroundCalls(Executes(), one_at_a_time(call), lambda: None)  # type: ignore[arg-type]
+    calls.submit("a")
+    calls.submit("b")
     assert calls.wait_idle(5)
     first, second = calls.collect()
     assert isinstance(first.error, RuntimeError) and first.value is None
-    assert (second.error, second.value) == (None, "fine")
+    assert (second.key, second.error, second.value) == ("b", None, "fine")
     calls.stop()
 
 
 @pytest.mark.timeout(10)
-def test_calls_waiting_together_are_combined() -> None:
-    """While one call runs, the next ones wait; they reach the combiner as one batch."""
-    gate = threading.Event()
+def test_jobs_waiting_together_are_prepared_together() -> None:
+    """While one op runs, the next jobs wait; they reach ``prepare`` as one batch, which
+    may answer them all with one op."""
+    gate, running = threading.Event(), threading.Event()
     batches: list[list[str]] = []
 
-    def combine(jobs: list[Job]) -> list[Done]:
+    def prepare(jobs: list[Job]) -> tuple[Op[list[Done]], list[Job]]:
         batches.append([job.key for job in jobs])
-        return run_each(jobs)
 
-    calls = BackgroundCalls(lambda: None, combine)
-    running = threading.Event()
+        def answer(_none: None) -> list[Done]:
+            if jobs[0].key == "first":
+                running.set()
+                gate.wait(5)
+            return [Done(job.key, value=job.key, context=job.context) for job in jobs]
 
-    def first() -> None:
-        running.set()
-        gate.wait(5)
+        return Op.answer(None).then(answer), list(jobs)
 
-    calls.submit("first", first)
+    calls = BackgroundCalls(Executes(), prepare, lambda: None)  # type: ignore[arg-type]
+    calls.submit("first")
     assert running.wait(5)
     for key in ("second", "third"):
-        calls.submit(key, lambda key=key: key)
+        calls.submit(key)
     assert calls.pending
     gate.set()
     assert calls.wait_idle(5)
@@ -74,22 +107,22 @@ def test_calls_waiting_together_are_combined() -> None:
 
 
 @pytest.mark.timeout(10)
-def test_a_failing_combiner_fails_every_call_of_its_batch() -> None:
-    def combine(jobs: list[Job]) -> list[Done]:
+def test_a_failing_prepare_fails_every_job_waiting() -> None:
+    def prepare(jobs: list[Job]) -> tuple[Op[list[Done]], list[Job]]:
         raise ConnectionError("gone")
 
-    calls = BackgroundCalls(lambda: None, combine)
-    calls.submit("a", lambda: 1)
+    calls = BackgroundCalls(Executes(), prepare, lambda: None)  # type: ignore[arg-type]
+    calls.submit("a")
     assert calls.wait_idle(5)
     [outcome] = calls.collect()
     assert isinstance(outcome.error, ConnectionError)
     calls.stop()
 
 
-def test_wait_idle_times_out_while_a_call_runs() -> None:
+def test_wait_idle_times_out_while_a_job_runs() -> None:
     gate = threading.Event()
-    calls = BackgroundCalls(lambda: None)
-    calls.submit("slow", gate.wait)
+    calls = BackgroundCalls(Executes(), one_at_a_time(lambda job: gate.wait()), lambda: None)  # type: ignore[arg-type]
+    calls.submit("slow")
     assert not calls.wait_idle(0.05)
     gate.set()
     assert calls.wait_idle(5)
@@ -101,11 +134,13 @@ def test_start_and_exit_hooks_run_on_the_thread_itself() -> None:
     # The transport pins the hot path's connection to this thread (and gives it back).
     seen: list[tuple[str, int]] = []
     calls = BackgroundCalls(
+        Executes(),  # type: ignore[arg-type]
+        one_at_a_time(lambda job: threading.get_ident()),
         lambda: None,
         on_start=lambda: seen.append(("start", threading.get_ident())),
         on_exit=lambda: seen.append(("exit", threading.get_ident())),
     )
-    calls.submit("a", threading.get_ident)
+    calls.submit("a")
     assert calls.wait_idle(5)
     [outcome] = calls.collect()
     calls.stop()

@@ -21,7 +21,6 @@ from kombu import Connection
 from kombu.asynchronous import Hub
 from kombu.message import Message
 
-import sqlease.transport as transport_module
 from sqlease import Store
 from sqlease._db.driver import Lane
 from sqlease.transport._background import BackgroundCalls
@@ -39,11 +38,14 @@ pytestmark = [
 
 
 @pytest.fixture(params=["loop", "thread"])
-def calls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """How the busy worker's statements go: sent by the loop, or run on a thread."""
-    if request.param == "thread":
-        monkeypatch.setattr(transport_module, "NONBLOCKING", False)
+def calls(request: pytest.FixtureRequest) -> str:
+    """How the worker's statements go: sent by the loop, or run on a thread."""
     return str(request.param)
+
+
+@pytest.fixture
+def transport_options(transport_options: dict[str, Any], calls: str) -> dict[str, Any]:
+    return {**transport_options, "loop_statements": calls == "loop"}
 
 
 @pytest.fixture
@@ -71,8 +73,7 @@ def consuming_worker(connect: Connect, hub: Hub, got: list[Message], prefetch: i
 
 
 def holding_eight(connect: Connect, hub: Hub, published: int) -> tuple[Any, list[Message]]:
-    """Publish ``published`` messages; a worker with a prefetch of 8 then holds the first 8
-    (claimed in the loop: it was idle)."""
+    """Publish ``published`` messages; a worker with a prefetch of 8 then holds the first 8."""
     producer = connect()
     for i in range(published):
         publish(producer, "work", {"n": i})
@@ -99,11 +100,9 @@ def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
     connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch, calls: str
 ) -> None:
     worker, got = holding_eight(connect, hub, 12)
-    assert worker.transport.refill.runner is None  # idle: the first claim ran in the loop
     store = worker.transport.store
     assert store.driver.lane(Lane.LEASES) is not None
-    combined = threads_of(monkeypatch, store, "ack_and_claim")
-    plain_acks = threads_of(monkeypatch, store, "ack")
+    plain_acks = threads_of(monkeypatch, store, "ack_op")
     prepared = threads_of(monkeypatch, store, "ack_and_claim_op")
     sent = threads_of(monkeypatch, store.driver.lane(Lane.LEASES), "send")
     blocking = threads_of(monkeypatch, store.driver.lane(Lane.LEASES), "rows")
@@ -111,15 +110,16 @@ def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
         message.ack()
     run_until(hub, lambda: len(got) == 12)
     loop_thread = threading.get_ident()
+    combined = [(thread, fences) for thread, fences in prepared if fences]
     if calls == "loop":
-        assert isinstance(worker.transport.refill.runner, LoopCalls)
+        assert isinstance(worker.transport.fetcher.runner, LoopCalls)
         # Prepared and sent by the loop itself, which never waited for a statement's rows.
         assert sent and all(thread == loop_thread for thread, _ in sent)
         assert store.sql.ack_claim_single in [statement for _, statement in sent]
         assert blocking == []
-        combined = [(thread, fences) for thread, fences in prepared if fences]
+        assert combined and all(thread == loop_thread for thread, _ in combined)
     else:
-        assert isinstance(worker.transport.refill.runner, BackgroundCalls)
+        assert isinstance(worker.transport.fetcher.runner, BackgroundCalls)
         assert sent == []
         assert combined and all(thread != loop_thread for thread, _ in combined)
     acked_with_claims = {f.message_id for _, fences in combined for f in fences}
@@ -137,7 +137,7 @@ def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
     fast = store.driver.lane(Lane.LEASES)
     assert fast is not None
     pool = fast._engine.pool
-    assert worker.transport.refill.runner is not None
+    assert worker.transport.fetcher.runner is not None
     spares = fast.spares_kept()  # kept by the engine for one-statement calls
     assert pool.checkedout() >= 1 + spares  # type: ignore[attr-defined]
     worker.release()
@@ -161,19 +161,21 @@ def test_closing_while_a_background_claim_runs_gives_its_messages_back(
         monkeypatch.setattr(store.driver.lane(Lane.LEASES), "send", sent)
         monkeypatch.setattr(LoopCalls, "_on_socket", lambda self: None)
     else:
-        real = store.ack_and_claim
+        real = store.ack_and_claim_op
 
         def slow(*args: Any, **kwargs: Any) -> Any:
-            entered.set()
-            gate.wait(10)
+            if threading.current_thread() is not threading.main_thread():
+                entered.set()
+                gate.wait(10)
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(store, "ack_and_claim", slow)
+        monkeypatch.setattr(store, "ack_and_claim_op", slow)
         threading.Timer(0.3, gate.set).start()
     for message in got[:4]:
         message.ack()
     run_until(hub, entered.is_set)
     worker.release()  # waits for the claim, then gives back what it leased
+    monkeypatch.undo()  # the next worker reads its rows
     assert len(got) == 8, "a message was delivered to a closing connection"
     # The four acks went through; the four still held and the four just claimed are ready
     # again at once (no lease left behind), their attempt refunded.
@@ -196,17 +198,17 @@ def test_a_background_claim_without_acks_reports_the_queue_drained(
     worker makes no more claims until something can be ready). One that carried acks is
     never taken as drained: it may not have seen them free a run's next message."""
     worker, got = holding_eight(connect, hub, 10)
-    transport, channel = worker.transport, worker.default_channel
-    transport.refill.claim_in_background(channel, ["work"], 4)
+    fetcher, channel = worker.transport.fetcher, worker.default_channel
+    fetcher.claim(channel, ["work"], 4)
     run_until(hub, lambda: not channel.drain.claiming)
     assert len(got) == 10 and channel.drain.drained
     got[0].ack()
-    transport.acks.flush()  # written on the thread, reported in the loop
-    assert transport.acks.pending == []
-    run_until(hub, lambda: not transport.refill.runner.pending)
+    fetcher.acks.flush()  # written on the runner, reported in the loop
+    assert fetcher.acks.pending == []
+    run_until(hub, lambda: not fetcher.runner.pending)
     got[1].ack()
-    assert transport.acks.pending  # deferred: goes with the next claim
-    transport.refill.claim_in_background(channel, ["work"], 4)
+    assert fetcher.acks.pending  # deferred: goes with the next claim
+    fetcher.claim(channel, ["work"], 4)
     run_until(hub, lambda: not channel.drain.claiming)
     assert len(got) == 10 and not channel.drain.drained
     worker.release()

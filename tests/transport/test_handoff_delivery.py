@@ -63,7 +63,7 @@ def test_an_idle_consumer_gets_a_published_message_without_claiming(
     transport = worker.transport
     run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
     claims = threads_of(monkeypatch, transport.store, "claim")
-    combined = threads_of(monkeypatch, transport.store, "ack_and_claim")
+    combined = threads_of(monkeypatch, transport.store, "ack_and_claim_op")
 
     publish(connect(), "work", {"n": 1})
     run_until(hub, lambda: len(got) == 1)
@@ -76,7 +76,7 @@ def test_an_idle_consumer_gets_a_published_message_without_claiming(
         "queues": ["work"],
         "lease_ms": transport.options.lease_ms,
         "lock_key": transport.lock_key,
-        "ttl_ms": transport.handoffs.offer_ttl_ms(),
+        "ttl_ms": transport.handoffs.ttl_ms(),
         "seen": {"work": transport.handoffs.heard["work"]},  # this handoff, heard
     }
     assert offered_queues(db_store, transport.owner) == set()  # the offer was used up
@@ -121,7 +121,7 @@ def test_with_handoff_off_an_idle_consumer_claims(
 ) -> None:
     got: list[Message] = []
     worker = idle_worker(connect, hub, got, handoff=False)
-    claims = threads_of(monkeypatch, worker.transport.store, "claim")
+    claims = threads_of(monkeypatch, worker.transport.store, "ack_and_claim_op")
     publish(connect(), "work", {"n": 1})
     run_until(hub, lambda: len(got) == 1)
     assert claims and offered_queues(db_store, worker.transport.owner) == set()
@@ -168,17 +168,17 @@ def test_the_ack_that_leaves_a_consumer_idle_carries_its_next_offer(
     publish(connect(), "work", {"n": 1})
     run_until(hub, lambda: len(got) == 1)
     assert offered_queues(db_store, transport.owner) == set()
-    combined = threads_of(monkeypatch, transport.store, "ack_and_offer")
+    combined = threads_of(monkeypatch, transport.store, "offer_op")
     offers = threads_of(monkeypatch, transport.store, "offer")
-    plain_acks = threads_of(monkeypatch, transport.store, "ack")
-    claims = threads_of(monkeypatch, transport.store, "claim")
+    plain_acks = threads_of(monkeypatch, transport.store, "ack_op")
+    claims = threads_of(monkeypatch, transport.store, "ack_and_claim_op")
     got[0].ack()
+    run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
     assert [[f.message_id for f in fences] for _, fences in combined] == [[msg_id(got[0])]]
-    assert offered_queues(db_store, transport.owner) == {"work"}
     for _ in range(3):  # what the loop's next iterations run: they look no further
-        transport.loop.on_self_pipe()
-        transport.loop.on_tick()
-    assert offers == [] and plain_acks == [] and claims == []
+        transport.wakeups.on_kick()
+        transport.wakeups.on_tick()
+    assert len(combined) == 1 and offers == [] and plain_acks == [] and claims == []
     publish(connect(), "work", {"n": 2})
     run_until(hub, lambda: len(got) == 2)
     assert claims == [] and attempt_of(got[1]) == 1
@@ -199,7 +199,8 @@ def test_a_remote_control_message_notified_with_a_handoff_is_delivered_first(
     publish(producer, "ctl", {"revoke": "x"})
     publish(producer, "work", {"n": 1})  # handed over
     time.sleep(0.3)  # both notifications are waiting on the LISTEN socket
-    transport.loop.on_readable()
+    transport.wakeups.on_readable()
+    run_until(hub, lambda: len(got) == 2)
     assert [m.payload for m in got] == [{"revoke": "x"}, {"n": 1}]
     got[1].ack()
 
@@ -232,7 +233,8 @@ def test_an_idle_look_before_the_handoff_is_read_does_not_offer_again(
     producer = connect()
     publish(producer, "work", {"n": 1})  # handed over; the loop has not read it yet
     assert transport.handoffs.holds_nothing()
-    transport.next_due_delay(offer=True)  # the idle look, as the safety poll runs it
+    transport.fetcher.look_ahead()  # the idle look, as the safety poll runs it
+    assert transport.fetcher.runner.wait_idle(5)  # its offer written; nothing read yet
     publish(producer, "work", {"n": 2})
     second = [m for m in _work_rows(db_store) if m.lease_owner is None]
     assert len(second) == 1  # ready for any worker, not handed to this busy one

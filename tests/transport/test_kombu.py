@@ -748,7 +748,7 @@ def _wait_for_notification(transport: Any) -> None:
     fd = transport.waker.fileno()
     assert fd is not None
     assert select.select([fd], [], [], 5)[0], "no notification within 5 s"
-    transport.loop.on_readable()
+    transport.wakeups.on_readable()
 
 
 @pytest.mark.pg
@@ -765,9 +765,9 @@ def test_a_notification_wakes_only_the_queues_it_names(
     got: list[Message] = []
     _consuming(worker.default_channel, "work", got)
     _consuming(worker.default_channel, "ctl", got, no_ack=True)
-    takes = _calls_of(monkeypatch, transport.store, "take")
+    takes = _calls_of(monkeypatch, transport.store, "take_op")
     assert transport.waker.fileno() is not None  # listening before anything is published
-    transport.loop.on_readable()  # the first look: everything, then quiet
+    transport.wakeups.on_readable()  # the first look: everything, then quiet
     assert takes == [(["ctl"],)] and got == []
     publish(producer, "work", {"n": 1})
     _wait_for_notification(transport)
@@ -790,12 +790,12 @@ def test_a_drained_queue_is_not_claimed_from_again_until_something_can_be_ready(
     transport = worker.transport
     delivered: list[Message] = []
     _consuming(worker.default_channel, "work", delivered)
-    claims = _calls_of(monkeypatch, transport.store, "claim")
+    claims = _calls_of(monkeypatch, transport.store, "ack_and_claim_op")
     assert transport.waker.fileno() is not None  # listening before anything is published
 
     def look() -> None:  # what an ack or a tick does in the worker's loop
-        transport.drain.wake()
-        transport.loop.drain()
+        transport.fetcher.drain.wake()
+        transport.wakeups.drain()
 
     look()
     assert len(claims) == 1 and not delivered

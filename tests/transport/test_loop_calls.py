@@ -15,7 +15,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
 from conftest import unique_prefix
-from sqlease._db.driver import Lane, Op
+from sqlease._db.driver import Claim, Lane, Op
 from sqlease._db.postgresql.fastpath import NONBLOCKING, FastPath
 from sqlease.store import Fence, NewMessage, Store
 from sqlease.transport import _loop_calls as loop_calls
@@ -45,28 +45,21 @@ def store(pg_database_url: str) -> Store:
     return store
 
 
-def acks(store: Store) -> Callable[[list[Job]], Op[list[Done]] | None]:
-    """Each job's context holds fences: all of them acked in one statement."""
+def acks(store: Store) -> Callable[[list[Job]], tuple[Op[list[Done]], list[Job]]]:
+    """Each job's context holds fences: the first waiting job's acked in one statement."""
 
-    def prepare(jobs: list[Job]) -> Op[list[Done]] | None:
-        fences = [f for job in jobs for f in job.context["fences"]]
-        prepared = store.ack_op(fences)
-        if prepared is None or not prepared.sendable or prepared.finish is None:
-            return None
-        acked = prepared.finish
-        return Op(
-            prepared.lane,
-            prepared.statement,
-            prepared.params,
-            lambda rows: [Done(j.key, value=acked(rows)) for j in jobs],
-        )
+    def prepare(jobs: list[Job]) -> tuple[Op[list[Done]], list[Job]]:
+        job = jobs[0]
+        op = store.ack_op(job.context["fences"])
+        return op.then(lambda acked: [Done(job.key, value=acked)]), [job]
 
     return prepare
 
 
-def fails(store: Store) -> Callable[[list[Job]], Op[list[Done]]]:
-    def prepare(jobs: list[Job]) -> Op[list[Done]]:
-        return Op(Lane.LEASES, DIVISION_BY_ZERO, {}, lambda rows: [Done(j.key) for j in jobs])
+def fails(store: Store) -> Callable[[list[Job]], tuple[Op[list[Done]], list[Job]]]:
+    def prepare(jobs: list[Job]) -> tuple[Op[list[Done]], list[Job]]:
+        job = jobs[0]
+        return Op(Lane.LEASES, DIVISION_BY_ZERO, {}, lambda rows: [Done(job.key)]), [job]
 
     return prepare
 
@@ -76,12 +69,8 @@ def leased(store: Store, count: int) -> list[Fence]:
     return [m.fence for m in store.claim(["q"], "w", lease_ms=60_000, limit=count)]
 
 
-def never(jobs: list[Job]) -> list[Done]:
-    raise AssertionError("ran blocking")
-
-
 def backend_pid(calls: LoopCalls) -> int:
-    driver = calls._line._fairy.driver_connection
+    driver = calls._line(Lane.LEASES)._fairy.driver_connection
     assert isinstance(driver, psycopg.Connection)
     return int(driver.info.backend_pid)
 
@@ -94,11 +83,9 @@ def test_the_loop_sends_the_statement_and_reads_its_rows_when_they_come(
     blocking: list[Any] = []
     monkeypatch.setattr(FastPath, "rows", lambda *a, **k: blocking.append(a))
     notified: list[int] = []
-    calls = LoopCalls(
-        hub, store.driver.line(Lane.LEASES), lambda: notified.append(1), acks(store), never
-    )
-    calls.submit("a", lambda: None, fences=[first])
-    calls.submit("b", lambda: None, fences=[second, third])  # waits: one statement at a time
+    calls = LoopCalls(hub, store.driver, acks(store), lambda: notified.append(1))
+    calls.submit("a", fences=[first])
+    calls.submit("b", fences=[second, third])  # waits: one statement at a time
     assert calls.pending and calls.collect() == []
     run_until(hub, lambda: len(notified) == 2)
     outcomes = calls.collect()
@@ -117,10 +104,10 @@ def test_the_loop_sends_the_statement_and_reads_its_rows_when_they_come(
 
 def test_wait_idle_finishes_what_is_under_way_without_the_loop(store: Store, hub: Hub) -> None:
     assert store.driver.lane(Lane.LEASES) is not None
-    calls = LoopCalls(hub, store.driver.line(Lane.LEASES), lambda: None, acks(store), never)
+    calls = LoopCalls(hub, store.driver, acks(store), lambda: None)
     fences = leased(store, 2)
-    calls.submit("a", lambda: None, fences=fences[:1])
-    calls.submit("b", lambda: None, fences=fences[1:])
+    calls.submit("a", fences=fences[:1])
+    calls.submit("b", fences=fences[1:])
     assert calls.wait_idle(10)
     assert [o.value for o in calls.collect()] == [{fences[0].message_id}, {fences[1].message_id}]
     calls.stop()
@@ -130,14 +117,15 @@ def test_a_statement_error_is_the_outcome_and_the_connection_is_kept(
     store: Store, hub: Hub
 ) -> None:
     assert store.driver.lane(Lane.LEASES) is not None
-    calls = LoopCalls(hub, store.driver.line(Lane.LEASES), lambda: None, fails(store), never)
-    calls.submit("a", lambda: None)
-    calls.submit("b", lambda: None)
+    calls = LoopCalls(hub, store.driver, fails(store), lambda: None)
+    calls.submit("a")
+    calls.submit("b")
     run_until(hub, lambda: len(calls._done) == 2)
     outcomes = calls.collect()
     assert len(outcomes) == 2
     assert all(isinstance(o.error, sa_exc.DataError) for o in outcomes)
-    assert not calls._line.holds_connection  # given back on the failure, as the pinned path does
+    # Given back on the failure, as the pinned path does.
+    assert not calls._line(Lane.LEASES).holds_connection
     calls.stop()
     pool = store.driver.lane(Lane.LEASES)._engine.pool
     assert pool.checkedout() == store.driver.lane(Lane.LEASES).spares_kept()  # type: ignore[attr-defined]
@@ -147,16 +135,16 @@ def test_a_dropped_connection_is_ridden_out_on_a_fresh_one(
     store: Store, hub: Hub, pg_database_url: str
 ) -> None:
     assert store.driver.lane(Lane.LEASES) is not None
-    calls = LoopCalls(hub, store.driver.line(Lane.LEASES), lambda: None, acks(store), never)
+    calls = LoopCalls(hub, store.driver, acks(store), lambda: None)
     first, second = leased(store, 2)
-    calls.submit("a", lambda: None, fences=[first])
+    calls.submit("a", fences=[first])
     run_until(hub, lambda: bool(calls._done))
     assert calls.collect()[0].value == {first.message_id}
     old_pid = backend_pid(calls)
     admin = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
-    calls.submit("b", lambda: None, fences=[second])
+    calls.submit("b", fences=[second])
     run_until(hub, lambda: bool(calls._done))
     # Sent again (after a backoff the hub timed) on a new connection: acked, no error.
     [outcome] = calls.collect()
@@ -178,9 +166,9 @@ def test_a_database_that_stays_away_fails_the_calls_after_the_retry_time(
         raise sa_exc.OperationalError("connect", {}, Exception("connection refused"))
 
     monkeypatch.setattr(store.driver.lane(Lane.LEASES), "kept_connection", refused)
-    calls = LoopCalls(hub, store.driver.line(Lane.LEASES), lambda: None, acks(store), never)
-    calls.submit("a", lambda: None, fences=fences[:1])
-    calls.submit("b", lambda: None, fences=fences[1:])  # waits behind it, then the same
+    calls = LoopCalls(hub, store.driver, acks(store), lambda: None)
+    calls.submit("a", fences=fences[:1])
+    calls.submit("b", fences=fences[1:])  # waits behind it, then the same
     run_until(hub, lambda: len(calls._done) == 2)
     outcomes = calls.collect()
     assert all(isinstance(o.error, sa_exc.OperationalError) for o in outcomes)
@@ -189,15 +177,20 @@ def test_a_database_that_stays_away_fails_the_calls_after_the_retry_time(
     calls.stop()
 
 
-def test_calls_that_are_not_one_statement_run_through_combine(store: Store, hub: Hub) -> None:
-    assert store.driver.lane(Lane.LEASES) is not None
-    ran: list[list[Any]] = []
+def test_an_op_that_is_not_one_statement_is_executed_at_once(store: Store, hub: Hub) -> None:
+    """A transaction of several statements cannot be sent from the loop: it runs, blocking,
+    rather than being lost (the transport's own ops are all one statement)."""
+    fences = leased(store, 1)
 
-    def combine(jobs: list[Job]) -> list[Done]:
-        ran.append([j.key for j in jobs])
-        return [Done(j.key, value="combined") for j in jobs]
+    def prepare(jobs: list[Job]) -> tuple[Op[list[Done]], list[Job]]:
+        job = jobs[0]
+        op = store.driver.message_ack_claim(fences, Claim(["q"], "w", 60_000, 1, None))
+        assert not op.sendable or store.driver.nonblocking
+        body = Op(Lane.LEASES, body=lambda conn: store.driver.run_on(conn, op))
+        return body.then(lambda found: [Done(job.key, value=found[0])]), [job]
 
-    calls = LoopCalls(hub, store.driver.line(Lane.LEASES), lambda: None, lambda jobs: None, combine)
-    calls.submit("a", lambda: None)
-    assert ran == [["a"]] and [o.value for o in calls.collect()] == ["combined"]
+    calls = LoopCalls(hub, store.driver, prepare, lambda: None)
+    calls.submit("a")
+    [outcome] = calls.collect()
+    assert outcome.value == {fences[0].message_id}
     calls.stop()

@@ -19,6 +19,7 @@ from sqlease._celery.defaults import uses_sqlease
 from sqlease._core.results import ResultStore
 from sqlease.errors import AttemptsExhausted, SchemaVersionMismatch, WaitingForPerson
 from sqlease.transport import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OWNER_KEY
+from sqlease.transport._completion import record_exhausted
 
 
 @pytest.fixture
@@ -52,12 +53,9 @@ def test_exhausted_task_gets_a_failure_result(app: Celery) -> None:
         store = transport.store
         store.enqueue("celery", "{}", task_id="poison", max_attempts=1, now=0)
         store.claim(["celery"], "w", lease_ms=1, now=0)
-        assert (
-            store.claim(
-                ["celery"], "w", lease_ms=1, now=10, on_exhausted=transport.record_exhausted
-            )
-            == []
-        )
+        results = transport.results
+        exhausted = lambda dead: record_exhausted(results, dead)  # noqa: E731 (as the fetcher)
+        assert store.claim(["celery"], "w", lease_ms=1, now=10, on_exhausted=exhausted) == []
     result = AsyncResult("poison", app=app)
     assert result.state == "FAILURE"
     with pytest.raises(AttemptsExhausted, match="delivered 1 times"):

@@ -29,17 +29,17 @@ def test_the_refill_claim_writes_the_waiting_acks_in_its_transaction(
     monkeypatch.setattr(acks_module, "ACK_DELAY", 30.0)
     worker, got = holding_eight(connect, hub, 12)
     store = worker.transport.store
-    combined = threads_of(monkeypatch, store, "ack_and_claim")
-    plain_acks = threads_of(monkeypatch, store, "ack")
+    combined = threads_of(monkeypatch, store, "ack_and_claim_op")
+    plain_acks = threads_of(monkeypatch, store, "ack_op")
     for message in got[:4]:
         message.ack()
-    assert len(worker.transport.acks.pending) == 4  # deferred
+    assert len(worker.transport.fetcher.acks.pending) == 4  # deferred
     run_until(hub, lambda: len(got) == 12)
     assert [sorted(f.message_id for f in fences) for _, fences in combined] == [
         sorted(msg_id(m) for m in got[:4])
     ]
     assert plain_acks == []
-    assert worker.transport.acks.pending == []
+    assert worker.transport.fetcher.acks.pending == []
     assert rows(db_store, "work") == 8
     assert sorted(m.id for m in leased_rows(db_store)) == sorted(msg_id(m) for m in got[4:])
     worker.release()
@@ -51,7 +51,7 @@ def test_a_failed_combined_claim_keeps_its_acks_for_the_next_write(
     monkeypatch.setattr(acks_module, "ACK_DELAY", 30.0)
     worker, got = holding_eight(connect, hub, 12)
     store = worker.transport.store
-    real = store.ack_and_claim
+    real = store.ack_and_claim_op
     failures: list[Any] = []
 
     def failing_once(*args: Any, **kwargs: Any) -> Any:
@@ -60,15 +60,15 @@ def test_a_failed_combined_claim_keeps_its_acks_for_the_next_write(
             raise RuntimeError("injected")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(store, "ack_and_claim", failing_once)
+    monkeypatch.setattr(store, "ack_and_claim_op", failing_once)
     for message in got[:4]:
         message.ack()
     channel = worker.default_channel
     with pytest.raises(RuntimeError, match="injected"):
         channel.drain_events()
     # Nothing was written, and nothing is lost: the acks wait again, and their timer is set.
-    assert len(worker.transport.acks.pending) == 4
-    assert worker.transport.acks.timer_set
+    assert len(worker.transport.fetcher.acks.pending) == 4
+    assert worker.transport.fetcher.acks.timer_set
     assert rows(db_store, "work") == 12
     run_until(hub, lambda: len(got) == 12)
     assert rows(db_store, "work") == 8

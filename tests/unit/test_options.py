@@ -76,6 +76,7 @@ BAD: list[tuple[str, Any, str]] = [
     ("idle_queue_expiry", 0.5, _message("idle_queue_expiry", "at least 1.0 seconds, not 0.5")),
     ("idle_queue_expiry", None, _message("idle_queue_expiry", "a number of seconds, not None")),
     ("handoff", "perhaps", _message("handoff", "true or false, not 'perhaps'")),
+    ("loop_statements", "perhaps", _message("loop_statements", "true or false, not 'perhaps'")),
     ("lease_sync_commit", 2, _message("lease_sync_commit", "true or false, not 2")),
     ("publish_sync_commit", "later", _message("publish_sync_commit", "true or false, not 'later'")),
     ("cluster_rate_limits", "both", _message("cluster_rate_limits", "true or false, not 'both'")),

@@ -11,10 +11,15 @@ from sqlease._core.base import Aggregate, StoreParts
 from sqlease._core.flow import check_concurrency
 from sqlease._core.timeline import Timeline
 from sqlease._core.uniques import Uniques, check_unique
+from sqlease._db.driver import Op
 from sqlease._db.retry import transient
 from sqlease._db.rows import row_to_message
 from sqlease.errors import ConfigurationError, PayloadTooLarge
 from sqlease.types import Message, NewMessage
+
+
+def _delivery_key(message: Message) -> tuple[int, int, int]:
+    return (-message.priority, message.available_at_ms, message.id)
 
 
 class Messages(Aggregate):
@@ -160,21 +165,26 @@ class Messages(Aggregate):
         """Delete and return up to ``limit`` ready messages (for consumers that never ack)."""
         if not queues or limit < 1:
             return []
-        taken = self.driver.execute(self.driver.message_take(queues, int(limit), self._now(now)))
-        taken.sort(key=lambda m: (-m.priority, m.available_at_ms, m.id))
-        return taken
+        return self.driver.execute(self.take_op(queues, limit=limit, now=now))
+
+    def take_op(
+        self, queues: Sequence[str], *, limit: int = 1, now: int | None = None
+    ) -> Op[list[Message]]:
+        """``take`` as one op (``queues`` not empty, ``limit`` at least 1), in delivery
+        order."""
+        op = self.driver.message_take(queues, int(limit), self._now(now))
+        return op.then(lambda taken: sorted(taken, key=_delivery_key))
+
+    def next_due_op(self, queues: Sequence[str], *, now: int | None = None) -> Op[int | None]:
+        """``next_due_in_ms`` as one op (``queues`` not empty)."""
+        return self.driver.message_next_due(queues, self._now(now))
 
     @transient
     def next_due_in_ms(self, queues: Sequence[str], *, now: int | None = None) -> int | None:
         """Milliseconds until the next scheduled message of ``queues`` becomes due, if any."""
         if not queues:
             return None
-        with self.driver.reading() as conn:
-            value = conn.execute(
-                self.sql.next_due,
-                {"queues": self.driver.queues_param(queues), "now": self._now(now)},
-            ).scalar()
-        return None if value is None else max(0, int(value))
+        return self.driver.execute(self.next_due_op(queues, now=now))
 
     @transient
     def requeue(

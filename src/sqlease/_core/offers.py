@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from sqlease._core.base import Aggregate, StoreParts
 from sqlease._core.leases import Leases
-from sqlease._db.driver import Offer
+from sqlease._db.driver import Offer, Op
 from sqlease._db.retry import transient
 from sqlease.errors import ConfigurationError
 from sqlease.types import Fence
@@ -94,6 +94,31 @@ class Offers(Aggregate):
             return acked, due
         terms = self._offer(queues, owner, lease_ms, lock_key, ttl_ms, seen, now)
         return self.driver.execute(self.driver.offer_ack(list(fences), terms))
+
+    def offer_op(
+        self,
+        fences: Sequence[Fence],
+        queues: Sequence[str],
+        owner: str,
+        *,
+        lease_ms: int,
+        lock_key: int,
+        ttl_ms: int,
+        seen: Mapping[str, int] | None = None,
+        now: int | None = None,
+    ) -> Op[tuple[set[int], int | None]]:
+        """``ack_and_offer`` (or, without fences, ``offer``) as one op, for the worker's event
+        loop: the ids acked and when the next delayed message is due. No queues: the offers
+        are withdrawn (and there must be no fences)."""
+        if not queues:
+            if fences:
+                raise ValueError("acks go with an offer for queues, or with a claim")
+            op = self.driver.offer_withdraw(owner)
+            return op.then(lambda _none: (set(), None))
+        terms = self._offer(queues, owner, lease_ms, lock_key, ttl_ms, seen, now)
+        if fences:
+            return self.driver.offer_ack(list(fences), terms)
+        return self.driver.offer_put(terms).then(lambda due: (set(), due))
 
     @transient
     def withdraw_offers(self, owner: str, *, handed_too: bool = False) -> None:

@@ -110,6 +110,8 @@ class Store:
     enqueue = delegate("messages", Messages.enqueue)
     enqueue_many = delegate("messages", Messages.enqueue_many)
     take = delegate("messages", Messages.take)
+    take_op = delegate("messages", Messages.take_op)
+    next_due_op = delegate("messages", Messages.next_due_op)
     next_due_in_ms = delegate("messages", Messages.next_due_in_ms)
     requeue = delegate("messages", Messages.requeue)
     get_message = delegate("messages", Messages.get_message)
@@ -127,11 +129,14 @@ class Store:
     is_held = delegate("leases", Leases.is_held)
     # ---- transitions ----
     release = delegate("transitions", Transitions.release)
+    release_op = delegate("transitions", Transitions.release_op)
+    fail_op = delegate("transitions", Transitions.fail_op)
     park = delegate("transitions", Transitions.park)
     fail = delegate("transitions", Transitions.fail)
     # ---- offers (the handoff) ----
     offer = delegate("offers", Offers.offer)
     ack_and_offer = delegate("offers", Offers.ack_and_offer)
+    offer_op = delegate("offers", Offers.offer_op)
     withdraw_offers = delegate("offers", Offers.withdraw_offers)
     leased_to = delegate("offers", Offers.leased_to)
     # ---- tasks and the timeline ----

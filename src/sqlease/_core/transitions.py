@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from sqlease._core.base import Aggregate, dump
-from sqlease._db.driver import Change
+from sqlease._db.driver import Change, Op
 from sqlease._db.retry import transient
 from sqlease.types import Fence
 
@@ -35,6 +35,28 @@ class Transitions(Aggregate):
         op = self.driver.message_transition(list(fences), change, self._now(now), also)
         return self.driver.execute(op)
 
+    def release_op(
+        self,
+        fences: Iterable[Fence],
+        *,
+        delay_ms: int = 0,
+        refund: bool = False,
+        error: str | None = None,
+        now: int | None = None,
+    ) -> Op[set[int]]:
+        """``release`` as one op (for the worker's event loop)."""
+        data = {"delay_ms": delay_ms, "refund": refund} if (delay_ms or refund) else None
+        change = Change("ready", "released", None, int(delay_ms), refund, error, dump(data))
+        return self.driver.message_transition(list(fences), change, self._now(now))
+
+    def fail_op(
+        self, fence: Fence, reason: str, *, error: str | None = None, now: int | None = None
+    ) -> Op[set[int]]:
+        """``fail`` as one op (for the worker's event loop)."""
+        change = Change("dead", "failed", reason, 0, False, error, dump({"reason": reason}))
+        return self.driver.message_transition([fence], change, self._now(now))
+
+    @transient
     def release(
         self,
         fences: Iterable[Fence],
@@ -50,16 +72,8 @@ class Transitions(Aggregate):
         never started (warm shutdown, prefetched messages). The attempt number itself never
         goes back, so the old fence stays stale.
         """
-        return self._transition(
-            fences,
-            new_state="ready",
-            kind="released",
-            delay_ms=delay_ms,
-            refund=refund,
-            error=error,
-            data={"delay_ms": delay_ms, "refund": refund} if (delay_ms or refund) else None,
-            now=now,
-        )
+        op = self.release_op(fences, delay_ms=delay_ms, refund=refund, error=error, now=now)
+        return self.driver.execute(op)
 
     def park(
         self,
@@ -85,6 +99,7 @@ class Transitions(Aggregate):
             )
         )
 
+    @transient
     def fail(
         self,
         fence: Fence,
@@ -94,14 +109,4 @@ class Transitions(Aggregate):
         now: int | None = None,
     ) -> bool:
         """Mark a held message dead (kept, listable, requeueable)."""
-        return bool(
-            self._transition(
-                [fence],
-                new_state="dead",
-                kind="failed",
-                reason=reason,
-                error=error,
-                data={"reason": reason},
-                now=now,
-            )
-        )
+        return bool(self.driver.execute(self.fail_op(fence, reason, error=error, now=now)))

@@ -136,6 +136,11 @@ class Driver(ABC):
         """A connection on ``lane`` for an event loop to send ops on (``nonblocking``)."""
         raise NotImplementedError(f"{self.name} sends no statement without blocking")
 
+    def line_key(self, lane: Lane) -> object:
+        """Lanes with one key share a line (the same pool and commit level): a loop keeps
+        one connection for them."""
+        return lane
+
     def pin_thread(self, lane: Lane) -> None:  # noqa: B027 (most dialects keep none)
         """The calling thread keeps one connection of ``lane`` between ops (a thread that
         does nothing else), until ``release_thread``."""
@@ -202,6 +207,17 @@ class Driver(ABC):
     @abstractmethod
     def message_take(self, queues: Sequence[str], limit: int, now: int | None) -> Op[list[Message]]:
         """Delete and return up to ``limit`` ready messages (consumers that never ack)."""
+
+    def message_next_due(self, queues: Sequence[str], now: int | None) -> Op[int | None]:
+        """Milliseconds until the next delayed message of ``queues`` is due (a closed rate
+        limit's reopening counts), if any."""
+        params = {"queues": self.queues_param(queues), "now": now}
+
+        def due(rows: list[dict[str, Any]]) -> int | None:
+            value = next(iter(rows[0].values())) if rows else None
+            return None if value is None else max(0, int(value))
+
+        return Op(Lane.READ, self.sql.next_due, params, due)
 
     @abstractmethod
     def message_claim(self, claim: Claim) -> Op[list[Message]]:

@@ -8,14 +8,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Connection, inspect, select, text
+from sqlalchemy import Connection, Index, inspect, select, text
 from sqlalchemy.engine import Engine
 
 from sqlease._db.dialects import dialect_for
 from sqlease._db.schema_helpers import FRESH, columns, create_table, ensure_index
-from sqlease._db.schema_indexes import retention_indexes
+from sqlease._db.schema_indexes import RETENTION_INDEXES
 from sqlease._db.tables import Tables
 from sqlease.errors import SchemaError, SchemaMissing, SchemaVersionMismatch
+
+
+def retention_indexes(tables: Tables) -> list[Index]:
+    """The indexes of RETENTION_INDEXES, as built for ``tables``."""
+    wanted = {tables.name(n) for names in RETENTION_INDEXES.values() for n in names}
+    return [
+        index
+        for table in tables.metadata.sorted_tables
+        for index in table.indexes
+        if index.name in wanted
+    ]
 
 
 def _migration_1(conn: Connection, tables: Tables) -> None:

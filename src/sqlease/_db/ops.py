@@ -89,6 +89,9 @@ class Lane(enum.Enum):
     LEASES = "leases"
     #: publishes: the no-flush pool when publish_sync_commit is off
     PUBLISH = "publish"
+    #: reads: a read-only transaction (SQLite: a deferred one, no write lock); on PostgreSQL
+    #: the main engine's pool, as PLANNED
+    READ = "read"
 
 
 @dataclass(frozen=True, slots=True)

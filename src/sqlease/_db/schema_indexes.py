@@ -4,12 +4,7 @@ tables themselves (``sqlease._db.tables``), so a new database gets them at creat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from sqlalchemy import Index, Table
-
-if TYPE_CHECKING:
-    from sqlease._db.tables import Tables
 
 #: kB of the batch-event index's pending list (PostgreSQL's default is 4 MB). The statement
 #: that fills the list merges it into the index: at 4 MB that took 190-210 ms of one claim,
@@ -61,14 +56,3 @@ RETENTION_INDEXES = {
     "steps": ("steps_started_ix", "steps_open_ix"),
     "waits": ("waits_created_ix",),
 }
-
-
-def retention_indexes(tables: Tables) -> list[Index]:
-    """The indexes of RETENTION_INDEXES, as built for ``tables``."""
-    wanted = {tables.name(n) for names in RETENTION_INDEXES.values() for n in names}
-    return [
-        index
-        for table in tables.metadata.sorted_tables
-        for index in table.indexes
-        if index.name in wanted
-    ]

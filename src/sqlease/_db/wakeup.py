@@ -29,6 +29,9 @@ class Waker(Protocol):
 
     #: Notifications arrive with their payloads (True), or only as "something changed".
     pushes: bool
+    #: ``ready()`` notices another connection's commit cheaply: worth checking every few
+    #: milliseconds (SQLite's ``data_version``), not only at the safety poll.
+    watches: bool
     #: Counts the connections made: while it is unchanged, no notification was missed.
     generation: int
 
@@ -62,6 +65,7 @@ class PollingWaker:
     its ``polling_interval`` and ``AsyncResult.get()`` within its interval."""
 
     pushes = False
+    watches = False
     generation = 0
 
     def fileno(self) -> int | None:

@@ -16,14 +16,19 @@ Wake-ups: PostgreSQL LISTEN/NOTIFY in the worker's event loop; SQLite watches th
 ``data_version``; both keep a safety poll (``polling_interval``) and sleep exactly until the
 next scheduled (``eta``/``countdown``) message is due.
 
-Modules, by role (the model is Kombu's redis transport: QoS, poller, channel, transport):
-``transport`` (``Transport``: options, owner, store, connect and close, publish), ``channel``
-(``Channel``: publish, consume, fenced ack/reject/restore, queues and bindings), ``qos``
-(unacked bookkeeping), ``codec`` (Kombu message <-> stored row), ``drain`` (when to look and
-whether to claim), ``acks`` (ack batching), ``refill`` (claims while busy), ``runners`` (every
-claim and ack call into the store, and the runner that sends them off the loop), ``handoff``
-(offers and handoffs), ``loop`` (the event-loop glue), ``completion`` (final outcomes the
-transport writes), ``control`` (revokes across processes).
+Modules, by role (the model is Kombu's redis transport: QoS, poller, channel, transport),
+each given what it needs and no more; their imports form a tree, rooted here:
+``transport`` (``Transport``: options, owner, store, connect and the one close sequence,
+publish; it builds the parts), ``channel`` (``Channel``: publish, consume, fenced
+ack/reject/restore, queues and bindings; it asks the fetcher for messages), ``qos`` (unacked
+bookkeeping), ``codec`` (Kombu message <-> stored row), ``fetcher`` (the one thing a channel
+calls for messages: the claim decision, the runner's jobs and their outcomes, the pipeline
+after a claim, how acks are written), ``drain`` (when to look and whether to claim), ``acks``
+(ack batching), ``runners``, ``loop_calls`` and ``background`` (the database jobs of the
+event loop, sent by the loop itself or done on a thread), ``completion`` (what follows a
+claim: exhausted, already completed, redelivered), ``handoff`` (the offers' state),
+``wakeups`` (what the event loop's events mean), ``loop`` (the event-loop mechanics),
+``control`` (revokes across processes).
 """
 
 from __future__ import annotations
@@ -33,17 +38,11 @@ from sqlease.delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KE
 from sqlease.transport._channel import Channel
 from sqlease.transport._transport import Transport
 
-#: Read from this package when a transport picks its runner: ``False`` (the benchmarks, the
-#: tests) puts a busy worker's statements on a thread even where the driver could send them
-#: from the event loop.
-NONBLOCKING = True
-
 __all__ = [
     "ATTEMPT_KEY",
     "CONNECT_RETRY_SECONDS",
     "ID_KEY",
     "LEASE_KEY",
-    "NONBLOCKING",
     "OFFER_KEY",
     "OWNER_KEY",
     "Channel",

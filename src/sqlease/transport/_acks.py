@@ -1,18 +1,16 @@
 """Ack batching: in the worker's event loop, the acks of one loop iteration are written
-together, in one statement, at the start of the next (or with the next claim); elsewhere an ack
-is written at once. An ack the store refuses is reported, never raised into Celery."""
+together, in one statement, at the start of the next (or with the next claim); elsewhere an
+ack is written at once. How a batch is written (with the idle worker's offer, on the runner,
+or at once) is the ``write`` function's decision (sqlease.transport._fetcher): this is the
+one place an ack enters, the fetcher the one place it leaves."""
 
 from __future__ import annotations
 
 import logging
-import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from sqlease.store import Fence, Store
-from sqlease.transport._runners import ACKS
-
-if TYPE_CHECKING:
-    from sqlease.transport._transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -22,11 +20,28 @@ ACK_DELAY = 0.005
 ACK_BATCH = 32
 
 
-class AckBatcher:
-    """The acks waiting to be written (loop thread only)."""
+class AckWriter:
+    """The acks waiting to be written (loop thread only).
 
-    def __init__(self, transport: Transport) -> None:
-        self._transport = transport
+    ``write(fences)`` writes a batch; ``in_loop()`` says whether the caller is the event
+    loop's thread (elsewhere every ack is written at once); ``held()`` counts the deliveries
+    not yet acked; ``timer(delay, callback)`` and ``wake()`` are the loop's timer and
+    self-pipe."""
+
+    def __init__(
+        self,
+        *,
+        write: Callable[[list[Fence]], None],
+        in_loop: Callable[[], bool],
+        held: Callable[[], int],
+        timer: Callable[[float, Callable[[], None]], Any],
+        wake: Callable[[], None],
+    ) -> None:
+        self._write = write
+        self._in_loop = in_loop
+        self._held = held
+        self._timer_of = timer
+        self._wake = wake
         #: The acks waiting, oldest first.
         self.pending: list[Fence] = []
         self._timer: Any = None
@@ -40,35 +55,26 @@ class AckBatcher:
         """Enough are waiting to be written now, in this iteration."""
         return len(self.pending) >= ACK_BATCH
 
-    def defer(self, fence: Fence) -> bool:
-        """Keep the ack of ``fence`` for the batch if in the worker's event loop (True);
-        False elsewhere: the caller writes it now."""
-        transport = self._transport
-        loop = transport.loop
-        if loop.hub is None or threading.get_ident() != loop.thread:
-            return False
+    def add(self, fence: Fence) -> None:
+        """Ack ``fence``: in the event loop, with the batch; elsewhere at once."""
+        if not self._in_loop():
+            self._write([fence])
+            return
         pending = self.pending
         pending.append(fence)
-        if len(pending) == 1 and self._unacked_total() <= 1:
+        if len(pending) == 1 and self._held() <= 1:
             # Nothing else is running or buffered: no ack could join this one, so write it
             # now (and keep the next task's start free of it).
             self.flush()
-            return True
-        if len(pending) >= ACK_BATCH:
-            loop.kick()  # the self-pipe handler writes them in the next iteration
+        elif len(pending) >= ACK_BATCH:
+            self._wake()  # written in the next iteration
         elif len(pending) == 1:
             # Gather the acks of the next few milliseconds into one statement (one commit).
-            self._timer = loop.hub.call_later(ACK_DELAY, self.flush)
-            loop.kick()  # so the hub recomputes its poll timeout with this timer
-        return True
-
-    def _unacked_total(self) -> int:
-        """Deliveries not yet acked on the transport's channels (the one being acked
-        included)."""
-        return sum(c.qos.unacked_count() for c in self._transport.sql_channels())
+            self._timer = self._timer_of(ACK_DELAY, self.flush)
+            self._wake()  # so the hub recomputes its poll timeout with this timer
 
     def take(self) -> list[Fence]:
-        """The acks waiting to be written, for a write to take with it (their timer stops)."""
+        """The acks waiting, for a write to take with it (their timer stops)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -79,48 +85,19 @@ class AckBatcher:
         """A write that took ``pending`` failed before anything was written: they wait for
         the next write, as before, with their timer."""
         self.pending[:0] = pending
-        hub = self._transport.loop.hub
-        if hub is not None and self._timer is None:
-            self._timer = hub.call_later(ACK_DELAY, self.flush)
+        if self._timer is None and self._in_loop():
+            self._timer = self._timer_of(ACK_DELAY, self.flush)
 
-    def flush(self, *, in_background: bool = True) -> None:
+    def flush(self) -> None:
         pending = self.take()
-        if not pending:
-            return
-        transport = self._transport
-        handoffs = transport.handoffs
-        if handoffs.acks_leave_idle(pending):
-            # The acks that leave the worker idle also leave its handoff offer (one
-            # statement), so a publish right after the task finished is handed over too.
-            self.report(pending, handoffs.ack_and_offer(pending))
-            return
-        refill = transport.refill
-        if in_background and refill.possible():
-            # Like a busy worker's claims, and in order with them: a claim submitted after
-            # these acks runs after them or together with them. (Together, it cannot see them
-            # free a run's next message; it then never reports its queues drained, so the
-            # next look claims that message.)
-            leases = transport.leases
-            refill.runner_for_loop().submit(ACKS, lambda: leases.ack(pending), pending=pending)
-            return
-        self.report(pending, transport.leases.ack(pending))
-
-    def report(self, pending: list[Fence], acked: set[int]) -> None:
-        """Report the acks of ``pending`` the store refused; an ack frees prefetch credit and
-        may unblock the next task of a run: look for work in the next iteration rather than
-        at the next poll."""
-        transport = self._transport
-        for fence in pending:
-            if fence.message_id not in acked:
-                report_refused_ack(transport.store, fence)
-        if acked and transport.loop.hub is not None:
-            transport.drain.wake()
-            transport.loop.kick()
+        if pending:
+            self._write(pending)
 
 
 def report_refused_ack(store: Store, fence: Fence) -> None:
-    # Never raised into Celery: the delivery that holds the message now is the one that
-    # counts. Parked (paused, waiting for a person) and cancelled tasks are expected here.
+    """An ack the store refused: logged, never raised into Celery (the delivery that holds
+    the message now is the one that counts). Parked (paused, waiting for a person) and
+    cancelled tasks are expected here."""
     current = store.get_message(fence.message_id)
     if current is not None and current.state in ("parked", "dead"):
         logger.info(

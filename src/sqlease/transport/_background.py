@@ -1,11 +1,12 @@
-"""Database calls of the worker's event loop, run on a thread of their own.
+"""The worker's database jobs, done on a thread of their own (a psycopg without the
+statement generator that ``LoopCalls`` drives).
 
 A busy worker's event loop dispatches jobs to the pool and reads their results; every
 millisecond it spends waiting for a claim's commit is a millisecond in which a pool process
-that finished its task waits for its next one. So while tasks are running, the transport hands
-the claim that refills its prefetch buffer to this thread and goes on with the loop; the
-outcome comes back through the loop's self-pipe and is delivered on the loop's own thread
-(Celery's callbacks are not thread-safe). One call runs at a time, in submission order.
+that finished its task waits for its next one. So the transport hands its claims and acks to
+this thread and goes on with the loop; the outcome comes back through the loop's self-pipe
+and is delivered on the loop's own thread (Celery's callbacks are not thread-safe). One op
+runs at a time, in submission order.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sqlease._db.driver import Driver, Op
 
 
 @dataclass
@@ -31,40 +35,59 @@ class Done:
     acked: set[int] | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
+    """A job waiting for a runner: its kind (``key``) and what it needs (``context``)."""
+
     key: Any
-    call: Callable[[], Any]
     context: dict[str, Any]
 
-    def run(self) -> Done:
+
+#: Turns waiting jobs into one op: the op, and the jobs whose outcomes it answers.
+Prepare = Callable[[list[Job]], "tuple[Op[list[Done]], list[Job]]"]
+
+
+def run_waiting(
+    execute: Callable[[Op[list[Done]]], list[Done]], prepare: Prepare, jobs: list[Job]
+) -> list[Done]:
+    """Every job of ``jobs``, as ops one after another (blocking): their outcomes, in order.
+    An op that raises makes the outcome of each job it covered that error."""
+    outcomes: list[Done] = []
+    while jobs:
         try:
-            return Done(self.key, value=self.call(), context=self.context)
+            op, covered = prepare(jobs)
+        except BaseException as exc:  # nothing was sent: every job reports it
+            outcomes += [Done(job.key, error=exc, context=job.context) for job in jobs]
+            return outcomes
+        try:
+            outcomes += execute(op)
         except BaseException as exc:  # handed to the loop thread, which raises it there
-            return Done(self.key, error=exc, context=self.context)
-
-
-def run_each(jobs: list[Job]) -> list[Done]:
-    return [job.run() for job in jobs]
+            outcomes += [Done(job.key, error=exc, context=job.context) for job in covered]
+        jobs = [job for job in jobs if all(job is not c for c in covered)]
+    return outcomes
 
 
 class BackgroundCalls:
-    """One daemon thread running submitted calls in order; finished calls wait in
-    ``collect()`` for the loop thread, which ``notify`` wakes (called from this thread).
+    """One daemon thread doing submitted jobs in order; finished jobs wait in ``collect()``
+    for the loop thread, which ``notify`` wakes (called from this thread).
 
-    The calls waiting when the thread comes back for more are handed to ``combine``
-    together, which may run several as one statement (it returns one outcome per job)."""
+    The jobs waiting when the thread comes back for more are prepared together
+    (``prepare``), so several may go as one statement (one outcome per job)."""
+
+    synchronous = False
 
     def __init__(
         self,
+        driver: Driver,
+        prepare: Prepare,
         notify: Callable[[], None],
-        combine: Callable[[list[Job]], list[Done]] = run_each,
         name: str = "sqlease-claims",
         on_start: Callable[[], None] | None = None,
         on_exit: Callable[[], None] | None = None,
     ) -> None:
+        self._driver = driver
+        self._prepare = prepare
         self._notify = notify
-        self._combine = combine
         self._on_start = on_start  # both run on the thread itself: as it starts, as it ends
         self._on_exit = on_exit
         self._name = name
@@ -75,13 +98,13 @@ class BackgroundCalls:
         self._running = 0  # submitted and not yet finished
         self._thread: threading.Thread | None = None
 
-    def submit(self, key: Any, call: Callable[[], Any], **context: Any) -> None:
+    def submit(self, key: Any, **context: Any) -> None:
         with self._lock:
             self._running += 1
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
                 self._thread.start()
-        self._jobs.put(Job(key, call, context))
+        self._jobs.put(Job(key, context))
 
     def collect(self) -> list[Done]:
         """The calls finished since the last collect, oldest first."""
@@ -136,11 +159,7 @@ class BackgroundCalls:
                     stopping = True
                     break
                 jobs.append(job)
-            try:
-                outcomes = self._combine(jobs)
-            except BaseException as exc:
-                outcomes = [Done(job.key, error=exc, context=job.context) for job in jobs]
-            self._done.extend(outcomes)
+            self._done.extend(run_waiting(self._driver.execute, self._prepare, jobs))
             with self._idle:
                 self._running -= len(jobs)
                 self._idle.notify_all()

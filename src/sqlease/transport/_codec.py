@@ -11,14 +11,11 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sqlease._core.heartbeat import heartbeat
 from sqlease.delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY
 from sqlease.errors import ConfigurationError
 from sqlease.store import Message, NewMessage
-from sqlease.transport._completion import record_failure
-from sqlease.transport._control import forward_revoke
 
 #: Headers that carry a task option's error (sqlease._celery.task_limits, a
 #: ``before_task_publish`` handler: Celery swallows a handler's exception), refused here at
@@ -26,8 +23,6 @@ from sqlease.transport._control import forward_revoke
 CONCURRENCY_ERROR_HEADER = "sqlease_concurrency_error"
 UNIQUE_ERROR_HEADER = "sqlease_unique_error"
 
-if TYPE_CHECKING:
-    from sqlease.transport._transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -196,26 +191,38 @@ def _storable(value: Any) -> bool:
 # ---- delivering ----------------------------------------------------------------------------
 
 
+#: What a fetched message that will not reach its consumer becomes: ``refuse(message,
+#: reason, error)`` (the fetcher: failed ``reason`` if leased, recorded if deleted on fetch).
+Refuse = Callable[[Message, str, str], None]
+
+
 def decode(
-    transport: Transport,
     message: Message,
     decode_body: Callable[[Any, Any], Any],
     *,
+    lease_ms: int,
+    now_ms: Callable[[], int],
     leased: bool,
+    refuse: Refuse,
     offer: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """The Kombu payload of a fetched row, stamped with its lease; None if the row is not a
-    readable message (it is then failed ``undecodable`` and kept for inspection) or its TTL
-    passed (failed ``expired``)."""
+    readable message (refused ``undecodable``) or its TTL passed (refused ``expired``)."""
     try:
         payload, properties, delivery_info = parse(message, decode_body)
     except UNREADABLE as exc:
-        _unreadable(transport, message, f"{type(exc).__name__}: {exc}", leased=leased)
+        error = f"{type(exc).__name__}: {exc}"
+        logger.error(
+            "sqlease: message %s in queue %r is not a readable Kombu message (%s); "
+            "it is kept as failed 'undecodable' for inspection",
+            message.id,
+            message.queue,
+            error,
+        )
+        refuse(message, "undecodable", error)
         return None
-    lease_ms = transport.options.lease_ms
     expired = None
     if properties.get("expiration") is not None:
-        now_ms = transport.store.now_ms
         expired = ttl_passed(
             message, payload, properties, lease_ms=lease_ms, now_ms=now_ms, leased=leased
         )
@@ -226,51 +233,12 @@ def decode(
             message.queue,
             expired,
         )
-        _not_delivered(transport, message, "expired", expired, leased=leased)
+        refuse(message, "expired", expired)
         return None
-    if leased and message.attempt > 1 and message.task_id is not None:
-        forward_revoke(transport, message.task_id)
     stamp(
         message, payload, properties, delivery_info, lease_ms=lease_ms, leased=leased, offer=offer
     )
     return payload
-
-
-def _unreadable(transport: Transport, message: Message, error: str, *, leased: bool) -> None:
-    logger.error(
-        "sqlease: message %s in queue %r is not a readable Kombu message (%s); "
-        "it is kept as failed 'undecodable' for inspection",
-        message.id,
-        message.queue,
-        error,
-    )
-    _not_delivered(transport, message, "undecodable", error, leased=leased)
-    if leased and message.task_id is not None:
-        record_failure(
-            transport,
-            message.task_id,
-            "ContentDisallowed",
-            [f"undecodable message: {error}"],
-            "kombu.exceptions",
-        )
-
-
-def _not_delivered(
-    transport: Transport, message: Message, reason: str, error: str, *, leased: bool
-) -> None:
-    """A fetched message that will not reach the consumer: a leased one is kept as failed
-    ``reason``; one deleted on fetch (no-ack) leaves its payload in the timeline."""
-    store = transport.store
-    if leased:
-        heartbeat().drop([message.fence])
-        store.fail(message.fence, reason, error=error)
-    else:
-        store.record_event(
-            reason,
-            {"error": error, "payload": message.payload[:1000]},
-            task_id=message.task_id,
-            message_id=message.id,
-        )
 
 
 def parse(

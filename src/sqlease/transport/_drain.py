@@ -20,11 +20,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from sqlease.transport._transport import Transport
+from collections.abc import Collection, Iterable
+from typing import Any, Protocol
 
 #: SQLite: the longest a consumer that never acks (remote control, events) waits between looks
 #: while its queues are empty. (PostgreSQL looks when a notification names one of its queues,
@@ -37,15 +34,28 @@ class ChannelDrain:
     are known drained and their due time read, whether a claim runs for them in the background,
     whether the channel is closing. Read freely; changed only through these methods."""
 
-    __slots__ = ("claiming", "closing", "drained", "due_checked", "next_take", "noack_queues")
+    __slots__ = (
+        "claiming",
+        "closing",
+        "drained",
+        "due_checked",
+        "next_take",
+        "noack_queues",
+        "notices",
+        "taking",
+    )
 
     def __init__(self) -> None:
         self.noack_queues: set[str] = set()
         self.next_take = 0.0
         self.drained = False
         self.due_checked = False
-        # A claim for this channel is running on the transport's runner.
+        # A claim for this channel is under way on the transport's runner; how many takes.
         self.claiming = False
+        self.taking = 0
+        # Notifications that named its no-ack queues (a take's outcome knows whether one came
+        # after it was sent).
+        self.notices = 0
         self.closing = False
 
     def consume(self, queue: str, *, no_ack: bool) -> None:
@@ -68,6 +78,16 @@ class ChannelDrain:
     def claim_finished(self) -> None:
         self.claiming = False
 
+    def take_started(self) -> int:
+        """A take of the no-ack queues was sent: no other until its outcome or a notification
+        naming them. Returns what its outcome hands to ``took_none``."""
+        self.taking += 1
+        self.next_take = math.inf
+        return self.notices
+
+    def take_finished(self) -> None:
+        self.taking -= 1
+
     def may_take(self) -> bool:
         """Time to look at the no-ack queues."""
         return time.monotonic() >= self.next_take
@@ -76,11 +96,15 @@ class ChannelDrain:
         """A look at the no-ack queues took messages: look again at the next fetch."""
         self.next_take = 0.0
 
-    def took_none(self, *, notified: bool) -> None:
+    def took_none(self, *, notified: bool, notices: int) -> None:
         """A look at the no-ack queues found nothing. Remote control and event queues are
         quiet: while a worker drains a backlog, do not look at them on every fetch.
         Where publishes notify (PostgreSQL names the queue), it looks again when a notification
-        names them (or at the safety poll); otherwise at most every NOACK_INTERVAL."""
+        names them (or at the safety poll); otherwise at most every NOACK_INTERVAL. A
+        notification that came after the take was sent (``notices`` is what ``take_started``
+        returned) still stands: the look it asks for is not this one."""
+        if notices != self.notices:
+            return
         if notified:
             self.next_take = math.inf
         else:
@@ -91,6 +115,7 @@ class ChannelDrain:
         are looked at now, not after their throttle, and drained ones claimed from again."""
         if queues is None or not queues.isdisjoint(self.noack_queues):
             self.next_take = 0.0
+            self.notices += 1
         if queues is None or not queues.isdisjoint(active):
             self.drained = False
 
@@ -141,7 +166,7 @@ class DrainState:
         if self.starved:
             self.more = True
 
-    def should_claim(self, part: ChannelDrain, qos: Any, transport: Transport) -> bool:
+    def should_claim(self, part: ChannelDrain, qos: Any, *, notifications: bool) -> bool:
         """Whether a channel with consumed (acked) queues claims now. Not while its claim runs
         in the background (that delivers when it is done), nor without credit or while the
         refill waits for more (starved); and not from drained queues (PostgreSQL), where the
@@ -151,7 +176,7 @@ class DrainState:
         if not qos.can_consume() or qos.refill_later():
             self.starved = True
             return False
-        if part.drained and transport.caps.notifications:
+        if part.drained and notifications:
             if not part.due_checked:
                 part.due_checked = True
                 self.found_nothing = True
@@ -168,3 +193,26 @@ class DrainState:
         elif not count:
             self.found_nothing = True
             part.due_checked = True
+
+
+class Consumer(Protocol):
+    """A channel as the fetcher and the handoffs see it (sqlease.transport._channel)."""
+
+    drain: ChannelDrain
+    qos: Any
+    closed: bool
+
+    @property
+    def consuming(self) -> bool: ...
+
+    def active_queues(self) -> list[str]: ...
+
+    def acked_queues(self) -> list[str]: ...
+
+    def accepts_deliveries(self) -> bool: ...
+
+    def consumes(self, queue: str) -> bool: ...
+
+    def decode_body(self, body: Any, encoding: Any) -> Any: ...
+
+    def holds_besides(self, acking: Collection[str]) -> bool: ...

@@ -1,4 +1,4 @@
-"""A busy worker's refill claims and acks, sent by its event loop without waiting for them.
+"""A worker's claims, acks and offers, sent by its event loop without waiting for them.
 
 The loop must never wait for a commit: a pool process that finished its task would wait with it
 for its next job. ``BackgroundCalls`` (sqlease.transport._background) hides that wait on a
@@ -8,11 +8,13 @@ cost of one combined ack + claim doubled beside a busy loop (150 -> 340 us of cl
 the loop itself sends the statement on a connection it keeps, watches the socket like any
 other, and reads the rows when they arrive: no second thread, no GIL handoffs.
 
-The interface is BackgroundCalls': ``submit`` calls, ``collect`` their outcomes after
-``notify`` (the loop's self-pipe). Waiting calls go out together in one statement when the one
-under way has finished (``prepare``); calls that are not one statement (another owner's acks,
-SQLite) run at once, blocking, through ``combine``. One connection, one statement at a time:
-a claim submitted after acks runs after them or with them.
+The interface is BackgroundCalls': ``submit`` jobs, ``collect`` their outcomes after
+``notify`` (on the loop thread, when the rows came). Waiting jobs go out together in one
+statement when the one under way has finished (``prepare``). One connection per lane (the op
+says which pool and commit level it runs on), one statement at a time over all of them: a
+claim submitted after acks runs after them or with them. Every op the transport prepares is
+one statement on PostgreSQL (a worker acks only its own deliveries); an op that is not would
+be executed, blocking, rather than lost.
 
 A statement whose connection dropped (server restart, ``pg_terminate_backend``) or could not
 be made is sent again on a fresh connection, after a backoff timed by the hub, for up to
@@ -34,27 +36,25 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from sqlease._db.driver import WAIT_READ, WAIT_WRITE, Line, Op, Pending
+from sqlease._db.driver import WAIT_READ, WAIT_WRITE, Driver, Lane, Line, Op, Pending
 from sqlease._db.retry import RETRY_SECONDS
-from sqlease.transport._background import Done, Job
+from sqlease.transport._background import Done, Job, Prepare, run_waiting
 
 logger = logging.getLogger(__name__)
 
 
 class LoopCalls:
+    synchronous = False
+
     def __init__(
-        self,
-        hub: Any,
-        line: Line,
-        notify: Callable[[], None],
-        prepare: Callable[[list[Job]], Op[list[Done]] | None],
-        combine: Callable[[list[Job]], list[Done]],
+        self, hub: Any, driver: Driver, prepare: Prepare, notify: Callable[[], None]
     ) -> None:
         self._hub = hub
-        self._line = line
+        self._driver = driver
+        #: The connections kept, one per pool (``Driver.line_key``).
+        self._lines: dict[object, Line] = {}
         self._notify = notify
         self._prepare = prepare
-        self._combine = combine
         self._waiting: list[Job] = []
         self._done: deque[Done] = deque()
         #: The statement under way: how it is going, its jobs, what its rows mean, and until
@@ -66,8 +66,15 @@ class LoopCalls:
         #: the next delay, and the hub's timer.
         self._retry: tuple[list[Job], Op[list[Done]], float, float, Any] | None = None
 
-    def submit(self, key: Any, call: Callable[[], Any], **context: Any) -> None:
-        self._waiting.append(Job(key, call, context))
+    def _line(self, lane: Lane) -> Line:
+        key = self._driver.line_key(lane)
+        line = self._lines.get(key)
+        if line is None:
+            line = self._lines[key] = self._driver.line(lane)
+        return line
+
+    def submit(self, key: Any, **context: Any) -> None:
+        self._waiting.append(Job(key, context))
         if not self._busy:
             self._send_waiting()
 
@@ -114,28 +121,34 @@ class LoopCalls:
                 "when their leases expire"
             )
             self._sending = None
-        self._line.close(busy=busy)
+        lines, self._lines = self._lines, {}
+        for line in lines.values():
+            line.close(busy=busy)
 
     # ---- the statement under way ---------------------------------------------------------
 
     def _send_waiting(self) -> None:
         while self._waiting and not self._busy:
-            jobs, self._waiting = self._waiting, []
             try:
-                prepared = self._prepare(jobs)
-                if prepared is None:
-                    self._finished(self._combine(jobs))
-                    continue
-            except BaseException as exc:  # nothing was sent: every call reports it
+                prepared, jobs = self._prepare(self._waiting)
+            except BaseException as exc:  # nothing was sent: every job reports it
+                jobs, self._waiting = self._waiting, []
                 self._failed(jobs, exc)
                 continue
+            self._waiting = [job for job in self._waiting if all(job is not j for j in jobs)]
+            if not prepared.sendable:  # not one statement: done at once, blocking
+                self._finished(self._execute(prepared, jobs))
+                continue
             self._send(jobs, prepared, time.monotonic() + RETRY_SECONDS, 0.05)
+
+    def _execute(self, prepared: Op[list[Done]], jobs: list[Job]) -> list[Done]:
+        return run_waiting(self._driver.execute, lambda _jobs: (prepared, jobs), jobs)
 
     def _send(
         self, jobs: list[Job], prepared: Op[list[Done]], deadline: float, delay: float
     ) -> None:
         try:
-            sending = self._line.send(prepared)
+            sending = self._line(prepared.lane).send(prepared)
         except BaseException as exc:  # the line dropped its connection: none is under way
             self._failed(jobs, exc, again=(prepared, deadline, delay))
             return

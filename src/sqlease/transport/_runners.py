@@ -1,39 +1,83 @@
-"""The transport's hot statements (claims, takes, acks, the idle worker's offers) and the
-runner that sends a busy worker's claims and acks without blocking its event loop.
+"""What the worker's event loop asks of the database, as jobs, and the runners that do them
+without blocking the loop.
 
-Every call the transport makes to the store's claim, take and ack operations is in ``Leases``:
-run now (``claim``, ``ack``, …) or, where it is one statement, the same op for the event loop
-to send (``prepare``). Two runners, one protocol: ``LoopCalls`` (sqlease.transport._loop_calls)
-sends the prepared statement from the event loop itself and reads its rows when the socket is
-readable; ``BackgroundCalls`` (sqlease.transport._background) runs the calls on a thread, for a
-psycopg without the statement generator the loop drives.
+Every claim, ack, take, offer, due-time read and transition the fetcher makes is a ``Job``
+(its ``Kind`` and what it needs). A runner takes jobs in order and turns the ones waiting
+into ops (``Batcher.prepare``: the acks of every waiting job go with the first waiting
+claim, as one statement), so acks and claims share commits; outcomes (``Done``) come back on
+the loop thread through ``notify``. Three runners, one protocol:
+
+- ``LoopCalls`` (sqlease.transport._loop_calls): the loop sends each op itself, on a
+  connection it keeps per lane, and reads its rows when the socket is readable (PostgreSQL
+  with psycopg's statement generator);
+- ``BackgroundCalls`` (sqlease.transport._background): a thread executes them (a psycopg
+  without that generator);
+- ``InlineCalls`` (here): executes each at once (SQLite: a local transaction of a few tens
+  of microseconds, no network round trip to hide; and clients without an event loop).
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from sqlease._core.leases import delivery_order, split_exhausted
-from sqlease._db.driver import Lane, Op
-from sqlease.store import Fence, Message
+from sqlease._db.driver import Driver, Lane, Op
+from sqlease.store import Message, Store
 from sqlease.transport._background import BackgroundCalls, Done, Job
-from sqlease.transport._completion import hold
 from sqlease.transport._loop_calls import LoopCalls
 
-if TYPE_CHECKING:
-    from sqlease.transport._transport import Transport
+__all__ = [
+    "Batcher",
+    "Done",
+    "InlineCalls",
+    "Job",
+    "Kind",
+    "Runner",
+    "Terms",
+    "make_runner",
+]
 
-#: The key of ack writes on the runner (claims are keyed by their channel).
-ACKS: Any = object()
+
+class Kind(enum.Enum):
+    """What a job asks for; its ``Job.context`` says the rest."""
+
+    #: ``fences``: acks
+    ACKS = "acks"
+    #: ``channel``, ``queues``, ``limit``, ``fences``: a claim, with acks (and those of the
+    #: ACKS jobs waiting)
+    CLAIM = "claim"
+    #: ``op``, ``channel``: delete on fetch (consumers that never ack)
+    TAKE = "take"
+    #: ``op``, ``fences``, ``queues``: the idle worker's offer (with the acks that left it
+    #: idle, if any); its outcome is when the next delayed message is due
+    OFFER = "offer"
+    #: ``op``: when the next delayed message of the queues is due
+    DUE = "due"
+    #: ``op``, ``fences``: release or fail deliveries
+    CHANGE = "change"
+    #: ``op`` (its answer: handoffs already read), ``notified``: delivered in their turn,
+    #: after the takes submitted before them
+    HANDED = "handed"
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """The lease a transport's claims ask for."""
+
+    owner: str
+    lease_ms: int
 
 
 class Runner(Protocol):
-    """Calls submitted from the loop thread, run in order; their outcomes are collected on
-    the loop thread after ``notify`` woke it."""
+    """Jobs submitted from the loop thread, done in order; their outcomes are collected on
+    the loop thread after ``notify`` woke it (``InlineCalls``: at once)."""
 
-    def submit(self, key: Any, call: Callable[[], Any], **context: Any) -> None: ...
+    #: outcomes are ready as soon as ``submit`` returns
+    synchronous: bool
+
+    def submit(self, key: Any, **context: Any) -> None: ...
 
     def collect(self) -> list[Done]: ...
 
@@ -45,152 +89,126 @@ class Runner(Protocol):
     def stop(self, timeout: float = 5.0) -> None: ...
 
 
-class Leases:
-    """One transport's claims and acks, on the store."""
+@dataclass
+class Batcher:
+    """Turns the waiting jobs into one op: the acks of every waiting job with the first
+    waiting claim (one statement, one commit), or else the first job (all the waiting acks
+    at once). The jobs it leaves wait for the next op, in order."""
 
-    def __init__(self, transport: Transport) -> None:
-        self._transport = transport
+    store: Store
+    terms: Terms
+    #: ops prepared, by kind (for tests and the statistics)
+    counts: dict[Kind, int] = field(default_factory=dict)
 
-    def claim(self, queues: list[str], limit: int) -> tuple[list[Message], bool]:
-        """Lease up to ``limit`` messages; also whether the store had fewer than asked."""
-        transport = self._transport
-        messages = transport.store.claim(
-            queues,
-            transport.owner,
-            lease_ms=transport.options.lease_ms,
-            limit=limit,
-            on_exhausted=transport.record_exhausted,
-        )
-        return hold(transport, messages), len(messages) < limit
+    def prepare(self, jobs: Sequence[Job]) -> tuple[Op[list[Done]], list[Job]]:
+        """An op for some of ``jobs`` (those returned: their outcomes are its answer). Jobs
+        keep their order, but for acks: they go with the first claim after them, or alone
+        before the first job that is neither."""
+        acks = [job for job in jobs if job.key is Kind.ACKS]
+        first = next((job for job in jobs if job.key is not Kind.ACKS), None)
+        if first is not None and first.key is Kind.CLAIM:
+            return self._ack_claim(acks, first), [*acks, first]
+        if acks:
+            return self._acks(acks), acks
+        assert first is not None
+        return self._one(first), [first]
 
-    def claim_with_acks(
-        self, queues: list[str], limit: int, fences: list[Fence]
-    ) -> tuple[set[int], list[Message], bool]:
-        """Ack ``fences`` and claim as ``claim`` does, in one statement on PostgreSQL: the ids
-        acked, the messages claimed, and whether the store had fewer than asked. (Never
-        "fewer" when acks went with it: the claim may not have seen them free a run's next
-        message, so the queues are not known to be drained.)"""
-        transport = self._transport
-        acked, messages = transport.store.ack_and_claim(fences, queues, **self._terms(limit))
-        return acked, hold(transport, messages), not fences and len(messages) < limit
+    def _count(self, kind: Kind) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
 
-    def _terms(self, limit: int) -> dict[str, Any]:
-        transport = self._transport
-        return {
-            "owner": transport.owner,
-            "lease_ms": transport.options.lease_ms,
-            "limit": limit,
-            "on_exhausted": transport.record_exhausted,
-        }
-
-    def take(self, queues: list[str], limit: int) -> list[Message]:
-        """Delete on fetch (consumers that never ack): up to ``limit`` messages."""
-        return self._transport.store.take(queues, limit=limit)
-
-    def ack(self, fences: list[Fence]) -> set[int]:
-        return self._transport.store.ack(fences)
-
-    def ack_and_offer(
-        self, fences: list[Fence], queues: list[str], terms: dict[str, Any]
-    ) -> tuple[set[int], int | None]:
-        """The acks that leave the worker idle, with its handoff offer: the ids acked, and
-        the milliseconds until the next delayed message is due."""
-        transport = self._transport
-        return transport.store.ack_and_offer(fences, queues, transport.owner, **terms)
-
-    def offer(self, queues: list[str], terms: dict[str, Any]) -> int | None:
-        """The idle worker's offer for ``queues`` (none: withdrawn); the milliseconds until
-        the next delayed message is due."""
-        transport = self._transport
-        return transport.store.offer(queues, transport.owner, **terms)
-
-    # ---- the runner ---------------------------------------------------------------------
-
-    def runner(self, hub: Any, notify: Callable[[], None]) -> Runner:
-        """A runner for a busy worker's calls in the event loop ``hub``."""
-        driver = self._transport.store.driver
-        # Read at call time from the package: ``sqlease.transport.NONBLOCKING = False`` (the
-        # benchmarks, the tests) puts the statements on a thread instead.
-        nonblocking = sys.modules[__package__].NONBLOCKING
-        if driver.nonblocking and nonblocking and hub is not None:
-            # The loop sends the statements itself and reads their rows when they come.
-            return LoopCalls(hub, driver.line(Lane.LEASES), notify, self.prepare, self.combine)
-        # A psycopg without the generator the loop drives: a thread waits instead.
-        return BackgroundCalls(
-            notify,
-            self.combine,
-            # The thread runs one statement after another: it keeps its connection.
-            on_start=lambda: driver.pin_thread(Lane.LEASES),
-            on_exit=lambda: driver.release_thread(Lane.LEASES),
+    def _acks(self, acks: list[Job]) -> Op[list[Done]]:
+        self._count(Kind.ACKS)
+        fences = [f for job in acks for f in job.context["fences"]]
+        return self.store.ack_op(fences).then(
+            lambda acked: [Done(j.key, value=None, context=j.context, acked=acked) for j in acks]
         )
 
-    def combine(self, jobs: list[Job]) -> list[Done]:
-        """The waiting calls, run now (on the background thread, or in the loop where they
-        are not one statement): the acks of every waiting call are written with the first
-        waiting claim, in one statement (or together, when no claim waits)."""
-        fences, first = _acks_and_first_claim(jobs)
-        try:
-            if first is not None:
-                acked, claimed, short = self.claim_with_acks(
-                    first.context["queues"], first.context["limit"], fences
-                )
-            else:
-                acked, claimed, short = (self.ack(fences) if fences else set()), [], False
-        except BaseException as exc:  # none of it is known to be written: all report it
-            return [Done(job.key, error=exc, context=job.context) for job in jobs]
-        return _outcomes(jobs, first, acked, claimed, short=short)
-
-    def prepare(self, jobs: list[Job]) -> Op[list[Done]] | None:
-        """The same as one statement for the loop to send (None where it is not one)."""
-        transport = self._transport
-        fences, first = _acks_and_first_claim(jobs)
-        store = transport.store
-        if first is None:
-            acks = store.ack_op(fences)
-            if not acks.sendable:
-                return None
-            return acks.then(lambda acked: _outcomes(jobs, None, acked, [], short=False))
-        queues, limit = first.context["queues"], first.context["limit"]
-        terms = self._terms(limit)
-        terms.pop("on_exhausted")
-        op = store.ack_and_claim_op(fences, queues, **terms)
-        if not op.sendable:
-            return None
+    def _ack_claim(self, acks: list[Job], claim: Job) -> Op[list[Done]]:
+        self._count(Kind.CLAIM)
+        fences = [f for job in (*acks, claim) for f in job.context["fences"]]
+        queues, limit = claim.context["queues"], claim.context["limit"]
+        op = self.store.ack_and_claim_op(
+            fences, queues, self.terms.owner, lease_ms=self.terms.lease_ms, limit=limit
+        )
 
         def outcomes(found: tuple[set[int], list[Message]]) -> list[Done]:
             acked, messages = found
-            delivered, exhausted = split_exhausted(messages)
-            if exhausted:
-                transport.record_exhausted(exhausted)
-                if len(delivered) < limit:  # a look past them, as claim() takes
-                    delivered += store.claim(queues, limit=limit - len(delivered), **terms)
-            delivered = delivery_order(delivered)
-            # Never "short" when acks went with the claim (see claim_with_acks).
-            short = not fences and len(delivered) < limit
-            return _outcomes(jobs, first, acked, hold(transport, delivered), short=short)
+            done = [Done(j.key, value=None, context=j.context, acked=acked) for j in acks]
+            # Never "short" when acks went with the claim: it may not have seen them free a
+            # run's next message, so its queues are not known to be drained.
+            short = not fences and len(messages) < limit
+            context = {**claim.context, "short": short}
+            return [*done, Done(claim.key, value=messages, context=context, acked=acked)]
 
         return op.then(outcomes)
 
+    def _one(self, job: Job) -> Op[list[Done]]:
+        """A take, an offer, a due-time read or a transition: the op its job carries (built
+        without I/O when it was submitted)."""
+        self._count(job.key)
+        op: Op[Any] = job.context["op"]
+        return op.then(lambda value: [Done(job.key, value=value, context=job.context)])
 
-def _acks_and_first_claim(jobs: list[Job]) -> tuple[list[Fence], Job | None]:
-    """The acks of every waiting call, and the first waiting claim (they go as one statement)."""
-    fences = [fence for job in jobs for fence in job.context["pending"]]
-    first = next((job for job in jobs if job.key is not ACKS), None)
-    return fences, first
+
+class InlineCalls:
+    """Does each job at once, in the caller's thread: ``submit`` returns with its outcome
+    ready in ``collect()``."""
+
+    synchronous = True
+
+    def __init__(self, driver: Driver, batcher: Batcher) -> None:
+        self._driver = driver
+        self._batcher = batcher
+        self._done: list[Done] = []
+
+    def submit(self, key: Any, **context: Any) -> None:
+        job = Job(key, context)
+        try:
+            op, _ = self._batcher.prepare([job])
+            found: list[Done] = self._driver.execute(op)
+        except BaseException as exc:  # handed to the loop thread's collect, as the others do
+            found = [Done(key, error=exc, context=context)]
+        self._done.extend(found)
+
+    def collect(self) -> list[Done]:
+        done, self._done = self._done, []
+        return done
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._done)
+
+    def wait_idle(self, timeout: float) -> bool:
+        return True
+
+    def stop(self, timeout: float = 5.0) -> None:
+        pass
 
 
-def _outcomes(
-    jobs: list[Job], first: Job | None, acked: set[int], claimed: list[Message], *, short: bool
-) -> list[Done]:
-    """One outcome per waiting call, once the acks went with the first claim's statement."""
-    outcomes: list[Done] = []
-    for job in jobs:
-        if job is first:
-            outcome = Done(job.key, value=(claimed, short), context=job.context)
-        elif job.key is ACKS:
-            outcome = Done(job.key, context=job.context)
-        else:
-            outcome = job.run()  # a second claim (another channel): on its own
-        outcome.acked = acked
-        outcomes.append(outcome)
-    return outcomes
+def make_runner(
+    store: Store,
+    batcher: Batcher,
+    *,
+    hub: Any,
+    notify: Callable[[], None],
+    wake_from_thread: Callable[[], None],
+    loop_statements: bool,
+) -> Runner:
+    """The runner for a transport: in the event loop ``hub`` (None: no loop, a client that
+    drains by itself), on a driver whose statements cross a network (``remote``), the loop
+    sends them itself where the driver can (``loop_statements`` off: a thread does), else a
+    thread; everything else runs inline."""
+    driver = store.driver
+    if hub is None or not driver.remote:
+        return InlineCalls(driver, batcher)
+    if driver.nonblocking and loop_statements:
+        # The loop sends the statements itself and reads their rows when they come.
+        return LoopCalls(hub, driver, batcher.prepare, notify)
+    # A thread executes them, one after another, on the connection it keeps.
+    return BackgroundCalls(
+        driver,
+        batcher.prepare,
+        wake_from_thread,
+        on_start=lambda: driver.pin_thread(Lane.LEASES),
+        on_exit=lambda: driver.release_thread(Lane.LEASES),
+    )

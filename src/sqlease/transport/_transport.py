@@ -1,6 +1,7 @@
-"""The Kombu ``Transport``: options, owner, store, connect and close, publish, ``as_uri``; it
-owns the parts that do the rest (sqlease.transport's modules: drain, acks, refill, runners,
-handoff, loop) and answers their questions about its channels."""
+"""The Kombu ``Transport``: options, owner, store, connect and close, publish, ``as_uri``. It
+builds the parts that do the rest, each given what it needs and no more: the fetcher (claims,
+acks, takes and what follows them), the handoffs' state, the event-loop glue and what its
+events mean (sqlease.transport._wakeups); and it closes them in one sequence."""
 
 from __future__ import annotations
 
@@ -21,21 +22,19 @@ from sqlalchemy.engine import URL
 from sqlease._celery.registry import CONNECT_RETRY_SECONDS, store_for
 from sqlease._celery.task_limits import write_limits
 from sqlease._core.handoff import lock_key_for
+from sqlease._core.heartbeat import heartbeat
 from sqlease._core.results import ResultStore
 from sqlease._db.dialects import CONNECTION_ERRORS, capabilities_of
 from sqlease._db.wakeup import Waker
 from sqlease.errors import ConfigurationError, DatabaseUnavailable
 from sqlease.options import TransportOptions
-from sqlease.store import Message, Store
-from sqlease.transport._acks import AckBatcher
+from sqlease.store import Store
 from sqlease.transport._channel import Channel
 from sqlease.transport._codec import new_message
-from sqlease.transport._completion import record_exhausted
-from sqlease.transport._drain import DrainState
+from sqlease.transport._fetcher import Fetcher
 from sqlease.transport._handoff import Handoffs
 from sqlease.transport._loop import EventLoop
-from sqlease.transport._refill import Refill
-from sqlease.transport._runners import Leases
+from sqlease.transport._wakeups import Wakeups
 from sqlease.urls import client_url, display_url, to_sqlalchemy_url
 
 logger = logging.getLogger(__name__)
@@ -106,12 +105,41 @@ class Transport(virtual.Transport):
         self._expiring: dict[str, int] = {}
         self._next_touch = 0.0
         self._maintenance: Any = None
-        self.drain = DrainState()
-        self.leases = Leases(self)
-        self.acks = AckBatcher(self)
-        self.refill = Refill(self)
-        self.handoffs = Handoffs(self)
-        self.loop = EventLoop(self)
+        self.loop = EventLoop()
+        self.handoffs = Handoffs(
+            enabled=self.options.handoff and self.caps.offers,
+            owner=self.owner,
+            lock_key=self.lock_key,
+            lease_ms=self.options.lease_ms,
+            polling_interval=self.polling_interval,
+            channels=self.sql_channels,
+            waker=lambda: self._waker,
+            in_loop=lambda: self.loop.registered,
+            closing=lambda: self.closing_connection,
+        )
+        self.fetcher = Fetcher(
+            store=lambda: self.store,
+            results=lambda: self.results,
+            options=self.options,
+            owner=self.owner,
+            channels=self.sql_channels,
+            deliver=self._deliver,
+            loop=self.loop,
+            handoffs=self.handoffs,
+            notifications=self.caps.notifications,
+            cycle=lambda: self.cycle,
+            connection_errors=self.connection_errors,
+        )
+        self.wakeups = Wakeups(
+            fetcher=self.fetcher,
+            handoffs=self.handoffs,
+            loop=self.loop,
+            waker=lambda: self.waker,
+            owner=self.owner,
+            polling_interval=self.polling_interval,
+            keep_alive=self.keep_queues_alive,
+            connection_errors=self.connection_errors,
+        )
 
     # ---- the store -----------------------------------------------------------------------
 
@@ -134,6 +162,7 @@ class Transport(virtual.Transport):
 
     def establish_connection(self) -> Any:
         self.closing_connection = False
+        self.fetcher.reopen()
         self.caller_transaction()  # inside sqlease.transaction(): check on its connection
         self.store  # noqa: B018  (connects, checks or migrates the schema: fails fast)
         return super().establish_connection()
@@ -143,10 +172,6 @@ class Transport(virtual.Transport):
         connection = self.caller_transaction()  # before the store is touched
         batch = [new_message(queue, message) for queue, message in items]
         self.store.enqueue_many(batch, connection=connection)
-
-    def record_exhausted(self, messages: list[Message]) -> None:
-        """The store's ``on_exhausted`` for this transport's claims (see .completion)."""
-        record_exhausted(self, messages)
 
     def caller_transaction(self) -> Any:
         """The caller's ``sqlease.transaction()`` connection, if any, checked before this
@@ -208,7 +233,14 @@ class Transport(virtual.Transport):
         }
         if not consumed:
             return
-        gone = consumed - self.store.touch_queues(consumed)
+        store = self.store
+
+        def touch() -> set[str]:
+            return consumed - store.touch_queues(consumed)
+
+        self.fetcher.side.run(touch, self._declare_again)
+
+    def _declare_again(self, gone: set[str]) -> None:
         for queue in sorted(gone):
             logger.warning(
                 "sqlease: auto-delete queue %r had expired under its consumer; declaring it again",
@@ -239,82 +271,28 @@ class Transport(virtual.Transport):
     def sql_channels(self) -> list[SqlChannel]:
         return [c for c in self.channels if isinstance(c, Channel)]
 
-    def consumed_queues(self, *, with_credit: bool = False) -> list[str]:
-        """The queues consumed with acks on any channel (``with_credit``: only on channels
-        not closing and with prefetch credit)."""
-        queues: set[str] = set()
-        for channel in self.channels:
-            if isinstance(channel, Channel) and channel.consuming:
-                if with_credit and (channel.drain.closing or not channel.qos.can_consume()):
-                    continue
-                queues.update(channel.acked_queues())
-        return sorted(queues)
+    def withdraw_offers(self) -> None:
+        """No more handoffs to this worker until its next idle look (a consumer cancelled).
+        A failure is only logged: the offer then expires, and what it brings is released at
+        close or taken over after its lease."""
+        if not self.handoffs.withdrawn():
+            return
+        store, owner = self.store, self.owner
 
-    def notified(self, queues: set[str] | None) -> None:
-        """Something was published to ``queues`` (None: to any of them): no-ack queues are
-        looked at now, not after their quiet-interval throttle, and drained queues claimed
-        from again."""
-        for channel in self.channels:
-            if isinstance(channel, Channel):
-                channel.notified(queues)
-
-    def look_again(self) -> None:
-        """Messages may have become ready (released, or the next of a run after an ack)."""
-        for channel in self.channels:
-            if isinstance(channel, Channel):
-                channel.drain.look_again()
-
-    # ---- looking for work ----------------------------------------------------------------
-
-    def take_noack_first(self) -> int:
-        """Remote control before tasks: every channel's no-ack queues (pidbox, events) are
-        looked at (when their throttle allows) before any channel claims, so a revoke (by id
-        or by stamped headers) broadcast before a task was published reaches Celery before
-        that task, whichever channel the fair cycle would come to first. How many came."""
-        delivered = 0
-        for channel in self.channels:
-            if isinstance(channel, Channel) and channel.consuming:
-                delivered += channel.take_noack(self._deliver)
-        return delivered
-
-    def drain_ready(self) -> bool:
-        """Deliver until nothing more is ready or credit runs out; True if anything came."""
-        drain = self.drain
-        self.keep_queues_alive()
-        got = self.take_noack_first() > 0
-        for _ in range(50):  # bounded, so the event loop stays responsive
-            drain.begin_round()
-            assert self.cycle is not None
+        def withdraw() -> None:
             try:
-                self.cycle.get(self._deliver)
-            except Empty:
-                drain.round_found_nothing()
-                break
-            got = True
-            if not drain.more:
-                break
-        return got
+                store.withdraw_offers(owner)
+            except Exception:
+                logger.warning("sqlease: could not withdraw the handoff offer", exc_info=True)
 
-    def next_due_delay(self, *, offer: bool = False) -> float | None:
-        """Seconds until the next delayed message of the consumed queues is due. With
-        ``offer`` (an idle worker in its event loop, PostgreSQL, handoff on), the same
-        statement leaves an offer for the queues whose channel has prefetch credit."""
-        queues = self.consumed_queues()
-        if offer and self.handoffs.can_offer():
-            covered, due_ms = self.handoffs.offer_if_idle(queues)
-            if covered:
-                return None if due_ms is None else due_ms / 1000.0
-        if not queues:
-            return None
-        due_ms = self.store.next_due_in_ms(queues)
-        return None if due_ms is None else due_ms / 1000.0
+        self.fetcher.side.run(withdraw)
 
     # ---- the worker's event loop -----------------------------------------------------------
 
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
         self._start_maintenance()
         self._write_limits()
-        self.loop.register(loop)  # (leaving a loop registered before)
+        self.wakeups.register(loop)  # (leaving a loop registered before)
 
     def _write_limits(self) -> None:
         """At a consuming worker's start: its configured limits become the cluster's."""
@@ -343,10 +321,11 @@ class Transport(virtual.Transport):
         start = time.monotonic()
         waker = self.waker
         waker.fileno()  # listen before looking, so no notification falls in between
+        fetcher = self.fetcher
         assert self.cycle is not None
         while True:
             self.keep_queues_alive()
-            if self.take_noack_first():
+            if fetcher.take_noack_first():
                 return
             try:
                 self.cycle.get(self._deliver, timeout=timeout)
@@ -359,32 +338,49 @@ class Transport(virtual.Transport):
             wait = self.polling_interval
             if timeout is not None:
                 wait = min(wait, timeout - elapsed)
-            due = self.next_due_delay()
-            if due is not None:
-                wait = min(wait, due + 0.001)
+            queues = fetcher.consumed_queues()
+            due_ms = self.store.next_due_in_ms(queues) if queues else None
+            if due_ms is not None:
+                wait = min(wait, due_ms / 1000.0 + 0.001)
             waker.wait(max(wait, 0.0))
             # Woken or not (then this is the safety poll): look at every queue again.
-            self.notified(None)
+            fetcher.notified(None)
 
     def close_connection(self, connection: Any) -> None:
-        self.closing_connection = True  # no more offers: what they bring is released below
-        self.refill.finish()
+        """The one shutdown sequence: no more offers; the fetcher gives back what its claims
+        brought, writes the acks waiting and stops its runner; the channels give back their
+        unacked deliveries (Kombu's close, a fenced release each); the offers are withdrawn
+        and what a publish handed over undelivered is released; the event loop, the
+        maintenance thread and the waker go."""
+        self.closing_connection = True
         try:
-            self.acks.flush(in_background=False)
-        except Exception:
-            logger.warning("sqlease: could not write deferred acks at close", exc_info=True)
-        try:
+            self.fetcher.close()
             super().close_connection(connection)
-            self.handoffs.release_at_close()
+            self._release_handoffs()
         finally:
             self.loop.unregister()
             if self._maintenance is not None:
                 self._maintenance.stop()
                 self._maintenance = None
-            self.refill.stop()
             if self._waker is not None:
                 self._waker.close()
                 self._waker = None
+
+    def _release_handoffs(self) -> None:
+        """At close, after the channels gave back what they held: withdraw the offers, and
+        release (attempt refunded) any message a publish handed over that was never
+        delivered (its notification not yet read), instead of leaving it to lease expiry."""
+        if not self.handoffs.closing():
+            return
+        try:
+            store, owner = self.store, self.owner
+            store.withdraw_offers(owner, handed_too=True)
+            leftover = store.leased_to(owner)
+            if leftover:
+                heartbeat().drop(leftover)
+                store.release(leftover, refund=True)
+        except Exception:
+            logger.warning("sqlease: could not withdraw handoff offers at close", exc_info=True)
 
     def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
         if "://" not in (uri or ""):

@@ -142,6 +142,10 @@ class PostgresDriver(Driver):
         assert isinstance(fast, FastPath)  # only publishes may be SET LOCAL transactions
         return KeptLine(fast)
 
+    def line_key(self, lane: Lane) -> object:
+        # Lanes on one engine (one pool, one session setup) share a connection.
+        return self._lanes[lane].engine
+
     def pin_thread(self, lane: Lane) -> None:
         fast = self._lanes[lane]
         if isinstance(fast, FastPath):
@@ -346,6 +350,12 @@ class PostgresDriver(Driver):
             "data": change.data,
             "channel": self.wakeup_channel,
         }
+
+        if len(groups) == 1 and also is None:
+            # One statement in autocommit, on the main engine as a transaction would be.
+            ((owner, group),) = groups.items()
+            params = {**fence_params(group), "owner": owner, **terms}
+            return Op(Lane.PLANNED, self.sql.transition, params, ids_of)
 
         def body(conn: Connection) -> set[int]:
             changed: set[int] = set()

@@ -103,6 +103,8 @@ class FastPath:
 
     def __init__(self, engine: Engine, *, spares: bool = False) -> None:
         self._engine = engine
+        #: The engine whose pool (and session setup) this runs on.
+        self.engine = engine
         self._compiled: dict[int, tuple[TextClause, bytes]] = {}
         self._where = engine.url.render_as_string(hide_password=True)
         self._threads = threading.local()  # per thread: pinned?, its connection, its pid

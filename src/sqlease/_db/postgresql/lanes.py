@@ -22,6 +22,7 @@ class NoFlushTransactions:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self.engine = engine
 
     def rows(self, statement: TextClause, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         with self._engine.begin() as conn:
@@ -113,9 +114,11 @@ def build_lanes(
         # Without a no-flush pool of sqlease's (an engine passed in, a pooler), a publish
         # skips the flush by SET LOCAL in a transaction of its own.
         publish = no_flush if no_flush is not None else NoFlushTransactions(engine)
+    planned = FastPath(engine, spares=ours)
     return {
         Lane.DEFAULT: default,
-        Lane.PLANNED: FastPath(engine, spares=ours),
+        Lane.PLANNED: planned,
         Lane.LEASES: leases,
         Lane.PUBLISH: publish,
+        Lane.READ: planned,
     }

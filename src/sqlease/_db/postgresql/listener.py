@@ -65,6 +65,7 @@ class PostgresListener:
     """
 
     pushes = True
+    watches = False
 
     def __init__(self, url: URL, channel: str, *, lock_key: int | None = None) -> None:
         self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)

@@ -83,13 +83,19 @@ class SqliteDriver(Driver):
     def fork_section(self) -> AbstractContextManager[None]:
         return sqlite_section()
 
+    def _transaction(self, lane: Lane) -> AbstractContextManager[Connection]:
+        if lane is Lane.READ:
+            return self.reading()
+        return self.writing() if lane is Lane.DEFAULT else self._writing_hot()
+
     def execute(self, op: Op[T]) -> T:
-        # Every op is a transaction of its own: on DEFAULT through SQLAlchemy (its body may
-        # run SQLAlchemy constructs), on the other lanes on the kept sqlite3 connection.
+        # Every op is a transaction of its own: a read a deferred one, on DEFAULT through
+        # SQLAlchemy (its body may run SQLAlchemy constructs), on the other lanes on the kept
+        # sqlite3 connection.
         if op.statement is None and op.body is None:
             done: Any = None
         else:
-            with self.writing() if op.lane is Lane.DEFAULT else self._writing_hot() as conn:
+            with self._transaction(op.lane) as conn:
                 if op.statement is not None:
                     done = [dict(r._mapping) for r in conn.execute(op.statement, op.params)]
                 else:

@@ -15,6 +15,7 @@ class SqliteWatcher:
     lock."""
 
     pushes = False
+    watches = True
     generation = 0  # no connection to break: nothing is ever missed for good
 
     def __init__(self, path: str, check_interval: float = 0.005) -> None:
