@@ -108,7 +108,7 @@ def test_the_wait_is_bounded_and_says_so(caplog: pytest.LogCaptureFixture) -> No
 
 
 def test_children_forked_beside_a_busy_sqlite_thread_never_hang(tmp_path: Path) -> None:
-    """A thread writes as the heartbeat and maintenance threads do (sqlite_fast and
+    """A thread writes as the heartbeat and maintenance threads do (the direct transactions and
     SQLAlchemy transactions) while the main thread forks, as a worker replacing pool
     processes does; every child opens the database and reads it at once."""
     path = tmp_path / "app.db"
@@ -118,7 +118,7 @@ def test_children_forked_beside_a_busy_sqlite_thread_never_hang(tmp_path: Path) 
 
     def busy() -> None:
         while not stop.is_set():
-            store.enqueue_many([NewMessage("q", "{}") for _ in range(5)])  # sqlite_fast
+            store.enqueue_many([NewMessage("q", "{}") for _ in range(5)])  # direct transactions
             store.size("q")  # SQLAlchemy, read transaction
             written[0] += 1
 

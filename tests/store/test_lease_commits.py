@@ -15,14 +15,14 @@ from conftest import unique_prefix
 from sqlease._core.results import ResultStore
 from sqlease._db.driver import Lane, Op
 from sqlease._db.engine import get_engine
+from sqlease._db.postgresql.direct import DirectLane
 from sqlease._db.postgresql.engine import (
     GENERIC_PLANS_OPTION,
     NO_FLUSH_WAIT_OPTION,
     SESSION_OPTIONS,
 )
 from sqlease._db.postgresql.engine import connect_args as postgresql_connect_args
-from sqlease._db.postgresql.fastpath import FastPath
-from sqlease._db.postgresql.lanes import NoFlushTransactions
+from sqlease._db.postgresql.lanes import NoFlushLane
 from sqlease.errors import ConfigurationError
 from sqlease.options import TransportOptions
 from sqlease.store import NewMessage, Store
@@ -31,7 +31,7 @@ from sqlease.types import Outcome
 SHOW = text("SELECT current_setting('synchronous_commit') AS sync")
 
 
-def _sync(fast: FastPath | NoFlushTransactions) -> str:
+def _sync(fast: DirectLane | NoFlushLane) -> str:
     fast._engine.dispose()  # process-wide engines: an earlier test may have killed their pool
     [row] = fast.rows(SHOW, {})
     return str(row["sync"])
@@ -198,7 +198,7 @@ def test_an_engine_passed_in_skips_the_flush_for_its_publishes_transaction(
     # The app's engine has no no-flush pool of sqlease's: each publish is a transaction of
     # its own that skips the flush (SET LOCAL), one row as several.
     lane = store.driver.lane(Lane.PUBLISH)
-    assert isinstance(lane, NoFlushTransactions)
+    assert isinstance(lane, NoFlushLane)
     assert _sync(lane) == "off"
     seen = _commit_levels_of_publishes(store, monkeypatch)
     [one] = store.enqueue_many([NewMessage(queue="q", payload="{}", task_id="t1")])

@@ -299,7 +299,7 @@ def test_ack_and_claim_is_one_commit_and_sqlite_claims_past_its_own_ack(
     listener = lambda conn: commits.append(1)  # noqa: E731
     event.listen(store.engine, "commit", listener)
     # SQLite's per-task transactions bypass SQLAlchemy's events.
-    fast = getattr(store.driver, "fast", None)
+    fast = getattr(store.driver, "direct", None)
     if fast is not None:
         begin = fast.begin
         fast.begin = lambda: commits.append(1) or begin()  # type: ignore[method-assign]

@@ -200,8 +200,8 @@ def test_a_background_claim_without_acks_reports_the_queue_drained(
     worker, got = holding_eight(connect, hub, 10)
     fetcher, channel = worker.transport.fetcher, worker.default_channel
     fetcher.claim(channel, ["work"], 4)
-    run_until(hub, lambda: not channel.drain.claiming)
-    assert len(got) == 10 and channel.drain.drained
+    run_until(hub, lambda: not channel.look.claiming)
+    assert len(got) == 10 and channel.look.known_empty
     got[0].ack()
     fetcher.acks.flush()  # written on the runner, reported in the loop
     assert fetcher.acks.pending == []
@@ -209,6 +209,6 @@ def test_a_background_claim_without_acks_reports_the_queue_drained(
     got[1].ack()
     assert fetcher.acks.pending  # deferred: goes with the next claim
     fetcher.claim(channel, ["work"], 4)
-    run_until(hub, lambda: not channel.drain.claiming)
-    assert len(got) == 10 and not channel.drain.drained
+    run_until(hub, lambda: not channel.look.claiming)
+    assert len(got) == 10 and not channel.look.known_empty
     worker.release()

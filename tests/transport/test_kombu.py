@@ -794,7 +794,7 @@ def test_a_drained_queue_is_not_claimed_from_again_until_something_can_be_ready(
     assert transport.waker.fileno() is not None  # listening before anything is published
 
     def look() -> None:  # what an ack or a tick does in the worker's loop
-        transport.fetcher.drain.wake()
+        transport.fetcher.looks.wake()
         transport.wakeups.drain()
 
     look()

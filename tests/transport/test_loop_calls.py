@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from conftest import unique_prefix
 from sqlease._db.driver import Claim, Lane, Op
-from sqlease._db.postgresql.fastpath import NONBLOCKING, FastPath
+from sqlease._db.postgresql.direct import NONBLOCKING, DirectLane
 from sqlease.store import Fence, NewMessage, Store
 from sqlease.transport import _loop_calls as loop_calls
 from sqlease.transport._background import Done, Job
@@ -81,7 +81,7 @@ def test_the_loop_sends_the_statement_and_reads_its_rows_when_they_come(
     assert store.driver.lane(Lane.LEASES) is not None
     first, second, third = leased(store, 3)
     blocking: list[Any] = []
-    monkeypatch.setattr(FastPath, "rows", lambda *a, **k: blocking.append(a))
+    monkeypatch.setattr(DirectLane, "rows", lambda *a, **k: blocking.append(a))
     notified: list[int] = []
     calls = LoopCalls(hub, store.driver, acks(store), lambda: notified.append(1))
     calls.submit("a", fences=[first])

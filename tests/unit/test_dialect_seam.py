@@ -100,22 +100,22 @@ def test_the_guard_sees_every_kind_of_import(tmp_path: Path) -> None:
         "from typing import TYPE_CHECKING\n"
         "import sqlite3\n"
         "if TYPE_CHECKING:\n"
-        "    from sqlease._db.postgresql.fastpath import FastPath\n"
+        "    from sqlease._db.postgresql.direct import DirectLane\n"
         "def f():\n"
-        "    from .._db.sqlite import fast\n"
+        "    from .._db.sqlite import direct\n"
         "    from sqlalchemy.dialects.postgresql import insert\n"
     )
     wrong = _dialect_imports("transport/sample.py", sample)
     assert wrong == [
         "transport/sample.py imports sqlalchemy.dialects.postgresql",
         "transport/sample.py imports sqlalchemy.dialects.postgresql.insert",
-        "transport/sample.py imports sqlease._db.postgresql.fastpath",
-        "transport/sample.py imports sqlease._db.postgresql.fastpath.FastPath",
+        "transport/sample.py imports sqlease._db.postgresql.direct",
+        "transport/sample.py imports sqlease._db.postgresql.direct.DirectLane",
         "transport/sample.py imports sqlease._db.sqlite",
-        "transport/sample.py imports sqlease._db.sqlite.fast",
+        "transport/sample.py imports sqlease._db.sqlite.direct",
         "transport/sample.py imports sqlite3",
     ]
     # A dialect's own package may.
     assert _dialect_imports("_db/sqlite/sample.py", sample) != []  # not PostgreSQL's
-    sample.write_text("import sqlite3\nfrom . import fast\n")
+    sample.write_text("import sqlite3\nfrom . import direct\n")
     assert _dialect_imports("_db/sqlite/sample.py", sample) == []

@@ -7,9 +7,8 @@ alike), so a lazy import cannot hide an edge. Rules:
 - adapters do not import each other, apart from the edges listed in ``ADAPTER_EDGES``;
 - the core and the database layer import neither kombu nor celery (``errors`` may: LeaseLost
   and WaitingForPerson are Celery ``Ignore`` signals);
-- the import graph has no cycle (a type-only import inside one package, such as a part's
-  annotation naming the ``Transport`` that owns it, is not an edge for this rule: it never
-  runs, and the owner and its parts are one unit);
+- the import graph has no cycle, type-only and lazy imports included: a part names what it
+  needs (a protocol, a callable), never the object that owns it;
 - every module is assigned a layer, so a new one is placed on purpose;
 - every name in ``LAYERS`` and ``ADAPTER_EDGES`` is an existing module, and every edge in
   ``ADAPTER_EDGES`` is used, so no entry outlives what it names.

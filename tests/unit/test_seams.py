@@ -55,3 +55,21 @@ def test_the_guards_find_what_they_look_for() -> None:
     reached = [m.group(0) for m in PRIVATE_REACH.finditer(sample)]
     assert reached == ["store._reading", "admin._now"]
     assert not PRIVATE_REACH.search("from sqlease.admin._stats import StatsAdmin")
+
+
+CLASS = re.compile(r"^class (\w+)", re.MULTILINE)
+
+
+def test_no_two_classes_share_a_name_and_none_is_named_for_its_speed() -> None:
+    """A name says what a thing is for (a ``DirectLane``, not a ``FastPath``), and says it
+    once: a reader who meets it knows which one it is."""
+    seen: dict[str, list[str]] = {}
+    for name, text in _sources():
+        for found in CLASS.findall(text):
+            seen.setdefault(found, []).append(name)
+    shared = {cls: where for cls, where in seen.items() if len(where) > 1}
+    assert not shared, shared
+    speedy = [cls for cls in seen if "fast" in cls.lower() or "slow" in cls.lower()]
+    assert not speedy, speedy
+    modules = [p.name for p in ROOT.rglob("*.py") if "fast" in p.stem]
+    assert not modules, modules

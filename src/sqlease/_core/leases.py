@@ -182,7 +182,7 @@ class Leases(Aggregate):
         of ``task_id``, when given)? Locks the message row until that transaction ends, so
         no takeover can slip in before the caller's write."""
         row = conn.execute(
-            self.sql.hold,
+            self.sql.lease_check,
             {
                 "message_id": fence.message_id,
                 "attempt": fence.attempt,

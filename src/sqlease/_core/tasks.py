@@ -43,7 +43,7 @@ class Tasks(Aggregate):
         checkpoint_text = None if checkpoint is None else json.dumps(dict(checkpoint))
         with self.driver.writing() as conn:
             held = conn.execute(
-                self.sql.hold,
+                self.sql.lease_check,
                 {
                     "message_id": fence.message_id,
                     "attempt": fence.attempt,
@@ -58,7 +58,7 @@ class Tasks(Aggregate):
             expires = int(held._mapping["lease_expires_at_ms"])
             if held._mapping["run_id"] is not None:
                 conn.execute(
-                    self.sql.hold_run,
+                    self.sql.run_lease,
                     {
                         "run_id": held._mapping["run_id"],
                         "message_id": fence.message_id,

@@ -1,5 +1,5 @@
 """Connections an engine keeps checked out between the per-task statements, for the next one
-on any thread (sqlease._db.postgresql.fastpath on PostgreSQL, sqlease._db.sqlite.fast on SQLite).
+on any thread (sqlease._db.postgresql.direct on PostgreSQL, sqlease._db.sqlite.direct on SQLite).
 
 Checking a connection out of SQLAlchemy's pool and back in (with, on PostgreSQL, the switch to
 autocommit and back) cost more client CPU than the statement itself: about a third of a

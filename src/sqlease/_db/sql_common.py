@@ -279,7 +279,7 @@ def now_query(now: str) -> TextClause:
 # ---- leases ------------------------------------------------------------------------------
 
 
-def hold(t: Tables, now: str, *, greatest: str, row_prefix: str) -> TextClause:
+def lease_check(t: Tables, now: str, *, greatest: str, row_prefix: str) -> TextClause:
     """Locks and renews the message row of a fence (so no takeover can interleave) before a
     compare-and-set writes the task row. ``row_prefix`` as in ``returning``."""
     q = row_prefix

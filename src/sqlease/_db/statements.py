@@ -52,9 +52,11 @@ class Statements:
     leased_to_owner: TextClause
     now: TextClause
     # ---- leases (the compare-and-set's lease check, and run locks) ----
-    #: The compare-and-set's lease check: locks and renews the message row.
-    hold: TextClause
-    hold_run: TextClause
+    #: The lease check of a fenced write (a compare-and-set, a step, a result): locks and
+    #: renews the message row while ``(id, owner, attempt)`` holds a live lease.
+    lease_check: TextClause
+    #: Renew a run's lock with its message's lease.
+    run_lease: TextClause
     release_run: TextClause
     #: The fencing predicate every fenced write matches, with the fence's id and attempt.
     held_predicate: str

@@ -5,7 +5,7 @@ privilege) becomes its sqlease error, with the driver's error attached as ``__ca
 anything else becomes SQLAlchemy's ``DBAPIError`` for it, exactly as SQLAlchemy's own
 ``Connection`` would have raised it, so that ``sqlease._db.retry`` recognises a transient
 error (a disconnect, a serialization failure, a busy file) whichever path ran the statement:
-SQLAlchemy's engine (through ``install``), or the fast paths that talk to psycopg and
+SQLAlchemy's engine (through ``install``), or the direct lanes that talk to psycopg and
 sqlite3 directly.
 """
 
@@ -53,7 +53,7 @@ def translate(
     params: Mapping[str, Any] | Sequence[Any] | None = None,
     disconnected: bool = False,
 ) -> BaseException:
-    """The error to raise for ``error``, which a fast path's driver call raised: its refusal,
+    """The error to raise for ``error``, which a direct lane's driver call raised: its refusal,
     or SQLAlchemy's DBAPIError (``disconnected``: the connection was invalidated)."""
     refused = refusal(error, where)
     if refused is not None:

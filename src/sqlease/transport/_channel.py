@@ -14,8 +14,8 @@ from sqlease._core.heartbeat import heartbeat
 from sqlease.delivery import fence_of
 from sqlease.store import Store
 from sqlease.transport._control import durable_revoke
-from sqlease.transport._drain import ChannelDrain
 from sqlease.transport._fetcher import Fetcher
+from sqlease.transport._looks import ChannelLook
 from sqlease.transport._qos import QoS
 
 logger = logging.getLogger(__name__)
@@ -54,8 +54,8 @@ class Channel(virtual.Channel):
 
     def __init__(self, connection: ChannelHost, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
-        #: What this channel knows of its queues (sqlease.transport._drain).
-        self.drain = ChannelDrain()
+        #: What this channel knows of its queues (sqlease.transport._looks).
+        self.look = ChannelLook()
 
     @property
     def store(self) -> Store:
@@ -63,8 +63,8 @@ class Channel(virtual.Channel):
 
     def close(self) -> None:
         if not self.closed:
-            self.drain.close()
-            if self.drain.claiming and self.connection is not None:
+            self.look.close()
+            if self.look.claiming and self.connection is not None:
                 # Its messages are given back (attempt refunded) before the channel's
                 # unacked ones are restored, so a warm shutdown leaves no lease behind.
                 self.connection.fetcher.settle()
@@ -81,18 +81,18 @@ class Channel(virtual.Channel):
 
     def acked_queues(self) -> list[str]:
         """The consumed queues whose consumers ack (their messages are claimed)."""
-        noack = self.drain.noack_queues
+        noack = self.look.noack_queues
         return [q for q in self._active_queues if q not in noack]
 
     def accepts_deliveries(self) -> bool:
-        return not self.closed and not self.drain.closing
+        return not self.closed and not self.look.closing
 
     def consumes(self, queue: str) -> bool:
         """Open, and ``queue`` consumed with acks here."""
         return (
             self.accepts_deliveries()
             and queue in self._active_queues
-            and queue not in self.drain.noack_queues
+            and queue not in self.look.noack_queues
         )
 
     def holds_besides(self, acking: Collection[str]) -> bool:
@@ -118,8 +118,8 @@ class Channel(virtual.Channel):
     def basic_consume(
         self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any
     ) -> Any:
-        self.drain.consume(queue, no_ack=no_ack)
-        self.connection.fetcher.drain.wake()
+        self.look.consume(queue, no_ack=no_ack)
+        self.connection.fetcher.looks.wake()
         return super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
 
     def basic_cancel(self, consumer_tag: str) -> Any:
@@ -130,7 +130,7 @@ class Channel(virtual.Channel):
             self.connection.withdraw_offers()
         result = super().basic_cancel(consumer_tag)
         if queue is not None and queue not in self._active_queues:
-            self.drain.cancel(queue)
+            self.look.cancel(queue)
         return result
 
     def drain_events(self, timeout: float | None = None, callback: Any = None) -> int:

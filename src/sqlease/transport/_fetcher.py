@@ -33,8 +33,8 @@ from sqlease.transport._completion import (
     settle_redelivered,
     split_redelivered,
 )
-from sqlease.transport._drain import Consumer, DrainState
 from sqlease.transport._handoff import Handoffs
+from sqlease.transport._looks import Consumer, LookState
 from sqlease.transport._loop import EventLoop
 from sqlease.transport._runners import Batcher, Done, Kind, Runner, Terms, make_runner
 
@@ -82,7 +82,7 @@ class Fetcher:
         self._notifications = notifications
         self._cycle = cycle
         self._connection_errors = connection_errors
-        self.drain = DrainState()
+        self.looks = LookState()
         self.acks = AckWriter(
             write=self.write_acks,
             in_loop=loop.in_loop_thread,
@@ -139,7 +139,7 @@ class Fetcher:
         queues: set[str] = set()
         for channel in self._channels():
             if channel.consuming:
-                if with_credit and (channel.drain.closing or not channel.qos.can_consume()):
+                if with_credit and (channel.look.closing or not channel.qos.can_consume()):
                     continue
                 queues.update(channel.acked_queues())
         return sorted(queues)
@@ -154,8 +154,8 @@ class Fetcher:
         were delivered now (in the event loop they come when the runner has them)."""
         delivered = self.take_noack(channel)
         queues = channel.acked_queues()
-        if queues and self.drain.should_claim(
-            channel.drain, channel.qos, notifications=self._notifications
+        if queues and self.looks.should_claim(
+            channel.look, channel.qos, notifications=self._notifications
         ):
             qos = channel.qos
             credit = qos.can_consume_max_estimate() if qos.prefetch_count else None
@@ -165,14 +165,14 @@ class Fetcher:
     def claim(self, channel: Consumer, queues: list[str], limit: int) -> int:
         """A claim for the channel: the acks waiting go with it (those of the tasks whose
         completion freed the credit), in one statement."""
-        channel.drain.claim_started()
+        channel.look.claim_started()
         fences = self.acks.take()
         return self._submit(Kind.CLAIM, channel=channel, queues=queues, limit=limit, fences=fences)
 
     def take_noack(self, channel: Consumer) -> int:
         """One delete-on-fetch batch of the channel's no-ack queues (remote control, events)
         if it is time to look at them."""
-        part = channel.drain
+        part = channel.look
         noack = [q for q in channel.active_queues() if q in part.noack_queues]
         if not noack or not part.may_take():
             return 0
@@ -190,32 +190,32 @@ class Fetcher:
     def drain_ready(self) -> bool:
         """One pass: deliver until nothing more is ready or credit runs out (bounded, so the
         event loop stays responsive); True if anything came."""
-        drain = self.drain
+        looks = self.looks
         got = self.take_noack_first() > 0
         cycle = self._cycle()
         for _ in range(50):
-            drain.begin_round()
+            looks.begin_round()
             try:
                 cycle.get(self._deliver)
             except Empty:
-                drain.round_found_nothing()
+                looks.round_found_nothing()
                 break
             got = True
-            if not drain.more:
+            if not looks.more:
                 break
         return got
 
     def notified(self, queues: set[str] | None) -> None:
         """Something was published to ``queues`` (None: to any of them): no-ack queues are
-        looked at now, not after their quiet-interval throttle, and drained queues claimed
-        from again."""
+        looked at now, not after their quiet-interval throttle, and queues known empty
+        claimed from again."""
         for channel in self._channels():
-            channel.drain.notified(queues, channel.active_queues())
+            channel.look.notified(queues, channel.active_queues())
 
     def look_again(self) -> None:
         """Messages may have become ready (released, or the next of a run after an ack)."""
         for channel in self._channels():
-            channel.drain.look_again()
+            channel.look.look_again()
 
     def get(self, channel: Consumer, queue: str, *, no_ack: bool) -> dict[str, Any] | None:
         """One message of ``queue`` now, blocking (Kombu's ``basic_get``): deleted on fetch
@@ -302,12 +302,12 @@ class Fetcher:
         kind = done.key
         channel: Consumer = context.get("channel")  # type: ignore[assignment]
         if kind is Kind.CLAIM:
-            channel.drain.claim_finished()
+            channel.look.claim_finished()
             if done.error is not None:
                 raise done.error
             return self._claimed(channel, done.value, context["short"], context["limit"])
         if kind is Kind.TAKE:
-            channel.drain.take_finished()
+            channel.look.take_finished()
             if done.error is not None:
                 raise done.error
             return self._took(channel, done.value, context["notices"])
@@ -339,7 +339,7 @@ class Fetcher:
 
             self.side.run(report)
         if acked and self._loop.registered:
-            self.drain.wake()
+            self.looks.wake()
             self._loop.kick()
 
     def _unwritten(self, fences: list[Fence]) -> None:
@@ -353,13 +353,13 @@ class Fetcher:
         self.acks.put_back(fences)
 
     def _took(self, channel: Consumer, taken: list[Message], notices: int) -> int:
-        part = channel.drain
+        part = channel.look
         if taken:
             part.took_some()
         else:
             part.took_none(notified=self._notifications, notices=notices)
         if len(taken) == TAKE_BATCH:
-            self.drain.wake()
+            self.looks.wake()
         delivered = 0
         for message in taken:
             payload = self._decode(channel, message, leased=False)
@@ -371,12 +371,12 @@ class Fetcher:
     # ---- after a claim: the pipeline ----------------------------------------------------
 
     def _claimed(self, channel: Consumer, found: list[Message], short: bool, limit: int) -> int:
-        self.drain.begin_pass()
+        self.looks.begin_pass()
         if self._closing or not channel.accepts_deliveries():
             live, _ = split_exhausted(found)
             self.give_back(live)
             return 0
-        self.drain.claimed(channel.drain, len(found), limit, short=short)
+        self.looks.claimed(channel.look, len(found), limit, short=short)
         live, exhausted = split_exhausted(found)
         live = delivery_order(live)
         if exhausted:
@@ -387,7 +387,7 @@ class Fetcher:
         delivered = self.hold_and_deliver(channel, live, offer)
         if delivered:
             self._loop.kick()  # let the pool pick the new jobs up in the next iteration
-        elif self.drain.found_nothing and self._loop.registered:
+        elif self.looks.found_nothing and self._loop.registered:
             self.look_ahead()
         return delivered
 
@@ -513,7 +513,7 @@ class Fetcher:
             store = self._store()
             op = store.offer_op(fences, queues, self._terms.owner, **handoffs.terms())
             for channel in self._channels():
-                channel.drain.due_read()  # the due time comes back with it: no look meanwhile
+                channel.look.due_read()  # the due time comes back with it: no look meanwhile
             self._submit(Kind.OFFER, op=op, fences=fences, queues=queues, covers=True)
             return
         self._submit(Kind.ACKS, fences=fences)
@@ -591,7 +591,7 @@ class Fetcher:
         would be. ``notified``: queues named by plain notifications read with these handoffs
         (their messages wait for a claim). A take under way goes first (remote control
         before tasks): then they wait for it on the runner."""
-        if any(c.drain.taking for c in self._channels()):
+        if any(c.look.taking for c in self._channels()):
             self._submit(Kind.HANDED, op=Op.answer(handoffs), notified=notified)
             return
         self._accept_now(handoffs, notified)
@@ -630,7 +630,7 @@ class Fetcher:
         # notifies them (unless something just did); after its ack, the idle look offers
         # again.
         named = bool(notified and not notified.isdisjoint(channel.active_queues()))
-        channel.drain.handed_off(named=named)
+        channel.look.handed_off(named=named)
         offer = self._handoffs.offer_with_result([row], self.consumed_queues())
         if self.hold_and_deliver(channel, [row], offer):
             self._loop.kick()  # let the pool pick the new job up in the next iteration

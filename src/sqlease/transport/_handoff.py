@@ -18,7 +18,7 @@ from typing import Any
 from sqlease._core.handoff import Handoff
 from sqlease._db.wakeup import Waker
 from sqlease.store import Fence
-from sqlease.transport._drain import Consumer
+from sqlease.transport._looks import Consumer
 
 
 def _celery_holds_tasks() -> bool:
@@ -86,7 +86,7 @@ class Handoffs:
         and, in a Celery worker, no task received and not finished (one acked early is still
         running, or waiting for a pool process)."""
         channels = self._channels()
-        if any(c.drain.claiming for c in channels):
+        if any(c.look.claiming for c in channels):
             return False
         acking = {f"{f.message_id}.{f.attempt}" for f in besides}
         if any(c.holds_besides(acking) for c in channels):

@@ -31,6 +31,7 @@ import select
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
@@ -41,6 +42,33 @@ from sqlease._db.retry import RETRY_SECONDS
 from sqlease.transport._background import Done, Job, Prepare, run_waiting
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Attempt:
+    """An op and the jobs it answers, with until when (and after what next backoff) a
+    dropped connection is ridden out by sending it again."""
+
+    jobs: list[Job]
+    op: Op[list[Done]]
+    deadline: float
+    delay: float
+
+
+@dataclass(slots=True)
+class Sent:
+    """The statement under way: how it is going, and what it is."""
+
+    pending: Pending
+    attempt: Attempt
+
+
+@dataclass(slots=True)
+class Retry:
+    """A statement to send again once the backoff passed (the hub's timer)."""
+
+    attempt: Attempt
+    timer: Any
 
 
 class LoopCalls:
@@ -59,12 +87,12 @@ class LoopCalls:
         self._done: deque[Done] = deque()
         #: The statement under way: how it is going, its jobs, what its rows mean, and until
         #: when (with what next delay) a dropped connection is ridden out.
-        self._sending: tuple[Pending, list[Job], Op[list[Done]], float, float] | None = None
+        self._sending: Sent | None = None
         #: The socket registered with the hub, and whether for writing (else reading).
         self._watched: tuple[int, bool] | None = None
         #: A statement to send again once the backoff passed: its jobs, itself, the deadline,
         #: the next delay, and the hub's timer.
-        self._retry: tuple[list[Job], Op[list[Done]], float, float, Any] | None = None
+        self._retry: Retry | None = None
 
     def _line(self, lane: Lane) -> Line:
         key = self._driver.line_key(lane)
@@ -101,17 +129,17 @@ class LoopCalls:
             if deadline - time.monotonic() <= 0:
                 return False
             if self._retry is not None:
-                time.sleep(min(self._retry[3], max(0.0, deadline - time.monotonic())))
+                time.sleep(min(self._retry.attempt.delay, max(0.0, deadline - time.monotonic())))
                 self._send_again()
             elif self._sending is None:
                 self._send_waiting()
             else:
-                self._resume(_wait(self._sending[0], deadline - time.monotonic()))
+                self._resume(_wait(self._sending.pending, deadline - time.monotonic()))
         return True
 
     def stop(self, timeout: float = 5.0) -> None:
         if self._retry is not None:
-            self._retry[4].cancel()
+            self._retry.timer.cancel()
             self._retry = None
         self._unwatch()
         busy = self._sending is not None
@@ -139,81 +167,75 @@ class LoopCalls:
             if not prepared.sendable:  # not one statement: done at once, blocking
                 self._finished(self._execute(prepared, jobs))
                 continue
-            self._send(jobs, prepared, time.monotonic() + RETRY_SECONDS, 0.05)
+            self._send(Attempt(jobs, prepared, time.monotonic() + RETRY_SECONDS, 0.05))
 
     def _execute(self, prepared: Op[list[Done]], jobs: list[Job]) -> list[Done]:
         return run_waiting(self._driver.execute, lambda _jobs: (prepared, jobs), jobs)
 
-    def _send(
-        self, jobs: list[Job], prepared: Op[list[Done]], deadline: float, delay: float
-    ) -> None:
+    def _send(self, attempt: Attempt) -> None:
+        op = attempt.op
         try:
-            sending = self._line(prepared.lane).send(prepared)
+            pending = self._line(op.lane).send(op)
         except BaseException as exc:  # the line dropped its connection: none is under way
-            self._failed(jobs, exc, again=(prepared, deadline, delay))
+            self._failed(attempt.jobs, exc, again=attempt)
             return
-        self._sending = (sending, jobs, prepared, deadline, delay)
+        self._sending = Sent(pending, attempt)
         self._after_step()
 
-    def _failed(
-        self,
-        jobs: list[Job],
-        exc: BaseException,
-        again: tuple[Op[list[Done]], float, float] | None = None,
-    ) -> None:
-        """Every call reports ``exc``; unless the connection dropped (or could not be made)
+    def _failed(self, jobs: list[Job], exc: BaseException, again: Attempt | None = None) -> None:
+        """Every job reports ``exc``; unless the connection dropped (or could not be made)
         and there is time left: then the statement goes out again after a backoff."""
-        if again is not None and isinstance(exc, OperationalError | PoolTimeout):
-            prepared, deadline, delay = again
-            if time.monotonic() + delay <= deadline:
-                logger.info(
-                    "sqlease: database operation failed (%s); sending it again in %.2fs",
-                    str(exc).splitlines()[0][:200],
-                    delay,
-                )
-                timer = self._hub.call_later(delay, self._send_again)
-                self._retry = (jobs, prepared, deadline, min(delay * 2, 1.0), timer)
-                return
+        dropped = isinstance(exc, OperationalError | PoolTimeout)
+        if again is not None and dropped and time.monotonic() + again.delay <= again.deadline:
+            logger.info(
+                "sqlease: database operation failed (%s); sending it again in %.2fs",
+                str(exc).splitlines()[0][:200],
+                again.delay,
+            )
+            timer = self._hub.call_later(again.delay, self._send_again)
+            later = Attempt(again.jobs, again.op, again.deadline, min(again.delay * 2, 1.0))
+            self._retry = Retry(later, timer)
+            return
         self._finished([Done(job.key, error=exc, context=job.context) for job in jobs])
 
     def _send_again(self) -> None:
-        if self._retry is None:
+        retry = self._retry
+        if retry is None:
             return
-        jobs, prepared, deadline, delay, timer = self._retry
-        timer.cancel()
+        retry.timer.cancel()
         self._retry = None
-        self._send(jobs, prepared, deadline, delay)
+        self._send(retry.attempt)
         if not self._busy:
             self._send_waiting()
 
     def _on_socket(self) -> None:
         """The hub: the socket is ready for what the statement waits for."""
         if self._sending is not None:
-            self._resume(self._sending[0].waits_for)
+            self._resume(self._sending.pending.waits_for)
 
     def _resume(self, ready: int) -> None:
         assert self._sending is not None
-        self._sending[0].resume(ready)
+        self._sending.pending.resume(ready)
         self._after_step()
 
     def _after_step(self) -> None:
         assert self._sending is not None
-        sending, jobs, prepared, deadline, delay = self._sending
-        if sending.waits_for:
+        pending, attempt = self._sending.pending, self._sending.attempt
+        if pending.waits_for:
             # Writing until the request is all sent (rare: these statements are a few KB,
             # the socket's buffer far more), then reading until the rows are in.
-            self._watch(sending.fileno, writing=bool(sending.waits_for & WAIT_WRITE))
+            self._watch(pending.fileno, writing=bool(pending.waits_for & WAIT_WRITE))
             return
         self._unwatch()
         self._sending = None
-        if sending.error is not None:
-            self._failed(jobs, sending.error, again=(prepared, deadline, delay))
+        if pending.error is not None:
+            self._failed(attempt.jobs, pending.error, again=attempt)
         else:
-            assert prepared.finish is not None
+            assert attempt.op.finish is not None
             try:
-                outcomes = prepared.finish(sending.rows)
+                outcomes = attempt.op.finish(pending.rows)
             except BaseException as exc:
-                outcomes = [Done(job.key, error=exc, context=job.context) for job in jobs]
+                outcomes = [Done(job.key, error=exc, context=job.context) for job in attempt.jobs]
             self._finished(outcomes)
         self._send_waiting()
 

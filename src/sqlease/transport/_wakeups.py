@@ -119,7 +119,7 @@ class Wakeups:
                     fetcher.notified(queues)
                     with self.errors_logged("fetching messages"):
                         fetcher.take_noack_first()
-                    fetcher.drain.wake()
+                    fetcher.looks.wake()
                 with self.errors_logged("taking handed-off messages"):
                     fetcher.accept(handoffs, queues)
                 return
@@ -128,7 +128,7 @@ class Wakeups:
         # Only the no-ack queues a notification names are looked at: a published task
         # goes straight to its claim, without a look at the remote-control queue first.
         fetcher.notified(queues)
-        fetcher.drain.wake()
+        fetcher.looks.wake()
         self.drain()
 
     def on_kick(self) -> None:
@@ -145,7 +145,7 @@ class Wakeups:
                 fetcher.deliver_outcomes()
         if fetcher.acks.full:
             fetcher.acks.flush()
-        if fetcher.drain.more:
+        if fetcher.looks.more:
             self.drain()
 
     def drain(self) -> None:
@@ -153,22 +153,22 @@ class Wakeups:
         fetcher = self._fetcher
         with self.errors_logged("fetching messages"):
             self._keep_alive()
-            fetcher.drain.begin_pass()
+            fetcher.looks.begin_pass()
             if fetcher.drain_ready():
                 self._loop.kick()  # let the pool pick the new jobs up in the next iteration
-            elif fetcher.drain.found_nothing:  # a claim ran at once and found nothing due
+            elif fetcher.looks.found_nothing:  # a claim ran at once and found nothing due
                 fetcher.look_ahead()
 
     def on_due(self) -> None:
         fetcher = self._fetcher
         fetcher.look_again()
-        fetcher.drain.wake()
+        fetcher.looks.wake()
         self.drain()
 
     def on_poll(self) -> float:
         """The safety poll; the delay until the next one."""
         next_delay = self._look()
-        if self._fetcher.drain.more:
+        if self._fetcher.looks.more:
             self.drain()
         return next_delay
 
@@ -177,7 +177,7 @@ class Wakeups:
         waker = self._waker()
         if not waker.watches:  # notifications (or nothing) tell it: a look every interval
             self.listen()
-            fetcher.drain.wake()
+            fetcher.looks.wake()
             fetcher.notified(None)
             return self._interval
         now = time.monotonic()
@@ -185,7 +185,7 @@ class Wakeups:
         if changed:
             fetcher.notified(None)
         if changed or now - self._last_full_poll >= self._interval:
-            fetcher.drain.wake()
+            fetcher.looks.wake()
             self._last_full_poll = now
         if changed:
             self._idle_delay = 0.002

@@ -1,5 +1,5 @@
 """PostgreSQL: its statements (one module per aggregate, its constants in ``dialect.py``), its
-driver (``driver.py``, the operations) and what the driver runs on (``fastpath.py``, the
+driver (``driver.py``, the operations) and what the driver runs on (``direct.py``, the
 lanes; ``engine.py``; ``listener.py``; ``pooler.py``)."""
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def statements(t: Tables) -> PgStatements:
         message_get=c.message_get(t),
         leased_to_owner=c.leased_to_owner(t),
         now=c.now_query(NOW),
-        hold=leases.hold(t),
-        hold_run=c.run_lease(t),
+        lease_check=leases.lease_check(t),
+        run_lease=c.run_lease(t),
         release_run=c.release_run(t),
         held_predicate=c.held(NOW),
         task_ensure=c.task_ensure(t, NOW),

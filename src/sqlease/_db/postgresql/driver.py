@@ -6,7 +6,7 @@ and the result write, so each op is one autocommit statement: one round trip, on
 and the event loop can send it without blocking (``line``). Only a batch that names several
 owners, or a publish of several rows, is a transaction of several statements.
 
-Lanes: the per-task statements bypass SQLAlchemy's execution layer (fastpath.py) on an engine
+Lanes: the per-task statements bypass SQLAlchemy's execution layer (direct.py) on an engine
 of their own whose sessions use generic plans; the idle worker's offers, takes and renewals
 run on the main engine, whose plans follow the values; claims and acks on a pool whose
 commits do not wait for the WAL flush unless ``lease_sync_commit``; publishes on that pool
@@ -43,7 +43,7 @@ from sqlease._db.postgresql.dialect import (
     capabilities,
     fence_params,
 )
-from sqlease._db.postgresql.fastpath import NONBLOCKING, FastPath
+from sqlease._db.postgresql.direct import NONBLOCKING, DirectLane
 from sqlease._db.postgresql.lanes import KeptLine, LaneRunner, build_lanes
 from sqlease._db.postgresql.listener import PostgresListener
 from sqlease._db.postgresql.results import result_params
@@ -138,23 +138,23 @@ class PostgresDriver(Driver):
         return done if op.finish is None else op.finish(done)
 
     def line(self, lane: Lane) -> KeptLine:
-        fast = self._lanes[lane]
-        assert isinstance(fast, FastPath)  # only publishes may be SET LOCAL transactions
-        return KeptLine(fast)
+        runner = self._lanes[lane]
+        assert isinstance(runner, DirectLane)  # only publishes may be SET LOCAL transactions
+        return KeptLine(runner)
 
     def line_key(self, lane: Lane) -> object:
         # Lanes on one engine (one pool, one session setup) share a connection.
         return self._lanes[lane].engine
 
     def pin_thread(self, lane: Lane) -> None:
-        fast = self._lanes[lane]
-        if isinstance(fast, FastPath):
-            fast.pin_thread()
+        runner = self._lanes[lane]
+        if isinstance(runner, DirectLane):
+            runner.pin_thread()
 
     def release_thread(self, lane: Lane) -> None:
-        fast = self._lanes[lane]
-        if isinstance(fast, FastPath):
-            fast.release_thread()
+        runner = self._lanes[lane]
+        if isinstance(runner, DirectLane):
+            runner.release_thread()
 
     # ---- dialect constructs ----------------------------------------------------------
 

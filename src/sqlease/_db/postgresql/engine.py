@@ -52,7 +52,7 @@ def connect_args(
     # jit_above_cost on a large backlog, and compiling it costs more than running it.
     session = SESSION_OPTIONS
     if generic_plans:
-        # The hot path's engine (fastpath: enqueue, claim, ack, result writes). psycopg
+        # The hot path's engine (direct lanes: enqueue, claim, ack, result writes). psycopg
         # prepares a statement a connection runs five times, but on `auto` PostgreSQL kept
         # re-planning the claim and ack for each call (their generic plan's estimate looks
         # dearer than the custom one), and planning cost as much server time as running

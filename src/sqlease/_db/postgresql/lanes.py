@@ -11,11 +11,11 @@ from sqlalchemy.engine import URL, Engine
 from sqlalchemy.sql.elements import TextClause
 
 from sqlease._db.ops import Lane, Op
-from sqlease._db.postgresql.fastpath import FastPath, Sending
+from sqlease._db.postgresql.direct import DirectLane, Sending
 from sqlease._db.postgresql.pooler import Pooling
 
 
-class NoFlushTransactions:
+class NoFlushLane:
     """Each one-statement op in a transaction of its own whose commit does not wait for the
     WAL flush (``SET LOCAL`` changes this transaction's commit only: a pooled session, and a
     pooler's, keeps its setting)."""
@@ -35,8 +35,8 @@ class KeptLine:
     on without blocking (``Driver.line``). A failed statement gives its connection back (or
     drops it); the next send takes a fresh one."""
 
-    def __init__(self, fast: FastPath) -> None:
-        self._fast = fast
+    def __init__(self, lane: DirectLane) -> None:
+        self._lane = lane
         self._fairy: Any = None
         self._sending: Sending | None = None
 
@@ -46,11 +46,11 @@ class KeptLine:
             self._fairy = None  # given back (or dropped) by that failure
         self._sending = None
         if self._fairy is None:
-            self._fairy = self._fast.kept_connection()
+            self._fairy = self._lane.kept_connection()
         try:
-            self._sending = self._fast.send(op.statement, op.params, self._fairy)
+            self._sending = self._lane.send(op.statement, op.params, self._fairy)
         except BaseException:  # the connection is in an unknown state: dropped
-            self._fast.give_back(self._fairy, busy=True)
+            self._lane.give_back(self._fairy, busy=True)
             self._fairy = None
             raise
         return self._sending
@@ -68,12 +68,12 @@ class KeptLine:
             self._fairy = None
         self._sending = None
         if self._fairy is not None:
-            self._fast.give_back(self._fairy, busy=busy)
+            self._lane.give_back(self._fairy, busy=busy)
             self._fairy = None
 
 
 #: What a one-statement op on a lane runs on.
-LaneRunner = FastPath | NoFlushTransactions
+LaneRunner = DirectLane | NoFlushLane
 
 
 def build_lanes(
@@ -99,9 +99,9 @@ def build_lanes(
         lease_sync_commit = True
     single = isinstance(url, Engine) or pooling.shared
     hot = engine if isinstance(url, Engine) or single else engines(url, generic_plans=True)
-    default = FastPath(hot, spares=ours)
+    default = DirectLane(hot, spares=ours)
     no_flush = (
-        FastPath(engines(url, generic_plans=True, wait_for_flush=False), spares=True)
+        DirectLane(engines(url, generic_plans=True, wait_for_flush=False), spares=True)
         if not isinstance(url, Engine)
         and not single
         and not (lease_sync_commit and publish_sync_commit)
@@ -113,8 +113,8 @@ def build_lanes(
     if not publish_sync_commit:
         # Without a no-flush pool of sqlease's (an engine passed in, a pooler), a publish
         # skips the flush by SET LOCAL in a transaction of its own.
-        publish = no_flush if no_flush is not None else NoFlushTransactions(engine)
-    planned = FastPath(engine, spares=ours)
+        publish = no_flush if no_flush is not None else NoFlushLane(engine)
+    planned = DirectLane(engine, spares=ours)
     return {
         Lane.DEFAULT: default,
         Lane.PLANNED: planned,

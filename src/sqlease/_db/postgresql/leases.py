@@ -294,8 +294,8 @@ def _follow_slots(t: Tables, source: str) -> str:
     )
 
 
-def hold(t: Tables) -> TextClause:
-    """The compare-and-set's lease check (``sql_common.hold``) with the message's gate slot
+def lease_check(t: Tables) -> TextClause:
+    """The compare-and-set's lease check (``sql_common.lease_check``) with the message's gate slot
     renewed with it."""
     return text(
         f"WITH h AS (UPDATE {t.messages.name} AS m SET lease_expires_at_ms = "

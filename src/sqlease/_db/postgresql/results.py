@@ -34,7 +34,7 @@ def _holder_offer(t: Tables) -> str:
 
 
 def result_put(t: Tables, *, offer: bool) -> TextClause:
-    """The lease check of ``hold`` as a row-locking UPDATE (only when ``:fenced``), the upsert
+    """The lease check (``lease_check``) as a row-locking UPDATE (only when ``:fenced``), the upsert
     only if it held (and, with ``:keep_success``, never over a stored SUCCESS), and the
     waiters' notification: with the value when it was stored, by key alone when a stored
     SUCCESS was kept.

@@ -1,5 +1,5 @@
 """SQLite: its statements (one module per aggregate, its constants in ``dialect.py``), its
-driver (``driver.py``, the operations) and what the driver runs on (``fast.py``, the kept
+driver (``driver.py``, the operations) and what the driver runs on (``direct.py``, the kept
 sqlite3 connections; ``engine.py``; ``watcher.py``; ``checkpoints.py``; ``fork_guard.py``)."""
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def statements(t: Tables) -> SqliteStatements:
         message_get=c.message_get(t),
         leased_to_owner=c.leased_to_owner(t),
         now=c.now_query(NOW),
-        hold=c.hold(t, NOW, greatest=GREATEST, row_prefix=ROW_PREFIX),
-        hold_run=c.run_lease(t),
+        lease_check=c.lease_check(t, NOW, greatest=GREATEST, row_prefix=ROW_PREFIX),
+        run_lease=c.run_lease(t),
         release_run=c.release_run(t),
         held_predicate=c.held(NOW),
         task_ensure=c.task_ensure(t, NOW),

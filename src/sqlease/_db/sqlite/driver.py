@@ -1,7 +1,7 @@
 """The SQLite driver: every hot operation one short transaction, bookkeeping beside it.
 
 Each op is a ``BEGIN IMMEDIATE`` transaction on a kept sqlite3 connection (sqlease._db.sqlite
-.fast) inside the fork guard; an engine a user passed in is used through SQLAlchemy. SQLite
+.direct) inside the fork guard; an engine a user passed in is used through SQLAlchemy. SQLite
 has no data-modifying CTEs, so the run locks, task rows, rate limits and timeline events that
 PostgreSQL writes inside a statement are written here, in the same transaction, under the one
 write lock: one ``executemany`` per table.
@@ -35,7 +35,7 @@ from sqlease._db.driver import (
 from sqlease._db.rows import row_to_message
 from sqlease._db.sqlite import SqliteStatements, statements
 from sqlease._db.sqlite.dialect import CAPABILITIES
-from sqlease._db.sqlite.fast import SqliteFast
+from sqlease._db.sqlite.direct import DirectTransactions
 from sqlease._db.sqlite.fork_guard import sqlite_section
 from sqlease._db.sqlite.watcher import SqliteWatcher
 from sqlease._db.tables import Tables
@@ -60,7 +60,9 @@ class SqliteDriver(Driver):
         super().__init__(engine, tables)
         self.sql = statements(tables)
         #: sqlease's own engines: the per-task transactions through sqlite3.
-        self.fast: SqliteFast | None = None if isinstance(url, Engine) else SqliteFast(engine)
+        self.direct: DirectTransactions | None = (
+            None if isinstance(url, Engine) else DirectTransactions(engine)
+        )
 
     # ---- transactions ----------------------------------------------------------------
 
@@ -72,12 +74,12 @@ class SqliteDriver(Driver):
 
     @contextmanager
     def _writing_hot(self) -> Iterator[Connection]:
-        if self.fast is None:
+        if self.direct is None:
             with self.writing() as conn:
                 yield conn
             return
-        # The fast Transaction provides the part of Connection's API the operations use.
-        with self.fast.begin() as transaction:
+        # The direct Transaction provides the part of Connection's API the operations use.
+        with self.direct.begin() as transaction:
             yield cast(Connection, transaction)
 
     def fork_section(self) -> AbstractContextManager[None]:
@@ -347,7 +349,7 @@ class SqliteDriver(Driver):
                     "task_id": row["task_id"],
                     "now": write.now,
                 }
-                if conn.execute(self.sql.hold, held).first() is None:
+                if conn.execute(self.sql.lease_check, held).first() is None:
                     return Outcome.LEASE_LOST
             if conn.execute(upsert).first() is None:
                 return Outcome.KEPT_SUCCESS

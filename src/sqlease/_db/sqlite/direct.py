@@ -4,7 +4,7 @@ On SQLite the database work of an enqueue, claim or ack is a few tens of microse
 SQLAlchemy execution layer around it (pool checkout and checkin, events, compiled caches,
 result objects) cost two to three times that (an enqueue: 818 against 263 us of CPU,
 measured with benchmarks/store.py). In a worker these transactions run in the
-event loop, and every producer's ``delay()`` is one. So, like the PostgreSQL FastPath, the
+event loop, and every producer's ``delay()`` is one. So, like the PostgreSQL DirectLane, the
 store runs them on the ``sqlite3`` connection underneath a pooled one, which the engine keeps
 between transactions (sqlease._db.spares), through ``Transaction``: the small part of
 SQLAlchemy's Connection API that those operations use (``execute`` with one parameter dict or
@@ -118,7 +118,7 @@ class Transaction:
             cursor.close()
 
 
-class SqliteFast:
+class DirectTransactions:
     """Runs the store's per-task write transactions on one SQLite engine."""
 
     def __init__(self, engine: Engine) -> None:

@@ -1,18 +1,18 @@
 """When to look for work, and whether a look is worth a claim: the flags that the channels, the
-event-loop glue, the acks and the handoffs share, each changed only by a named transition here.
+fetcher and the wake-ups share, each changed only by a named transition here.
 
-Two levels: ``DrainState`` (one per transport) is the event loop's pass: more may be ready,
+Two levels: ``LookState`` (one per transport) is the event loop's pass: more may be ready,
 a claim found nothing (time to read when the next delayed message is due), the prefetch credit
-ran out. ``ChannelDrain`` (one per channel) is what one channel knows of its queues. The rules:
+ran out. ``ChannelLook`` (one per channel) is what one channel knows of its queues. The rules:
 
 - No-ack queues (remote control, events) are looked at before any claim, and while they are
   quiet only every ``NOACK_INTERVAL`` (SQLite) or when a notification names them (PostgreSQL).
-- PostgreSQL: after a claim came back short the channel's queues are *drained*: until
+- PostgreSQL: after a claim came back short the channel's queues are *known empty*: until
   something can have changed that (a notification naming them, an ack in a run, a release, a
   due time, the safety poll), a look reads the next due time once instead of claiming.
-- A handoff arrives because the queues were idle: they stay drained, unless a notification
+- A handoff arrives because the queues were idle: they stay known empty, unless a notification
   read with it named them.
-- A claim that carried acks never reports its queues drained: it may not have seen the acks
+- A claim that carried acks never reports its queues known empty: it may not have seen the acks
   free a run's next message.
 """
 
@@ -29,16 +29,19 @@ from typing import Any, Protocol
 NOACK_INTERVAL = 0.01
 
 
-class ChannelDrain:
+class ChannelLook:
     """One channel's queues: which are no-ack, when to look at those next, whether the others
-    are known drained and their due time read, whether a claim runs for them in the background,
-    whether the channel is closing. Read freely; changed only through these methods."""
+    are known empty and their due time read, whether a claim or take runs for them on the
+    runner, whether the channel is closing. Read freely; changed only through these methods.
+
+    (To *drain* is to deliver what is ready, as Kombu's ``drain_events``; a queue found with
+    nothing ready is *known empty*.)"""
 
     __slots__ = (
         "claiming",
         "closing",
-        "drained",
         "due_checked",
+        "known_empty",
         "next_take",
         "noack_queues",
         "notices",
@@ -48,7 +51,7 @@ class ChannelDrain:
     def __init__(self) -> None:
         self.noack_queues: set[str] = set()
         self.next_take = 0.0
-        self.drained = False
+        self.known_empty = False
         self.due_checked = False
         # A claim for this channel is under way on the transport's runner; how many takes.
         self.claiming = False
@@ -59,7 +62,7 @@ class ChannelDrain:
         self.closing = False
 
     def consume(self, queue: str, *, no_ack: bool) -> None:
-        self.drained = False
+        self.known_empty = False
         if no_ack:
             self.noack_queues.add(queue)
         else:
@@ -112,30 +115,30 @@ class ChannelDrain:
 
     def notified(self, queues: set[str] | None, active: Iterable[str]) -> None:
         """Something was published to ``queues`` (None: to any): no-ack queues among them
-        are looked at now, not after their throttle, and drained ones claimed from again."""
+        are looked at now, not after their throttle, and known empty ones claimed from again."""
         if queues is None or not queues.isdisjoint(self.noack_queues):
             self.next_take = 0.0
             self.notices += 1
         if queues is None or not queues.isdisjoint(active):
-            self.drained = False
+            self.known_empty = False
 
     def look_again(self) -> None:
         """Messages may have become ready (released, or a run's next after an ack)."""
-        self.drained = False
+        self.known_empty = False
 
     def handed_off(self, *, named: bool) -> None:
         """A handoff was delivered; ``named``: a notification read with it named the queues."""
         if not named:
-            self.drained = True
+            self.known_empty = True
         self.due_checked = False
 
     def due_read(self) -> None:
         """The next due time was read (with the acks that left the worker idle)."""
-        if self.drained:
+        if self.known_empty:
             self.due_checked = True
 
 
-class DrainState:
+class LookState:
     """The event loop's pass over the channels (one per transport)."""
 
     __slots__ = ("found_nothing", "more", "starved")
@@ -166,27 +169,27 @@ class DrainState:
         if self.starved:
             self.more = True
 
-    def should_claim(self, part: ChannelDrain, qos: Any, *, notifications: bool) -> bool:
+    def should_claim(self, part: ChannelLook, qos: Any, *, notifications: bool) -> bool:
         """Whether a channel with consumed (acked) queues claims now. Not while its claim runs
         in the background (that delivers when it is done), nor without credit or while the
-        refill waits for more (starved); and not from drained queues (PostgreSQL), where the
+        refill waits for more (starved); and not from known empty queues (PostgreSQL), where the
         cheaper look at when the next delayed message is due is taken once instead."""
         if part.claiming:
             return False
         if not qos.can_consume() or qos.refill_later():
             self.starved = True
             return False
-        if part.drained and notifications:
+        if part.known_empty and notifications:
             if not part.due_checked:
                 part.due_checked = True
                 self.found_nothing = True
             return False
         return True
 
-    def claimed(self, part: ChannelDrain, count: int, limit: int, *, short: bool) -> None:
+    def claimed(self, part: ChannelLook, count: int, limit: int, *, short: bool) -> None:
         """A claim of ``limit`` brought ``count``; ``short``: the store had fewer than asked
         (never reported for a claim that carried acks)."""
-        part.drained = short
+        part.known_empty = short
         part.due_checked = False
         if count == limit:
             self.more = True
@@ -198,7 +201,7 @@ class DrainState:
 class Consumer(Protocol):
     """A channel as the fetcher and the handoffs see it (sqlease.transport._channel)."""
 
-    drain: ChannelDrain
+    look: ChannelLook
     qos: Any
     closed: bool
 

@@ -16,6 +16,7 @@ from sqlalchemy import text
 from conftest import unique_prefix
 from sqlease import Store
 from sqlease._db.driver import Lane
+from sqlease._db.postgresql import direct
 
 pytestmark = pytest.mark.pg
 
@@ -92,19 +93,18 @@ def test_long_statements_are_converted_once_and_bind_their_parameters(
     """psycopg caches its placeholder conversion only for statements up to 4 KB; the busy
     worker's ack + claim is longer. The hot path converts each statement once, and the
     parameters still land in the right places."""
-    from sqlease._db.postgresql import fastpath
 
     store = Store(pg_database_url, table_prefix=unique_prefix())
     assert len(str(store.sql.ack_claim_single)) > 4096
     for i in range(4):
         store.enqueue("q", f"p{i}", task_id=f"t{i}")
     [first] = store.claim(["q"], "w", lease_ms=60_000)
-    before = fastpath._convert.cache_info()
+    before = direct._convert.cache_info()
     acked, second = store.ack_and_claim([first.fence], ["q"], "w", lease_ms=60_000, limit=2)
     acked2, third = store.ack_and_claim(
         [m.fence for m in second], ["q"], "w", lease_ms=60_000, limit=2
     )
-    after = fastpath._convert.cache_info()
+    after = direct._convert.cache_info()
     assert acked == {first.id} and acked2 == {m.id for m in second}
     assert [m.payload for m in second + third] == ["p1", "p2", "p3"]
     assert all(m.lease_owner == "w" and m.attempt == 1 for m in second + third)
@@ -117,14 +117,13 @@ def test_psycopg_internals_that_changed_fall_back_to_its_public_path(
     """The cached conversion uses psycopg internals. This psycopg's must pass the import-time
     check; and if a later one's stop behaving at call time, each statement falls back to
     psycopg's own conversion instead of failing."""
-    from sqlease._db.postgresql import fastpath
 
-    assert fastpath._private_conversion_works()
+    assert direct._private_conversion_works()
 
     def moved(query: bytes, encoding: str) -> tuple[bytes, list[object]]:
         raise TypeError("internals moved")
 
-    monkeypatch.setattr(fastpath, "_convert", moved)
+    monkeypatch.setattr(direct, "_convert", moved)
     store = Store(pg_database_url, table_prefix=unique_prefix())
     store.enqueue("q", "p0", task_id="t0")
     [claimed] = store.claim(["q"], "w", lease_ms=60_000)
@@ -258,7 +257,7 @@ def test_one_statement_calls_reuse_the_engines_spares_without_the_pool(
         assert len(_concurrently(fast, 4)) == 4
         assert fast.spares_kept() == SPARES_PER_ENGINE
         assert fast._engine.pool.checkedout() == SPARES_PER_ENGINE  # type: ignore[attr-defined]
-        # Every FastPath of the engine (a store per Celery app, per Admin...) shares them.
+        # Every DirectLane of the engine (a store per Celery app, per Admin...) shares them.
         other = Store(fresh_store.engine.url, table_prefix=unique_prefix()).driver.lane(
             Lane.DEFAULT
         )

@@ -1,5 +1,5 @@
 """SQLite's per-task write transactions (enqueue, claim, ack, take, renew) run straight through
-sqlite3 (sqlease._db.sqlite.fast) and behave as SQLAlchemy's transactions did: atomic, the write
+sqlite3 (sqlease._db.sqlite.direct) and behave as SQLAlchemy's transactions did: atomic, the write
 lock taken up front, errors as SQLAlchemy's (a locked database is an OperationalError the store
 retries; a read-only file a DatabaseReadOnly), nothing left open. Every store test on SQLite
 runs through it too."""
@@ -19,7 +19,7 @@ from sqlalchemy import exc as sa_exc
 from conftest import unique_prefix
 from sqlease._db.engine import get_engine
 from sqlease._db.spares import SPARES_PER_ENGINE
-from sqlease._db.sqlite.fast import Result, Row, SqliteFast
+from sqlease._db.sqlite.direct import DirectTransactions, Result, Row
 from sqlease.store import Store
 
 
@@ -29,7 +29,7 @@ def _store(tmp_path: Path) -> Store:
 
 def test_the_per_task_operations_keep_one_connection_out_of_the_pool(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    assert store.driver.fast is not None
+    assert store.driver.direct is not None
     checkouts: list[int] = []
 
     def on_checkout(*args: Any) -> None:
@@ -51,7 +51,7 @@ def test_the_per_task_operations_keep_one_connection_out_of_the_pool(tmp_path: P
     finally:
         event.remove(store.engine, "checkout", on_checkout)
     assert len(checkouts) <= 1  # one connection kept between transactions, none per operation
-    assert store.driver.fast.spares_kept() == 1
+    assert store.driver.direct.spares_kept() == 1
     # Every event of those operations was written with them.
     kinds = [e.kind for e in store.events(task_id="t0")]
     assert kinds[:3] == ["enqueued", "claimed", "acked"]
@@ -60,7 +60,7 @@ def test_the_per_task_operations_keep_one_connection_out_of_the_pool(tmp_path: P
 
 def test_a_failed_statement_rolls_the_whole_transaction_back(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    fast = store.driver.fast
+    fast = store.driver.direct
     assert fast is not None
     table = store.tables.messages.name
     insert = text(
@@ -87,7 +87,7 @@ def test_a_locked_database_is_an_operational_error_the_store_retries(tmp_path: P
     path = tmp_path / "app.db"
     Store(f"sqlite:///{path}", table_prefix="p_")  # the schema
     engine = get_engine(f"sqlite:///{path}", busy_timeout_ms=50)
-    fast = SqliteFast(engine)
+    fast = DirectTransactions(engine)
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
     try:
@@ -106,18 +106,18 @@ def test_a_read_only_database_is_refused_with_sqleases_error(tmp_path: Path) -> 
     path = tmp_path / "app.db"
     Store(f"sqlite:///{path}").enqueue("q", "kept")
     read_only = Store(f"sqlite:///file:{path}?mode=ro&uri=true", auto_migrate=False)
-    assert read_only.driver.fast is not None
+    assert read_only.driver.direct is not None
     with pytest.raises(DatabaseReadOnly, match="refuses writes"):
         read_only.enqueue("q", "refused")
     with pytest.raises(DatabaseReadOnly):
         read_only.ack_and_claim([], ["q"], "w", lease_ms=1000, limit=1)
-    assert read_only.driver.fast.spares_kept() == 1  # rolled back and kept, not broken
+    assert read_only.driver.direct.spares_kept() == 1  # rolled back and kept, not broken
     assert Store(f"sqlite:///{path}").size("q") == 1
 
 
 def test_spares_are_bounded_and_never_used_by_a_forked_child(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    fast = store.driver.fast
+    fast = store.driver.direct
     assert fast is not None
     # Three transactions at once: the first holds the write lock, the others wait for it in
     # BEGIN IMMEDIATE, each on a connection of its own.

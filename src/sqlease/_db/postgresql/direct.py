@@ -1,4 +1,4 @@
-"""The PostgreSQL hot path: one statement in autocommit, straight through psycopg.
+"""A PostgreSQL lane's statements straight through psycopg: one statement in autocommit.
 
 Enqueue, claim, ack and result writes run for every task. SQLAlchemy's execution layer costs
 about as much client CPU as the statement's round trip, so on PostgreSQL these statements
@@ -94,8 +94,9 @@ else:
         return driver.cursor(row_factory=dict_row)
 
 
-class FastPath:
-    """Runs the store's own statements (``text()`` clauses) on one engine.
+class DirectLane:
+    """Runs the store's own statements (``text()`` clauses) on one engine's pooled
+    connections, through psycopg directly.
 
     ``spares``: keep a few connections checked out between calls, in autocommit
     (sqlease._db.spares); only for sqlease's own engines, never for one a user passed in, whose
@@ -300,10 +301,10 @@ class Sending:
     wait until the socket ``fileno`` is ready as ``waits_for`` says (``WAIT_READ``, with
     ``WAIT_WRITE`` set while the request is not all sent), then ``resume(ready)``; once
     ``waits_for`` is 0 it is done: ``rows`` are its rows, or ``error`` is what to raise
-    (as FastPath.rows would have, and the connection has then been given back)."""
+    (as DirectLane.rows would have, and the connection has then been given back)."""
 
-    def __init__(self, fast: FastPath, fairy: Any, sql: bytes, params: Mapping[str, Any]) -> None:
-        self._fast, self._fairy, self._sql, self._params = fast, fairy, sql, params
+    def __init__(self, lane: DirectLane, fairy: Any, sql: bytes, params: Mapping[str, Any]) -> None:
+        self._lane, self._fairy, self._sql, self._params = lane, fairy, sql, params
         driver = fairy.driver_connection
         assert isinstance(driver, psycopg.Connection)
         self.fileno: int = driver.pgconn.socket
@@ -326,15 +327,15 @@ class Sending:
             try:
                 self.rows = _fetch(self._cursor)
             except psycopg.Error as error:
-                self.error = self._fast._failed(self._fairy, self._sql, self._params, error)
+                self.error = self._lane._failed(self._fairy, self._sql, self._params, error)
             self._cursor.close()
             return 0
         except psycopg.Error as error:
             self._cursor.close()
-            self.error = self._fast._failed(self._fairy, self._sql, self._params, error)
+            self.error = self._lane._failed(self._fairy, self._sql, self._params, error)
             return 0
         except Exception as error:  # psycopg's internals misbehaved: the connection is dropped
-            self._fast.give_back(self._fairy, busy=True)
+            self._lane.give_back(self._fairy, busy=True)
             self.error = error
             return 0
         return int(wait)
