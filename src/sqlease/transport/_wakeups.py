@@ -139,10 +139,9 @@ class Wakeups:
             fetcher.acks.flush()
 
     def on_tick(self) -> None:
+        # (Outcomes need no look here: the loop's runner hands them over as they come, a
+        # thread's wake the self-pipe.)
         fetcher = self._fetcher
-        if (fetcher.runner is not None and fetcher.runner.pending) or fetcher.side.pending:
-            with self.errors_logged("fetching messages"):
-                fetcher.deliver_outcomes()
         if fetcher.acks.full:
             fetcher.acks.flush()
         if fetcher.looks.more:
