@@ -514,7 +514,8 @@ class Fetcher:
             op = store.offer_op(fences, queues, self._terms.owner, **handoffs.terms())
             for channel in self._channels():
                 channel.look.due_read()  # the due time comes back with it: no look meanwhile
-            self._submit(Kind.OFFER, op=op, fences=fences, queues=queues, covers=True)
+            heard = dict(handoffs.heard)
+            self._submit(Kind.OFFER, op=op, fences=fences, queues=queues, covers=True, heard=heard)
             return
         self._submit(Kind.ACKS, fences=fences)
 
@@ -565,13 +566,16 @@ class Fetcher:
                 store = self._store()
                 op = store.offer_op([], open_queues, self._terms.owner, **handoffs.terms())
                 covers = bool(open_queues) and set(open_queues) == set(queues)
-                self._submit(Kind.OFFER, op=op, fences=[], queues=open_queues, covers=covers)
+                heard = dict(handoffs.heard)
+                self._submit(
+                    Kind.OFFER, op=op, fences=[], queues=open_queues, covers=covers, heard=heard
+                )
                 return
         if queues:
             self._submit(Kind.DUE, op=self._store().next_due_op(queues))
 
     def _offered(self, context: dict[str, Any], due_ms: int | None) -> None:
-        self._handoffs.stood(context["queues"])
+        self._handoffs.stood(context["queues"], context["heard"])
         if context["covers"]:
             self.set_due(due_ms)
         elif self.consumed_queues():
@@ -627,8 +631,8 @@ class Fetcher:
             self.give_back([row])
             return
         # It came because the queues were idle: nothing more to claim until something
-        # notifies them (unless something just did); after its ack, the idle look offers
-        # again.
+        # notifies them (unless something just did). The next offer goes with its result
+        # or with the ack that leaves the worker idle.
         named = bool(notified and not notified.isdisjoint(channel.active_queues()))
         channel.look.handed_off(named=named)
         offer = self._handoffs.offer_with_result([row], self.consumed_queues())

@@ -12,7 +12,7 @@ delivers what handoffs bring and withdraws offers, and tells this what came of t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlease._core.handoff import Handoff
@@ -130,9 +130,11 @@ class Handoffs:
         withdraws."""
         return bool(queues or self._offer_queues)
 
-    def stood(self, queues: Sequence[str]) -> None:
-        """An offer for exactly ``queues`` was written (none: they were withdrawn)."""
-        self._offer_queues = set(queues)
+    def stood(self, queues: Sequence[str], heard: Mapping[str, int]) -> None:
+        """An offer for exactly ``queues`` was written (none: they were withdrawn);
+        ``heard``: what ``heard`` was when it was sent. A queue whose handoff was heard since
+        has had that offer used (a publish took it while the statement was on its way)."""
+        self._offer_queues = {q for q in queues if self.heard.get(q, 0) == heard.get(q, 0)}
         self.offered = self.offered or bool(queues)
 
     def offer_with_result(

@@ -127,10 +127,12 @@ class ChannelLook:
         self.known_empty = False
 
     def handed_off(self, *, named: bool) -> None:
-        """A handoff was delivered; ``named``: a notification read with it named the queues."""
+        """A handoff was delivered; ``named``: a notification read with it named the queues.
+        The due time read with the offer it used still stands (a handoff moves no other
+        message's): no look at it until something else changes. The offer after this task is
+        its result's, or its ack's when that leaves the worker idle."""
         if not named:
             self.known_empty = True
-        self.due_checked = False
 
     def due_read(self) -> None:
         """The next due time was read (with the acks that left the worker idle)."""
