@@ -173,8 +173,10 @@ class Fetcher:
         """One delete-on-fetch batch of the channel's no-ack queues (remote control, events)
         if it is time to look at them."""
         part = channel.look
+        if not part.noack_queues or not part.may_take():  # (on every fetch: the cheap test)
+            return 0
         noack = [q for q in channel.active_queues() if q in part.noack_queues]
-        if not noack or not part.may_take():
+        if not noack:
             return 0
         notices = part.take_started()
         op = self._store().take_op(noack, limit=TAKE_BATCH)
