@@ -209,6 +209,37 @@ def test_get_after_publishing_skips_its_first_read_and_still_sees_old_results(
 
 @pytest.mark.pg
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_results_heard_while_waiting_for_another_are_not_waited_for_again(
+    app: Celery, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst published by one thread: the first get() consumes the notifications of the
+    others' results too, so each later get() reads its result at once instead of napping for
+    a notification already gone (it took one second per result)."""
+    backend = backend_of(app)
+    writer = Celery("writer", broker=app.conf.broker_url, backend=app.conf.result_backend)
+    writer.conf.broker_transport_options = app.conf.broker_transport_options
+    writer.backend.store_result("warm-up", 0, states.SUCCESS)
+    assert AsyncResult("warm-up", app=app).get(timeout=5) == 0  # this thread now listens
+    ids = [f"burst-{i}" for i in range(5)]
+    for task_id in ids:
+        backend.on_task_call(None, task_id)
+    for i, task_id in enumerate(ids):
+        writer.backend.store_result(task_id, i, states.SUCCESS)
+    naps: list[Any] = []
+    real_nap = type(backend)._nap
+
+    def nap(self: Any, *args: Any) -> Any:
+        naps.append(real_nap(self, *args))
+        return naps[-1]
+
+    monkeypatch.setattr(type(backend), "_nap", nap)
+    assert [AsyncResult(task_id, app=app).get(timeout=5) for task_id in ids] == list(range(5))
+    assert all(naps), naps  # none waited out its safety interval for a consumed notification
+    writer.close()
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_a_failure_carried_by_its_notification_raises_as_usual(
     app: Celery, db_url: str, reads: list[str]
 ) -> None:

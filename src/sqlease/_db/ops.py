@@ -209,7 +209,14 @@ class Pending(Protocol):
 
 
 class Line(Protocol):
-    """A connection an event loop keeps, to send one-statement ops on without blocking."""
+    """A connection an event loop keeps, to send one-statement ops on without blocking.
+    ``connect`` (blocking, so called off the loop) makes sure it holds one, which
+    ``holds_connection`` tells; ``send`` on a line that holds none connects first."""
+
+    @property
+    def holds_connection(self) -> bool: ...
+
+    def connect(self) -> None: ...
 
     def send(self, op: Op[Any]) -> Pending: ...
 

@@ -91,6 +91,19 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
             and waker.generation == generation
         )
 
+    def _heard(self, payloads: list[str] | None) -> None:
+        """Notifications read while waiting for one task are gone for the others: a task
+        published by this thread whose write was among them is no longer 'unheard', so its
+        own get() must read first rather than wait for a notification already consumed."""
+        fresh = self._fresh()
+        if not payloads or not fresh:
+            return
+        prefix = bytes_to_str(self.task_keyprefix)
+        for payload in payloads:
+            name = payload.partition("\n")[0]
+            if name.startswith(prefix):
+                fresh.pop(name[len(prefix) :], None)
+
     def wait_for(
         self,
         task_id: Any,
@@ -117,6 +130,7 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
             if timeout is not None and elapsed >= timeout:
                 raise CeleryTimeoutError("The operation timed out.")
             payloads = self._nap(waker, interval, timeout, elapsed)
+            self._heard(payloads)
             # The result usually arrives with its notification: no read back needed.
             meta = self._ready_meta_from(payloads, task_id)
             if meta is not None:
@@ -162,7 +176,7 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
                 raise CeleryTimeoutError(f"Operation timed out ({timeout})")
             if on_interval:
                 on_interval()
-            self._nap(waker, interval, timeout, elapsed)
+            self._heard(self._nap(waker, interval, timeout, elapsed))
             iterations += 1
             if max_iterations and iterations >= max_iterations:
                 break

@@ -16,6 +16,10 @@ claim submitted after acks runs after them or with them. Every op the transport 
 one statement on PostgreSQL (a worker acks only its own deliveries); an op that is not would
 be executed, blocking, rather than lost.
 
+A line with no connection gets one on a thread of its own (``connect``): opening one, or
+waiting for the pool to free one, would hold the loop for a network round trip or more; the
+statement goes out from the loop once it is there.
+
 A statement whose connection dropped (server restart, ``pg_terminate_backend``) or could not
 be made is sent again on a fresh connection, after a backoff timed by the hub, for up to
 ``RETRY_SECONDS``, as the store's blocking operations ride it out (sqlease._db.retry): a
@@ -31,6 +35,7 @@ import select
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,9 +80,16 @@ class LoopCalls:
     synchronous = False
 
     def __init__(
-        self, hub: Any, driver: Driver, prepare: Prepare, notify: Callable[[], None]
+        self,
+        hub: Any,
+        driver: Driver,
+        prepare: Prepare,
+        notify: Callable[[], None],
+        *,
+        wake_from_thread: Callable[[], None] | None = None,
     ) -> None:
         self._hub = hub
+        self._wake_from_thread = wake_from_thread
         self._driver = driver
         #: The connections kept, one per pool (``Driver.line_key``).
         self._lines: dict[object, Line] = {}
@@ -93,6 +105,9 @@ class LoopCalls:
         #: A statement to send again once the backoff passed: its jobs, itself, the deadline,
         #: the next delay, and the hub's timer.
         self._retry: Retry | None = None
+        #: A statement waiting for its line's connection, which a thread is opening.
+        self._connecting: tuple[Attempt, Future[None]] | None = None
+        self._connector: ThreadPoolExecutor | None = None
 
     def _line(self, lane: Lane) -> Line:
         key = self._driver.line_key(lane)
@@ -108,7 +123,7 @@ class LoopCalls:
 
     @property
     def _busy(self) -> bool:
-        return self._sending is not None or self._retry is not None
+        return self._sending is not None or self._retry is not None or self._connecting is not None
 
     def collect(self) -> list[Done]:
         """The calls finished since the last collect, oldest first."""
@@ -128,7 +143,14 @@ class LoopCalls:
         while self._busy or self._waiting:
             if deadline - time.monotonic() <= 0:
                 return False
-            if self._retry is not None:
+            if self._connecting is not None:
+                future = self._connecting[1]
+                try:
+                    future.exception(timeout=max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    return False
+                self._connected(future)
+            elif self._retry is not None:
                 time.sleep(min(self._retry.attempt.delay, max(0.0, deadline - time.monotonic())))
                 self._send_again()
             elif self._sending is None:
@@ -138,6 +160,15 @@ class LoopCalls:
         return True
 
     def stop(self, timeout: float = 5.0) -> None:
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:  # its jobs' messages come back when their leases expire
+            try:
+                connecting[1].exception(timeout=timeout)
+            except TimeoutError:
+                pass
+        if self._connector is not None:
+            self._connector.shutdown(wait=False)
+            self._connector = None
         if self._retry is not None:
             self._retry.timer.cancel()
             self._retry = None
@@ -174,13 +205,45 @@ class LoopCalls:
 
     def _send(self, attempt: Attempt) -> None:
         op = attempt.op
+        line = self._line(op.lane)
+        if not line.holds_connection:
+            self._connect(line, attempt)
+            return
         try:
-            pending = self._line(op.lane).send(op)
+            pending = line.send(op)
         except BaseException as exc:  # the line dropped its connection: none is under way
             self._failed(attempt.jobs, exc, again=attempt)
             return
         self._sending = Sent(pending, attempt)
         self._after_step()
+
+    def _connect(self, line: Line, attempt: Attempt) -> None:
+        """Open ``line``'s connection on the connector thread; ``attempt`` goes out from the
+        loop once it is there (``_connected``)."""
+        if self._connector is None:
+            self._connector = ThreadPoolExecutor(1, thread_name_prefix="sqlease-connect")
+        future = self._connector.submit(line.connect)
+        self._connecting = (attempt, future)
+
+        def done(_: Future[None]) -> None:  # on the connector thread
+            self._hub.call_soon(self._connected, future)
+            if self._wake_from_thread is not None:
+                self._wake_from_thread()
+
+        future.add_done_callback(done)
+
+    def _connected(self, future: Future[None]) -> None:
+        """The loop thread: the line's connection is there (or could not be made)."""
+        if self._connecting is None or self._connecting[1] is not future:
+            return  # stopped meanwhile, or already taken by wait_idle
+        attempt, self._connecting = self._connecting[0], None
+        error = future.exception()
+        if error is not None:
+            self._failed(attempt.jobs, error, again=attempt)
+        else:
+            self._send(attempt)
+        if not self._busy:
+            self._send_waiting()
 
     def _failed(self, jobs: list[Job], exc: BaseException, again: Attempt | None = None) -> None:
         """Every job reports ``exc``; unless the connection dropped (or could not be made)

@@ -203,7 +203,7 @@ def make_runner(
         return InlineCalls(driver, batcher)
     if driver.nonblocking and loop_statements:
         # The loop sends the statements itself and reads their rows when they come.
-        return LoopCalls(hub, driver, batcher.prepare, notify)
+        return LoopCalls(hub, driver, batcher.prepare, notify, wake_from_thread=wake_from_thread)
     # A thread executes them, one after another, on the connection it keeps.
     return BackgroundCalls(
         driver,

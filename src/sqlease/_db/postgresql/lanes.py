@@ -40,13 +40,17 @@ class KeptLine:
         self._fairy: Any = None
         self._sending: Sending | None = None
 
-    def send(self, op: Op[Any]) -> Sending:
-        assert op.statement is not None  # a line is handed sendable ops only
+    def connect(self) -> None:
+        """Hold a connection (blocking: a pool checkout, perhaps a new connection)."""
         if self._sending is not None and self._sending.error is not None:
             self._fairy = None  # given back (or dropped) by that failure
         self._sending = None
         if self._fairy is None:
             self._fairy = self._lane.kept_connection()
+
+    def send(self, op: Op[Any]) -> Sending:
+        assert op.statement is not None  # a line is handed sendable ops only
+        self.connect()
         try:
             self._sending = self._lane.send(op.statement, op.params, self._fairy)
         except BaseException:  # the connection is in an unknown state: dropped
