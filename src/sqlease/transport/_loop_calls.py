@@ -69,6 +69,14 @@ class Sent:
 
 
 @dataclass(slots=True)
+class Connecting:
+    """A statement waiting for its line's connection, which the connector thread opens."""
+
+    attempt: Attempt
+    future: Future[None]
+
+
+@dataclass(slots=True)
 class Retry:
     """A statement to send again once the backoff passed (the hub's timer)."""
 
@@ -106,7 +114,7 @@ class LoopCalls:
         #: the next delay, and the hub's timer.
         self._retry: Retry | None = None
         #: A statement waiting for its line's connection, which a thread is opening.
-        self._connecting: tuple[Attempt, Future[None]] | None = None
+        self._connecting: Connecting | None = None
         self._connector: ThreadPoolExecutor | None = None
 
     def _line(self, lane: Lane) -> Line:
@@ -144,7 +152,7 @@ class LoopCalls:
             if deadline - time.monotonic() <= 0:
                 return False
             if self._connecting is not None:
-                future = self._connecting[1]
+                future = self._connecting.future
                 try:
                     future.exception(timeout=max(0.0, deadline - time.monotonic()))
                 except TimeoutError:
@@ -163,7 +171,7 @@ class LoopCalls:
         connecting, self._connecting = self._connecting, None
         if connecting is not None:  # its jobs' messages come back when their leases expire
             try:
-                connecting[1].exception(timeout=timeout)
+                connecting.future.exception(timeout=timeout)
             except TimeoutError:
                 pass
         if self._connector is not None:
@@ -223,7 +231,7 @@ class LoopCalls:
         if self._connector is None:
             self._connector = ThreadPoolExecutor(1, thread_name_prefix="sqlease-connect")
         future = self._connector.submit(line.connect)
-        self._connecting = (attempt, future)
+        self._connecting = Connecting(attempt, future)
 
         def done(_: Future[None]) -> None:  # on the connector thread
             self._hub.call_soon(self._connected, future)
@@ -234,9 +242,9 @@ class LoopCalls:
 
     def _connected(self, future: Future[None]) -> None:
         """The loop thread: the line's connection is there (or could not be made)."""
-        if self._connecting is None or self._connecting[1] is not future:
+        if self._connecting is None or self._connecting.future is not future:
             return  # stopped meanwhile, or already taken by wait_idle
-        attempt, self._connecting = self._connecting[0], None
+        attempt, self._connecting = self._connecting.attempt, None
         error = future.exception()
         if error is not None:
             self._failed(attempt.jobs, error, again=attempt)
