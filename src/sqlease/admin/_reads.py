@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, or_, select
 
 from sqlease._db.rows import row_to_message
 from sqlease.errors import UnknownTask
@@ -37,6 +37,8 @@ PARKED = {
     "waiting_input": "waiting_input",
     "waiting_approval": "waiting_approval",
     "paused": "paused",
+    # parked behind an unfinished earlier task of its run: queued, with reason "run"
+    "run": "queued",
 }
 RESULT_STATES = {"SUCCESS": "succeeded", "FAILURE": "failed", "REVOKED": "cancelled"}
 _FINISHED_EVENTS = ("acked", "purged")
@@ -272,9 +274,11 @@ class TaskReads:
             query = query.where(m.c.run_id == run_id)
         if state in ("failed", "cancelled"):
             query = query.where(m.c.state == "dead")
+        elif state == "queued":  # ready, or parked behind its run
+            query = query.where(or_(m.c.state == "ready", m.c.reason == "run"))
         elif state in PARKED:
             query = query.where(m.c.state == "parked")
-        elif state in ("queued", "scheduled", "running"):
+        elif state in ("scheduled", "running"):
             query = query.where(m.c.state == "ready")
         found: list[TaskSnapshot] = []
         with self.store.driver.reading() as conn:
