@@ -44,7 +44,7 @@ def _configure(sqlite_file: Path, pg_url: str | None) -> None:
             "PORT": str(url.port or ""),
         }
     settings.configure(
-        INSTALLED_APPS=["django.contrib.contenttypes", "sqlease.contrib.django"],
+        INSTALLED_APPS=["django.contrib.contenttypes", "django_tasks", "sqlease.contrib.django"],
         DATABASES=databases,
         USE_TZ=True,
         SQLEASE_DATABASE="sqlite",
