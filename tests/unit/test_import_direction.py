@@ -39,8 +39,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "cli",
         "ui",
         "metrics",
-        # other frameworks: Django (sqlease.contrib.django)
+        # other frameworks: Django (sqlease.contrib.django), pytest (users' test suites)
         "contrib",
+        "pytest_plugin",
     ),
     "facade": ("admin", "schedules", "store", "revokes", "transactions"),
     "core": ("_core", "options"),
