@@ -55,8 +55,9 @@ def celery_priority(priority: int) -> int:
     return round((priority + 100) * 9 / 200)
 
 
-class SqleaseBackend(BaseTaskBackend):  # type: ignore[misc]
-    """Django tasks as sqlease messages (see the module)."""
+class TasksBackend(BaseTaskBackend):  # type: ignore[misc]
+    """Django tasks as sqlease messages (see the module); its documented path is
+    ``sqlease.contrib.django.tasks.SqleaseBackend``."""
 
     supports_defer = True  # run_after: the message's ETA, held in SQL
     supports_async_task = False  # the worker calls the function; coroutines are not run
@@ -132,6 +133,11 @@ class SqleaseBackend(BaseTaskBackend):  # type: ignore[misc]
                 trace = outcome.traceback or snapshot.last_error or snapshot.reason or ""
                 result.errors.append(TaskError(exception_class_path=path, traceback=trace))
         return result
+
+
+#: The name settings use (``TASKS[…]["BACKEND"]``); the class has its own so that no two of
+#: sqlease's classes share a name (the Celery result backend is ``SqleaseBackend`` too).
+SqleaseBackend = TasksBackend
 
 
 def _prefix(app: Any) -> str:
