@@ -4,7 +4,7 @@
                          "QUEUES": ["default"],
                          "OPTIONS": {"CELERY_APP": "proj.celery.app"}}}
 
-``enqueue()`` publishes one Celery message (the task ``sqlease.django_task``, defined here,
+``enqueue()`` publishes one Celery message (the task ``run_django_task``, defined here,
 whose arguments are the Django task's module path and arguments) with the app's broker: a
 sqlease broker (``sqlease+django://ALIAS`` or a URL). So each Django task gets what a sqlease
 task gets: a lease and its heartbeat, fencing, ``max_attempts``, takeover after a crash;
@@ -40,7 +40,7 @@ from sqlease.contrib.django._compat import (
 from sqlease.errors import ConfigurationError, UnknownTask
 
 #: The Celery task that runs a Django task in a worker.
-RUNNER = "sqlease.django_task"
+RUNNER = "sqlease.contrib.django.tasks.run_django_task"
 
 _STATUS = {
     "succeeded": TaskResultStatus.SUCCESSFUL,
