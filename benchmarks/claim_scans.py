@@ -28,7 +28,9 @@ round and dropped at its end), ``--rounds`` times, each case on fresh tables:
 - **held_by_run**: ``--runs`` runs (default 10,000) on queue ``b``, each with a head that a
   holder has claimed (a lease of an hour) and ``--waiting`` messages behind it (default 10);
   then as above, the claim over ``["a", "b"]``. The waiting messages are parked behind their
-  runs, outside the claim index; the running heads are in it.
+  runs, outside the claim index; the running heads are in it, as every running task is.
+- **held_by_run_waiting**: the same, but each head then waits for a person (parked, as
+  ``ctx.wait_for_input`` leaves it): nothing of ``b`` is in the claim index.
 - **held_none**: the same claims with ``b`` empty: what the held cases are compared with.
 
 Messages are published with ``Store.enqueue_many`` (batches of 5,000), as the transport
@@ -201,7 +203,9 @@ def case_held(url: str, held: int, calls: int, by: str) -> dict[str, Any]:
         store.engine.dispose()
 
 
-def case_runs(url: str, runs: int, waiting: int, calls: int) -> dict[str, Any]:
+def case_runs(url: str, runs: int, waiting: int, calls: int, heads: str) -> dict[str, Any]:
+    """``heads``: ``running`` (leased for an hour) or ``waiting`` (then parked, waiting for a
+    person, as ``ctx.wait_for_input`` leaves them)."""
     store = Store(url)
     try:
         for round_ in range(waiting + 1):  # the heads first, then the waiting messages
@@ -215,12 +219,16 @@ def case_runs(url: str, runs: int, waiting: int, calls: int) -> dict[str, Any]:
             if round_ == 0:
                 held = 0
                 while held < runs:
-                    held += len(store.claim(["b"], "holder", lease_ms=3_600_000, limit=1_000))
+                    got = store.claim(["b"], "holder", lease_ms=3_600_000, limit=1_000)
+                    held += len(got)
+                    if heads == "waiting":
+                        for m in got:
+                            store.park(m.fence, "waiting_input")
         times = []
         for _ in range(calls):
             store.enqueue_many([NewMessage("a", "{}", task_id=str(uuid.uuid4())) for _ in range(3)])
             times.append(timed_claim(store, ["a", "b"], 3))
-        return {"held_by_run": summary(times)}
+        return {"held_by_run" if heads == "running" else "held_by_run_waiting": summary(times)}
     finally:
         store.engine.dispose()
 
@@ -249,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--waiting", type=int, default=10)
     parser.add_argument(
         "--cases",
-        default="delayed,queues,analyzed,held_none,held_by_rate,held_by_gate,held_by_run",
+        default=(
+            "delayed,queues,analyzed,held_none,held_by_rate,held_by_gate,held_by_run,"
+            "held_by_run_waiting"
+        ),
         help="comma-separated",
     )
     parser.add_argument("--calls", type=int, default=100, help="timed claims per case")
@@ -268,8 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                         found = case_delayed(url, args.delayed, args.calls)
                     elif case == "analyzed":
                         found = case_analyzed(url, args.analyzed, args.calls)
-                    elif case == "held_by_run":
-                        found = case_runs(url, args.runs, args.waiting, args.calls)
+                    elif case in ("held_by_run", "held_by_run_waiting"):
+                        heads = "running" if case == "held_by_run" else "waiting"
+                        found = case_runs(url, args.runs, args.waiting, args.calls, heads)
                     elif case == "held_none":
                         found = case_none(url, args.calls)
                     elif case.startswith("held_by_"):
@@ -291,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             "held_by_rate",
             "held_by_gate",
             "held_by_run",
+            "held_by_run_waiting",
         ):
             mine = [r for r in runs if r["backend"] == backend and r["measure"] == measure]
             if not mine:
