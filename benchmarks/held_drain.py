@@ -10,7 +10,10 @@ start to the last's, counted by UDP datagrams as in ``celery_bench.py``).
 - **none**: ``held`` is empty.
 - **runs**: ``--runs`` runs (default 2,222) of ``--waiting`` + 1 messages each (default 9
   waiting, 19,998 messages behind 2,222 heads), the heads leased for an hour by another
-  worker (long tasks in progress): the waiting messages are parked behind their runs.
+  worker (long tasks in progress): the waiting messages are parked behind their runs; the
+  running heads are in the claim index, as every running task is.
+- **runs_waiting**: the same, with each head then waiting for a person (parked, as
+  ``ctx.wait_for_input`` leaves it): nothing of ``held`` is in the claim index.
 
 Reported: drain/s per scenario and round, and the median over rounds of each round's ratio
 to ``none`` (target 0.8). JSON in ``benchmarks/results/held-drain-<date>.json``.
@@ -35,6 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from celery import Celery
 from celery_bench import Counter, stop_worker
 
 from sqlease import NewMessage, Store
@@ -44,8 +48,9 @@ DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 BATCH = 5_000
 
 
-def fill_runs(store: Store, runs: int, waiting: int) -> None:
-    """The heads first (leased for an hour by ``holder``), then the waiting messages."""
+def fill_runs(store: Store, runs: int, waiting: int, *, heads_wait: bool = False) -> None:
+    """The heads first (leased for an hour by ``holder``; ``heads_wait``: then parked,
+    waiting for a person), then the waiting messages."""
     for round_ in range(waiting + 1):
         for start in range(0, runs, BATCH):
             store.enqueue_many(
@@ -57,7 +62,10 @@ def fill_runs(store: Store, runs: int, waiting: int) -> None:
         if round_ == 0:
             leased = 0
             while leased < runs:
-                leased += len(store.claim(["held"], "holder", lease_ms=3_600_000, limit=1_000))
+                got = store.claim(["held"], "holder", lease_ms=3_600_000, limit=1_000)
+                leased += len(got)
+                for message in got if heads_wait else []:
+                    store.park(message.fence, "waiting_input")
 
 
 def drain(url: str, prefix: str, tasks: int, counter: Counter, log: Path) -> float:
@@ -69,13 +77,12 @@ def drain(url: str, prefix: str, tasks: int, counter: Counter, log: Path) -> flo
         PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
     )
     env.pop("BENCH_BACKEND", None)
-    os.environ.update(BENCH_BROKER=env["BENCH_BROKER"], BENCH_PREFIX=prefix)
-    sys.modules.pop("bench_app", None)
-    import bench_app
-
+    # The tasks by name, from an app of this scenario's own (bench_app is the worker's).
+    client = Celery("held-drain", broker=env["BENCH_BROKER"], set_as_current=False)
+    client.conf.broker_transport_options = {"table_prefix": prefix}
     for _ in range(tasks):
-        bench_app.noop.delay()
-    bench_app.app.close()
+        client.send_task("bench.noop")
+    client.close()
     counter.drain()
     with log.open("ab") as handle:
         worker = subprocess.Popen(
@@ -141,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                     prefix = f"hd{uuid.uuid4().hex[:8]}_"
                     url = args.pg if backend == "postgresql" else f"sqlite:///{tmp}/{prefix}.db"
                     store = Store(url, table_prefix=prefix)
-                    if scenario == "runs":
-                        fill_runs(store, args.runs, args.waiting)
+                    if scenario in ("runs", "runs_waiting"):
+                        heads_wait = scenario == "runs_waiting"
+                        fill_runs(store, args.runs, args.waiting, heads_wait=heads_wait)
                     store.engine.dispose()
                     print(f"[{rnd + 1}/{args.rounds}] {backend} {scenario}", file=sys.stderr)
                     rate = drain(url, prefix, args.tasks, counter, Path(tmp) / "worker.log")

@@ -12,6 +12,9 @@ Per call, in microseconds, one process, interleaved rounds (the median of ``--ro
 - ``Store.enqueue, delayed``: the same for a message due in a minute, which no idle worker
   can be handed, so its statement has no handoff lookup: the difference is that lookup's
   cost;
+- ``Store.enqueue, into a run``: a message of one of 100 runs whose head is unfinished (it is
+  parked behind its run; the run's order row is upserted): the same statement as the delayed
+  one (no handoff lookup), so that is its like for like;
 - ``delay()``: Celery's whole publish of a no-op task, on sqlease (both) and on Redis.
 
 So ``delay()`` = Celery's own work (about the Redis figure) + sqlease's statement, and the
@@ -94,13 +97,17 @@ def main() -> int:
         run()
         return lambda: conn.execute(f"INSERT INTO {plain} (payload) VALUES (%s)", (PAYLOAD,))
 
-    def enqueue(store: Store, delay_ms: int = 0) -> Callable[[], object]:
+    def enqueue(store: Store, delay_ms: int = 0, runs: int = 0) -> Callable[[], object]:
+        count = iter(range(10**9))
+        for r in range(runs):  # each run's head, left unfinished
+            store.enqueue("floor-runs", PAYLOAD, run_id=f"run-{r}")
         return lambda: store.enqueue_many(
             [
                 NewMessage(
-                    "floor",
+                    "floor-runs" if runs else "floor",
                     PAYLOAD,
                     delay_ms=delay_ms,
+                    run_id=f"run-{next(count) % runs}" if runs else None,
                     task_id=str(uuid.uuid4()),
                     task_name="floor.noop",
                 )
@@ -115,6 +122,7 @@ def main() -> int:
         "Store.enqueue, publish_sync_commit False": lambda: enqueue(nowait),
         "Store.enqueue, delayed, durable": lambda: enqueue(durable, 60_000),
         "Store.enqueue, delayed, publish_sync_commit False": lambda: enqueue(nowait, 60_000),
+        "Store.enqueue, into a run, durable": lambda: enqueue(durable, runs=100),
         **{name: (lambda app=app: app.tasks["floor.noop"].delay) for name, app in apps.items()},
     }
     found: dict[str, list[float]] = {name: [] for name in cases}
