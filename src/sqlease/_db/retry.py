@@ -6,6 +6,9 @@ operational errors with a short backoff for a bounded time instead of failing th
 worker. Every operation is safe to repeat: fenced writes are refused when their first try
 already committed (an ack is then reported as stale), compare-and-set sees the new revision,
 and upserts are idempotent.
+
+A call bounded by a lease (sqlease._db.bounds) retries only while its bound lasts, and does
+not start once it has passed.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from sqlease._db import bounds
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +42,12 @@ def retry_transient(fn: F, seconds: float = RETRY_SECONDS) -> F:
         delay = 0.05
         deadline = time.monotonic() + seconds
         while True:
+            bounds.check()
             try:
                 return fn(*args, **kwargs)
             except (OperationalError, PoolTimeout) as exc:
-                if time.monotonic() + delay > deadline:
+                left = bounds.left()
+                if time.monotonic() + delay > deadline or (left is not None and left <= delay):
                     raise
                 logger.info(
                     "sqlease: database operation %s failed (%s); retrying in %.2fs",

@@ -71,6 +71,12 @@ def due_of(rows: list[dict[str, Any]]) -> int | None:
     return None if due is None else max(0, int(due))
 
 
+def db_now_of(rows: list[dict[str, Any]]) -> int | None:
+    """The ``now_ms`` column of an offer statement: the database's time it ran at."""
+    now = rows[0].get("now_ms") if rows else None
+    return None if now is None else int(now)
+
+
 def acked_ids_of(rows: list[dict[str, Any]]) -> set[int]:
     """The ``acked_ids`` array of a combined statement's first row."""
     return {int(i) for i in (rows[0]["acked_ids"] or [])} if rows else set()

@@ -42,12 +42,17 @@ class SqleaseBackend(PushedWaits, NativeChords):  # type: ignore[misc]
         self.url = strip_prefix(raw) if raw.startswith("sqlease") else raw
         self.sa_url = to_sqlalchemy_url(self.url)
         options = dict(conf.get("result_backend_transport_options") or {})
-        broker_prefix = str(
-            (conf.get("broker_transport_options") or {}).get("table_prefix", "sqlease_")
-        )
+        broker_options = conf.get("broker_transport_options") or {}
+        broker_prefix = str(broker_options.get("table_prefix", "sqlease_"))
         shares_database = self._shares_broker_database()
         if "table_prefix" not in options and shares_database:
             options["table_prefix"] = broker_prefix
+        if "lease_seconds" not in options and shares_database:
+            # The broker's lease: its connections' keepalives follow it, and a worker's
+            # backend and transport then share one store (one set of pools).
+            lease = broker_options.get("lease_seconds")
+            if lease is not None:
+                options["lease_seconds"] = lease
         options.pop("global_keyprefix", None)
         self.options = TransportOptions.parse(options)
         # Results are fenced only when the broker's messages are in the same tables: the
