@@ -88,12 +88,17 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def _boolean(name: str, value: Any) -> bool:
+def parse_boolean(name: str, value: Any) -> bool:
+    """A boolean option's value: a bool, or one of the strings true/false/yes/no/on/off/1/0
+    (ConfigurationError naming ``name`` otherwise)."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
         return value.lower() in _TRUE
     raise ConfigurationError(f"transport option {name!r} must be true or false, not {value!r}")
+
+
+_boolean = parse_boolean
 
 
 def _prefix(name: str, value: Any) -> str:
@@ -269,6 +274,16 @@ class TransportOptions:
             'syntax: ``{"task:app.call_api": "100/m", "queue:mail": "10/s"}``. Written at a '
             "consuming worker's start as concurrency_limits are.",
             none_keeps_default=True,
+        ),
+    )
+    interrupt_on_lease_lost: bool = field(
+        default=False,
+        metadata=_row(
+            _boolean,
+            "Raise ``LeaseLost`` inside a running task as soon as its lease is known lost (its "
+            "lease clock ran out, or its renewal was refused), as Celery's soft time limit "
+            "does, so that a task that never checkpoints stops too. A task's own "
+            "``interrupt_on_lease_lost`` option wins.",
         ),
     )
     cluster_rate_limits: bool = field(

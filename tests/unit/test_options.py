@@ -81,6 +81,11 @@ BAD: list[tuple[str, Any, str]] = [
     ("publish_sync_commit", "later", _message("publish_sync_commit", "true or false, not 'later'")),
     ("cluster_rate_limits", "both", _message("cluster_rate_limits", "true or false, not 'both'")),
     (
+        "interrupt_on_lease_lost",
+        "maybe",
+        _message("interrupt_on_lease_lost", "true or false, not 'maybe'"),
+    ),
+    (
         "concurrency_limits",
         ["queue:a"],
         "concurrency_limits must be a mapping such as {'queue:images': 4, "

@@ -31,9 +31,9 @@ import secrets
 import struct
 import tempfile
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 
-from sqlease._core.lease_clock import LOST
+from sqlease._core.lease_clock import LOST, DeliveryClock
 from sqlease.types import Fence
 
 logger = logging.getLogger(__name__)
@@ -212,3 +212,36 @@ def read(path: str, slot: int, fence: Fence) -> float:
             return float(deadline)
     logger.warning("sqlease: lease clock slot %s#%d kept changing; taken as lost", path, slot)
     return LOST
+
+
+#: The clocks of the deliveries this process runs tasks for, by fence and slot: a task's
+#: context and the result backend share one (the confirmations of the task's own writes count
+#: for both).
+_clocks: OrderedDict[tuple[Fence, str | None], DeliveryClock] = OrderedDict()
+_clocks_lock = threading.Lock()
+#: Deliveries remembered (a pool process runs one task at a time; a thread pool a few).
+_CLOCKS_KEPT = 256
+
+
+def delivery_clock(fence: Fence, lease_ms: int, ref: str | None) -> DeliveryClock:
+    """The lease clock of ``fence`` in this process, reading the deadline its worker
+    publishes at ``ref`` (``delivery_info[CLOCK_KEY]``; None: the worker published none)."""
+    key = (fence, ref if isinstance(ref, str) else None)
+    with _clocks_lock:
+        clock = _clocks.get(key)
+        if clock is not None:
+            _clocks.move_to_end(key)
+            return clock
+        where = parse_ref(ref) if isinstance(ref, str) else None
+        shared = None
+        if where is not None:
+            path, slot = where
+
+            def shared() -> float:
+                return read(path, slot, fence)
+
+        clock = DeliveryClock(lease_ms / 1000.0, shared=shared)
+        _clocks[key] = clock
+        while len(_clocks) > _CLOCKS_KEPT:
+            _clocks.popitem(last=False)
+        return clock
