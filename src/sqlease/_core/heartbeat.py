@@ -184,8 +184,10 @@ class Heartbeat:
                     continue
                 groups.setdefault((id(held.store), held.lease_ms), []).append((fence, held))
         until = now + min((h.lease_ms for _, h in run_out), default=0) / 1000.0
-        for fence, held in run_out:
-            self._lost(fence, held, "its lease clock ran out before a renewal was confirmed", until)
+        self._report(
+            [(f, h, "its lease clock ran out before a renewal was confirmed") for f, h in run_out],
+            until,
+        )
         for entries in groups.values():
             self._renew(entries)
 
@@ -198,10 +200,14 @@ class Heartbeat:
         try:
             with bounded(lambda: latest - self._monotonic()):
                 renewed = store.renew([f for f, _ in entries], lease_ms=lease_ms)
-        except Exception:
+        except Exception as exc:
+            # Each beat of an outage would repeat the same traceback: its first line will do.
             logger.warning(
-                "sqlease could not renew %d lease(s); will retry", len(entries), exc_info=True
+                "sqlease could not renew %d lease(s) (%s); will retry",
+                len(entries),
+                str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
             )
+            logger.debug("the renewal's error", exc_info=True)
             return
         self.renewals += 1
         confirmed = deadline_after(sent, lease_ms / 1000.0)
@@ -223,9 +229,7 @@ class Heartbeat:
                     held.deadline = confirmed
                     assert self._slots is not None
                     self._slots.write(held.slot, fence, confirmed)
-        until = now + lease_ms / 1000.0
-        for fence, held, why in lost:
-            self._lost(fence, held, why, until)
+        self._report(lost, now + lease_ms / 1000.0)
 
     def _mark_lost(self, fence: Fence, held: _Held) -> None:
         """(Under the lock.) Lost for good: no longer renewed; its slot reads lost."""
@@ -233,10 +237,16 @@ class Heartbeat:
         if self._slots is not None:
             self._slots.write(held.slot, fence, LOST)
 
-    def _lost(self, fence: Fence, held: _Held, why: str, until: float) -> None:
-        """Report a lost lease; its event is recorded if the database answers by ``until``
-        (one budget for all the leases a beat lost: a database out of reach must not hold
-        the beat for a lease each)."""
+    def _report(self, lost: list[tuple[Fence, _Held, str]], until: float) -> None:
+        """Report lost leases: logged and their holders told first, then their events
+        recorded if the database answers by ``until`` (one budget for all: a database out of
+        reach must not hold the beat for a lease each)."""
+        for fence, held, why in lost:
+            self._tell(fence, held, why)
+        for fence, held, why in lost:
+            self._record(fence, held, why, until)
+
+    def _tell(self, fence: Fence, held: _Held, why: str) -> None:
         logger.warning(
             "sqlease lease lost: message %s attempt %s (%s: taken over, expired, paused, "
             "cancelled or out of reach); its result and ack will be refused",
@@ -245,6 +255,13 @@ class Heartbeat:
             why,
             extra={"message_id": fence.message_id, "attempt": fence.attempt},
         )
+        if held.on_lost is not None:
+            try:
+                held.on_lost(fence)
+            except Exception:
+                logger.exception("lease-lost callback failed")
+
+    def _record(self, fence: Fence, held: _Held, why: str, until: float) -> None:
         try:
             with bounded(lambda: until - self._monotonic()):
                 held.store.record_event(
@@ -256,11 +273,6 @@ class Heartbeat:
                 )
         except Exception:
             logger.debug("could not record lease_lost event", exc_info=True)
-        if held.on_lost is not None:
-            try:
-                held.on_lost(fence)
-            except Exception:
-                logger.exception("lease-lost callback failed")
 
     def stop(self) -> None:
         self._stopping = True

@@ -114,6 +114,9 @@ class Fetcher:
                 notify=self._outcomes_ready,
                 wake_from_thread=self._loop.wake_from_thread,
                 loop_statements=self._options.loop_statements,
+                # A claim answered later than a lease is worth nothing (its leases' clocks
+                # ran out), and an ack no more: given up, sent again on a new connection.
+                give_up_after=self._options.lease_seconds,
             )
         return self.runner
 
