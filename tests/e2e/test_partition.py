@@ -126,3 +126,49 @@ def _partition(e2e: E2E, proxy: StallingProxy, proxied: Any) -> None:
     figures["held bytes that reached the server after the heal"] = proxy.held_to_server
     figures["A served again after the heal (s)"] = served_again
     print("\npartition figures:", {k: round(v, 2) for k, v in figures.items()})
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_call_through_a_partition_ends_with_the_lease(e2e: E2E) -> None:
+    """One task-side call, on its own: a checkpoint sent into a partition raises ``LeaseLost``
+    when its delivery's lease clock runs out, not when the network heals; the next call past
+    the clock raises at once; after the heal a new connection serves, and the held write,
+    delivered late, changed nothing."""
+    from sqlease import LeaseLost, Store
+    from sqlease._core.lease_clock import DeliveryClock
+    from sqlease.task_context import TaskContext
+
+    url = make_url(e2e.db_url)
+    proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
+    try:
+        through = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+        store = Store(through, table_prefix=e2e.prefix, lease_ms=3_000)
+        store.enqueue("q", "{}", task_id="t-bounded")
+        [message] = store.claim(["q"], "w1", lease_ms=3_000)
+        ctx = TaskContext(
+            store, message.fence, task_id="t-bounded", lease_ms=3_000, clock=DeliveryClock(3.0)
+        )
+        ctx.ensure_lease()
+        ctx.checkpoint({"page": 1})
+        proxy.stall()
+        started = time.monotonic()
+        deadline = ctx.deadline
+        assert deadline is not None
+        with pytest.raises(LeaseLost, match="no answer from the database within the lease"):
+            ctx.checkpoint({"page": 2})
+        assert time.monotonic() <= deadline + SLACK  # at its clock, not at the heal
+        assert time.monotonic() - started < 3.0
+        with pytest.raises(LeaseLost, match="lease clock ran out"):
+            ctx.event("late")  # at once
+        # Taken over meanwhile (directly, past the partition), then the network heals.
+        time.sleep(max(0.0, message.lease_expires_at_ms / 1000 - time.time() + 0.2))
+        [again] = e2e.store.claim(["q"], "w2", lease_ms=3_000)
+        proxy.resume()
+        assert again.attempt == 2
+        # A new connection through the healed network serves the store.
+        assert store.get_task("t-bounded") is not None
+        assert proxy.held_to_server > 0  # the checkpoint's statement, held by the partition
+        time.sleep(0.5)  # it reaches the server and runs there, late: fenced, it changes nothing
+        assert e2e.store.get_task("t-bounded").checkpoint == {"page": 1}
+    finally:
+        proxy.close()
