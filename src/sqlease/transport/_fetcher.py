@@ -701,6 +701,11 @@ class Fetcher:
             row.lease_expires_at_ms, self._options.lease_ms, time.monotonic()
         )
         if sent_at is None:  # no statement told the database's time yet: not deliverable
+            logger.info(
+                "sqlease: message %s handed over before any statement told the database's "
+                "time; given back to be claimed",
+                row.id,
+            )
             self.give_back([row])
             return
         offer = self._handoffs.offer_with_result([row], self.consumed_queues())
