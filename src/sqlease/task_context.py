@@ -329,7 +329,10 @@ class TaskContext:
         runs the task again from its checkpoint and this call returns the answer."""
         from sqlease._core.waits import wait_for_input
 
-        return wait_for_input(self.store, self.fence, self.task_id, prompt, schema=schema, key=key)
+        with self._lease.within("wait for input"):
+            return wait_for_input(
+                self.store, self.fence, self.task_id, prompt, schema=schema, key=key
+            )
 
     def wait_for_approval(
         self, summary: str, *, key: str | None = None, **details: Any
@@ -339,7 +342,10 @@ class TaskContext:
         ``Admin.reject``."""
         from sqlease._core.waits import wait_for_approval
 
-        return wait_for_approval(self.store, self.fence, self.task_id, summary, key=key, **details)
+        with self._lease.within("wait for approval"):
+            return wait_for_approval(
+                self.store, self.fence, self.task_id, summary, key=key, **details
+            )
 
 
 def context() -> TaskContext:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import signal
 import threading
 from dataclasses import dataclass
@@ -182,5 +183,14 @@ def _postrun(sender: Any = None, task: Any = None, **_: Any) -> None:
         close()
 
 
+def _after_fork_in_child() -> None:
+    # A forked pool process runs none of its parent's tasks, and a parent's thread may have
+    # held the lock at fork time.
+    global _lock
+    _lock = threading.Lock()
+    _armed.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 signals.task_prerun.connect(_prerun, weak=False)
 signals.task_postrun.connect(_postrun, weak=False)

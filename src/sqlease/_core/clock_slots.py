@@ -223,6 +223,17 @@ _clocks_lock = threading.Lock()
 _CLOCKS_KEPT = 256
 
 
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held a lock at fork time. The mappings stay: a forked
+    # pool process reads its parent's slots through them.
+    global _mapped_lock, _clocks_lock
+    _mapped_lock = threading.Lock()
+    _clocks_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def delivery_clock(fence: Fence, lease_ms: int, ref: str | None) -> DeliveryClock:
     """The lease clock of ``fence`` in this process, reading the deadline its worker
     publishes at ``ref`` (``delivery_info[CLOCK_KEY]``; None: the worker published none)."""
