@@ -47,7 +47,12 @@ def retry_transient(fn: F, seconds: float = RETRY_SECONDS) -> F:
                 return fn(*args, **kwargs)
             except (OperationalError, PoolTimeout) as exc:
                 left = bounds.left()
-                if time.monotonic() + delay > deadline or (left is not None and left <= delay):
+                if left is not None and left <= delay:
+                    # No retry fits in what is left of the lease: the caller learns at its
+                    # end (then its lease clock has run out, and it knows what that means).
+                    time.sleep(max(0.0, left))
+                    raise
+                if time.monotonic() + delay > deadline:
                     raise
                 logger.info(
                     "sqlease: database operation %s failed (%s); retrying in %.2fs",

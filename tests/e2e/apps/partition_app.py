@@ -1,6 +1,6 @@
-"""The app of the partition end-to-end test: tasks that record, in the executions file (a
-local SQLite file, outside the partition), when each of their database calls returned and when
-they learned that their lease was lost."""
+"""The app of the partition and failover end-to-end tests: tasks that record, in the
+executions file (a local SQLite file, outside the partition), when each of their database
+calls returned and when they learned that their lease was lost."""
 
 from __future__ import annotations
 
@@ -39,13 +39,17 @@ def record(task_id: str, attempt: int | None, kind: str, detail: str = "") -> No
         conn.close()
 
 
-def make_app(broker: str, *, prefix: str, lease_seconds: float = 3.0) -> Celery:
+def make_app(
+    broker: str, *, prefix: str, lease_seconds: float = 3.0, interrupt: bool = False
+) -> Celery:
     app = Celery("part", broker=broker, backend=broker, set_as_current=False)
     app.conf.update(
         broker_transport_options={
             "lease_seconds": lease_seconds,
             "polling_interval": 0.2,
             "table_prefix": prefix,
+            # Every task, not only those that opt in (the failover test).
+            **({"interrupt_on_lease_lost": True} if interrupt else {}),
         },
         worker_prefetch_multiplier=1,
         result_extended=True,
@@ -83,6 +87,12 @@ def make_app(broker: str, *, prefix: str, lease_seconds: float = 3.0) -> Celery:
         record(self.request.id, attempt, "done")
         return {"attempt": attempt, "host": os.environ.get("E2E_HOST")}
 
+    @app.task(name="part.add", bind=True, shared=False)
+    def add(self: Any, x: int, y: int) -> int:
+        attempt = int(self.request.properties["delivery_info"]["sqlease_attempt"])
+        record(self.request.id, attempt, "done")
+        return x + y
+
     @app.task(name="part.hello", shared=False)
     def hello() -> str | None:
         return os.environ.get("E2E_HOST")
@@ -94,7 +104,9 @@ def _from_env() -> Celery:
     env = os.environ
     if "E2E_BROKER" not in env:  # imported by the test process: it calls make_app itself
         return Celery("part", set_as_current=False)
-    return make_app(env["E2E_BROKER"], prefix=env["E2E_PREFIX"])
+    return make_app(
+        env["E2E_BROKER"], prefix=env["E2E_PREFIX"], interrupt=env.get("E2E_INTERRUPT") == "1"
+    )
 
 
 app = _from_env()
