@@ -25,6 +25,14 @@ round and dropped at its end), ``--rounds`` times, each case on fresh tables:
   ``claim(["a", "b"], limit=32)`` (it gets those 3), ack them. Timed: the claim, which
   passes every held row of ``b``.
 
+- **held_by_run**: ``--runs`` runs (default 10,000) on queue ``b``, each with a head that a
+  holder has claimed (a lease of an hour) and ``--waiting`` messages behind it (default 10);
+  then as above, the claim over ``["a", "b"]``. The waiting messages are parked behind their
+  runs, outside the claim index; the running heads are in it, as every running task is.
+- **held_by_run_waiting**: the same, but each head then waits for a person (parked, as
+  ``ctx.wait_for_input`` leaves it): nothing of ``b`` is in the claim index.
+- **held_none**: the same claims with ``b`` empty: what the held cases are compared with.
+
 Messages are published with ``Store.enqueue_many`` (batches of 5,000), as the transport
 does. Reported: the claim's p50 and p99 in milliseconds, medians over the rounds.
 
@@ -195,6 +203,48 @@ def case_held(url: str, held: int, calls: int, by: str) -> dict[str, Any]:
         store.engine.dispose()
 
 
+def case_runs(url: str, runs: int, waiting: int, calls: int, heads: str) -> dict[str, Any]:
+    """``heads``: ``running`` (leased for an hour) or ``waiting`` (then parked, waiting for a
+    person, as ``ctx.wait_for_input`` leaves them)."""
+    store = Store(url)
+    try:
+        for round_ in range(waiting + 1):  # the heads first, then the waiting messages
+            for start in range(0, runs, BATCH):
+                store.enqueue_many(
+                    [
+                        NewMessage("b", "{}", run_id=f"run-{i}", task_id=str(uuid.uuid4()))
+                        for i in range(start, min(runs, start + BATCH))
+                    ]
+                )
+            if round_ == 0:
+                held = 0
+                while held < runs:
+                    got = store.claim(["b"], "holder", lease_ms=3_600_000, limit=1_000)
+                    held += len(got)
+                    if heads == "waiting":
+                        for m in got:
+                            store.park(m.fence, "waiting_input")
+        times = []
+        for _ in range(calls):
+            store.enqueue_many([NewMessage("a", "{}", task_id=str(uuid.uuid4())) for _ in range(3)])
+            times.append(timed_claim(store, ["a", "b"], 3))
+        return {"held_by_run" if heads == "running" else "held_by_run_waiting": summary(times)}
+    finally:
+        store.engine.dispose()
+
+
+def case_none(url: str, calls: int) -> dict[str, Any]:
+    store = Store(url)
+    try:
+        times = []
+        for _ in range(calls):
+            store.enqueue_many([NewMessage("a", "{}", task_id=str(uuid.uuid4())) for _ in range(3)])
+            times.append(timed_claim(store, ["a", "b"], 3))
+        return {"held_none": summary(times)}
+    finally:
+        store.engine.dispose()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated")
@@ -203,9 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--due", type=int, default=200_000)
     parser.add_argument("--analyzed", type=int, default=40_000)
     parser.add_argument("--held", type=int, default=20_000)
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--waiting", type=int, default=10)
     parser.add_argument(
         "--cases",
-        default="delayed,queues,analyzed,held_by_rate,held_by_gate",
+        default=(
+            "delayed,queues,analyzed,held_none,held_by_rate,held_by_gate,held_by_run,"
+            "held_by_run_waiting"
+        ),
         help="comma-separated",
     )
     parser.add_argument("--calls", type=int, default=100, help="timed claims per case")
@@ -224,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
                         found = case_delayed(url, args.delayed, args.calls)
                     elif case == "analyzed":
                         found = case_analyzed(url, args.analyzed, args.calls)
+                    elif case in ("held_by_run", "held_by_run_waiting"):
+                        heads = "running" if case == "held_by_run" else "waiting"
+                        found = case_runs(url, args.runs, args.waiting, args.calls, heads)
+                    elif case == "held_none":
+                        found = case_none(url, args.calls)
                     elif case.startswith("held_by_"):
                         found = case_held(url, args.held, args.calls, case.removeprefix("held_by_"))
                     else:
@@ -239,8 +299,11 @@ def main(argv: list[str] | None = None) -> int:
             "claim_two_queues",
             "analyzed_claim_of_1",
             "analyzed_claim_of_32",
+            "held_none",
             "held_by_rate",
             "held_by_gate",
+            "held_by_run",
+            "held_by_run_waiting",
         ):
             mine = [r for r in runs if r["backend"] == backend and r["measure"] == measure]
             if not mine:

@@ -105,6 +105,7 @@ from sqlalchemy.engine import make_url
 import sqlease
 from sqlease import NewMessage, Store
 from sqlease._db.engine import dispose_all
+from sqlease._db.migrations import run_migration
 from sqlease.types import Fence
 
 HERE = Path(__file__).resolve().parent
@@ -335,6 +336,13 @@ def _bulk(store: Store, kind: str, n: int, now: int, payload: str) -> list[int]:
         return [after + 1, _max_id(conn, store)]
 
 
+def _park_behind_runs(store: Store) -> None:
+    """The runs' later messages parked behind their heads, as a publish writes them (the
+    bulk statements write every row ready; this is the migration's step that parks them)."""
+    with store.driver.writing() as conn:
+        run_migration(12, conn, store.tables)
+
+
 def _lease_run_heads(store: Store, runs: int) -> int:
     """Claim every run's first message as ``runner`` (long tasks in progress)."""
     leased = 0
@@ -357,6 +365,7 @@ def fill(
     # messages have waited behind a long first task while newer work queued up).
     runs_due = now - 2 * BACKLOG_AGE_MS if runs_at_head else now
     ids = {"runs": _bulk(store, "runs", runs, runs_due, PLAIN_PAYLOAD)}
+    _park_behind_runs(store)
     t_runs = time.perf_counter()
     leased = _lease_run_heads(store, runs) if runs else 0
     t_heads = time.perf_counter()

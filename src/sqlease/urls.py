@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -14,6 +15,23 @@ from sqlease.errors import ConfigurationError
 
 PREFIX = "sqlease"
 DEFAULT_SQLITE_URL = "sqlite:///sqlease.db"
+
+#: Schemes that name a database another framework already configures (``django://alias``),
+#: each resolved by the adapter that registered it into the database's own URL.
+_resolvers: dict[str, Callable[[URL], str | URL]] = {}
+
+#: What to do for a scheme no adapter registered yet (said in the error).
+_HOW_TO_REGISTER = {
+    "django": "add 'sqlease.contrib.django' to INSTALLED_APPS (and set Django up before "
+    "the first publish)",
+}
+
+
+def register_scheme(scheme: str, resolve: Callable[[URL], str | URL]) -> None:
+    """Let ``sqlease+<scheme>://…`` URLs name a database that ``resolve`` turns into a
+    SQLite or PostgreSQL URL (``sqlease.contrib.django``: a Django database alias)."""
+    _resolvers[scheme] = resolve
+
 
 _SCHEME_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][\w+.-]*://[^:/@\s]*:)(?P<pw>[^@\s]*)(?P<at>@)")
 
@@ -46,6 +64,13 @@ def to_sqlalchemy_url(url: str | URL) -> URL:
                 f"not a database URL: {mask_password(text)!r}; expected e.g. "
                 "'sqlease+sqlite:///app.db' or 'sqlease+postgresql://user@host/db'"
             ) from exc
+    if parsed.drivername in _resolvers:
+        return to_sqlalchemy_url(_resolvers[parsed.drivername](parsed))
+    if parsed.drivername in _HOW_TO_REGISTER:
+        raise ConfigurationError(
+            f"{mask_password(str(parsed))!r} names a {parsed.drivername} database: "
+            f"{_HOW_TO_REGISTER[parsed.drivername]}"
+        )
     backend = parsed.get_backend_name()
     driver = parsed.drivername.partition("+")[2]  # (get_driver_name() loads the dialect)
     if backend in ("postgresql", "postgres"):

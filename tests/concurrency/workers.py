@@ -248,6 +248,10 @@ def main(out: Connection, name: str, kwargs: dict[str, Any]) -> None:
     try:
         if name in WORKERS:
             WORKERS[name](out, **kwargs)
+        elif name.startswith("run_"):  # held work's workers, in their own module
+            from . import held_workers
+
+            getattr(held_workers, name)(out, **kwargs)
         else:  # flow control's workers, in their own module
             from . import flow_workers
 

@@ -67,3 +67,47 @@ def test_retry_with_countdown_runs_max_retries_plus_one_times_then_ends(e2e: E2E
     for message_id in {r["message_id"] for r in rows}:
         kinds = [e.kind for e in events if e.message_id == message_id]
         assert kinds == ["enqueued", "claimed", "acked"], kinds
+
+
+@pytest.mark.timeout(120)
+def test_inspect_scheduled_lists_the_eta_tasks_waiting_in_the_database(e2e: E2E) -> None:
+    """As Celery's own integration test expects (t/integration/test_inspect.py): the worker
+    holds no ETA task in memory, so the answer comes from the rows it will claim."""
+    from datetime import UTC, datetime, timedelta
+    from unittest.mock import ANY
+
+    worker = e2e.start_worker()
+    app = e2e.app()
+    node = worker.nodename
+    exec_time = datetime.now(UTC) + timedelta(seconds=30)
+    result = app.tasks["e2e.add"].apply_async([1, 2], {"label": "z"}, eta=exec_time)
+    other = app.tasks["e2e.add"].apply_async([3, 4], queue="elsewhere", countdown=30)
+    reply = app.control.inspect([node], timeout=5).scheduled()
+    assert reply == {
+        node: [
+            {
+                "eta": exec_time.strftime("%Y-%m-%dT%H:%M:%S.%f") + "+00:00",
+                "priority": 6,
+                "request": {
+                    "id": result.id,
+                    "name": "e2e.add",
+                    "args": [1, 2],
+                    "kwargs": {"label": "z"},
+                    "type": "e2e.add",
+                    "hostname": ANY,
+                    "time_start": None,
+                    "acknowledged": False,
+                    "delivery_info": {
+                        "exchange": "",
+                        "routing_key": "celery",
+                        "priority": 0,
+                        "redelivered": False,
+                    },
+                    "worker_pid": None,
+                },
+            }
+        ]
+    }, reply  # not the task on a queue this worker does not consume
+    assert other.id not in str(reply)
+    result.revoke()
+    other.revoke()

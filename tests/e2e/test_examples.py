@@ -30,6 +30,11 @@ EXPECTED = {
         "approved ",
         "OK: order 42 refunded once after approval from the CLI; order 43 rejected",
     ],
+    "django_shop": [
+        "orders: 0, tasks known to sqlease: 0",
+        "commit -> task start: median",
+        "OK: the declined order left no task; every committed order ran, once",
+    ],
     "outbox": [
         "seen from another connection before the commit: False",
         "OK: shipped exactly the committed order; the rolled-back order left no task",

@@ -291,6 +291,10 @@ class StoreMachine(RuleBasedStateMachine):
         self.enqueued.append(mid)
         self.task_of[mid] = task_id
         self.tasks[task_id] = ModelTask(queue=queue)
+        # Behind an unfinished earlier message of its run, a message waits parked.
+        behind = run_id is not None and any(
+            m.run_id == run_id and m.state in ("ready", "parked") for m in self.msgs.values()
+        )
         self.msgs[mid] = ModelMessage(
             id=mid,
             queue=queue,
@@ -301,8 +305,21 @@ class StoreMachine(RuleBasedStateMachine):
             task_id=task_id,
             max_attempts=MAX_ATTEMPTS if max_attempts is None else max_attempts,
             key=key,
+            state="parked" if behind else "ready",
+            reason="run" if behind else None,
         )
         self.expected_events.append((mid, 0, "enqueued"))
+
+    def _run_goes_on(self, run_id: str | None) -> None:
+        """A message left its run: the run's head, if it waits parked, is made ready."""
+        if run_id is None:
+            return
+        members = [m for m in self.msgs.values() if m.run_id == run_id]
+        unfinished = [m for m in members if m.state in ("ready", "parked")]
+        if unfinished:
+            head = min(unfinished, key=lambda m: m.id)
+            if (head.state, head.reason) == ("parked", "run"):
+                head.state, head.reason = "ready", None
 
     @initialize(specs=st.lists(new_specs, min_size=1, max_size=8))
     def start(self, specs: list[NewSpec]) -> None:
@@ -353,6 +370,7 @@ class StoreMachine(RuleBasedStateMachine):
                 if m.attempt >= m.max_attempts:
                     m.state, m.reason, m.owner, m.expires = "dead", "attempts_exhausted", None, None
                     self.expected_events.append((m.id, m.attempt, "attempts_exhausted"))
+                    self._run_goes_on(m.run_id)
                 else:
                     m.attempt += 1
                     m.owner, m.expires = worker, now + lease_ms
@@ -456,6 +474,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert got == set()
         for f in live:
             m = self.msgs.pop(f.message_id)
+            self._run_goes_on(m.run_id)
             self.acked.add(m.id)
             self.expected_events.append((m.id, m.attempt, "acked"))
         self.forget(fs)
@@ -622,7 +641,17 @@ class StoreMachine(RuleBasedStateMachine):
         # Nothing lost: every enqueued message is acked, or still in the table.
         assert set(self.enqueued) == self.acked | set(rows)
         assert not self.acked & set(rows)
-        assert {m["state"] for m in messages} <= {"ready", "dead"}
+        assert {m["state"] for m in messages} <= {"ready", "parked", "dead"}
+        # Parked only behind its run, and never a run's head: nothing waits with room to run.
+        for m in messages:
+            if m["state"] == "parked":
+                assert m["reason"] == "run", m
+                assert any(
+                    o["run_id"] == m["run_id"]
+                    and int(o["id"]) < int(m["id"])
+                    and o["state"] in ("ready", "parked")
+                    for o in messages
+                ), m
         # queue:c's rate limit: its interval and theoretical arrival time as the model's.
         want = (
             {}

@@ -44,6 +44,8 @@ REFERENCE = DOCS / "reference"
 PUBLIC_MODULES = frozenset(
     {
         "transport",
+        "contrib",
+        "pytest_plugin",
         "beat",
         "backend",
         "cli",

@@ -39,6 +39,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "cli",
         "ui",
         "metrics",
+        # other frameworks: Django (sqlease.contrib.django), pytest (users' test suites)
+        "contrib",
+        "pytest_plugin",
     ),
     "facade": ("admin", "schedules", "store", "revokes", "transactions"),
     "core": ("_core", "options"),
@@ -62,6 +65,8 @@ ADAPTER_EDGES = {
     # ``sqlease ui`` and ``sqlease metrics`` start their servers (imported lazily: the extras)
     ("cli", "ui"),
     ("cli", "metrics"),
+    # ``manage.py sqlease …`` runs the command line on the Django project's database
+    ("contrib", "cli"),
 }
 FOREIGN = ("kombu", "celery", "billiard", "vine")
 

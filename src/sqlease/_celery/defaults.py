@@ -113,6 +113,9 @@ def _warn_if_early_ack(sender: Any = None, **kwargs: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None or not uses_sqlease(app):
         return
+    from sqlease._celery import scheduled
+
+    scheduled.install()  # inspect scheduled: the ETA tasks waiting in the database
     if not app.conf.task_acks_late:
         logger.warning(
             "sqlease: task_acks_late is False, so tasks are acknowledged before they run and a "

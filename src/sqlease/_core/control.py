@@ -70,12 +70,17 @@ class Control:
                 self.store.timeline.on(conn, message.task_id, None, kind, data, now)
                 if extra is not None:
                     extra(conn, message)
+        # A message that failed (cancelled) left its run: the run's next one goes on.
+        self.store.promote_runs(m.run_id for m in changed if m.state == "dead" and m.run_id)
         return changed
 
     def pause(self, task_id: str | None = None, *, run_id: str | None = None) -> list[Message]:
         m = self.t.messages
+        # A run's messages parked behind it are paused with it (resumed, they are ready
+        # again: the claim's head check keeps the run in order).
+        waiting = and_(m.c.state == "parked", m.c.reason == "run")
         return self.change(
-            and_(self.targets(task_id, run_id), m.c.state == "ready"),
+            and_(self.targets(task_id, run_id), or_(m.c.state == "ready", waiting)),
             {
                 "state": "parked",
                 "reason": "paused",

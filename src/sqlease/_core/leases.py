@@ -14,13 +14,15 @@ from collections.abc import Callable, Iterable, Sequence
 from sqlalchemy import Connection
 
 from sqlease._core.base import Aggregate
-from sqlease._db.driver import Claim, Op
+from sqlease._db.driver import Claim, Driver, Op
 from sqlease._db.retry import transient
+from sqlease._db.rows import Acked
 from sqlease.errors import ConfigurationError
 from sqlease.types import Fence, Message
 
 OnExhausted = Callable[[list[Message]], None] | None
-Acked = set[int]
+
+__all__ = ["Acked", "Leases", "delivery_order", "runs_left", "split_exhausted"]
 
 
 def delivery_order(messages: list[Message]) -> list[Message]:
@@ -34,6 +36,25 @@ def split_exhausted(found: list[Message]) -> tuple[list[Message], list[Message]]
     delivered = [m for m in found if m.state == "ready"]
     exhausted = [m for m in found if m.state != "ready"]
     return delivered, exhausted
+
+
+def runs_left(exhausted: list[Message]) -> list[str]:
+    """The runs the claim's exhausted messages left (marked dead by the claim, which does
+    not make their runs' next messages ready: ``promote_runs`` does)."""
+    return sorted({m.run_id for m in exhausted if m.run_id is not None})
+
+
+def promote_runs(driver: Driver, run_ids: Iterable[str], now: int | None) -> list[int]:
+    """Each run's head made ready where it waits parked behind its run (its own
+    transaction, after the one that finished the run's earlier message)."""
+    runs = sorted(set(run_ids))
+    return driver.execute(driver.run_promote(runs, now)) if runs else []
+
+
+def promote_owed(driver: Driver, acked: Acked, now: int | None) -> Acked:
+    """The runs an ack or a transition could not judge get their heads made ready."""
+    promote_runs(driver, acked.owed_runs, now)
+    return acked
 
 
 def _check_lease(lease_ms: int) -> None:
@@ -73,6 +94,7 @@ class Leases(Aggregate):
             )
             ready, exhausted = split_exhausted(found)
             delivered.extend(ready)
+            self._runs_go_on(exhausted, now)
             if exhausted and on_exhausted is not None:
                 on_exhausted(exhausted)
             # Only when the batch was spent on exhausted messages is another look useful:
@@ -80,6 +102,18 @@ class Leases(Aggregate):
             if not exhausted:
                 break
         return delivery_order(delivered)
+
+    def _runs_go_on(self, exhausted: list[Message], now: int | None) -> None:
+        runs = runs_left(exhausted)
+        if runs:
+            self.promote_runs(runs, now=now)
+
+    @transient
+    def promote_runs(self, run_ids: Iterable[str], *, now: int | None = None) -> list[int]:
+        """Make each run's head ready where it waits parked behind its run (its earlier
+        message left by a way whose statement could not do it: an exhausted claim, an
+        ``Acked.owed_runs``); the ids made ready."""
+        return promote_runs(self.driver, run_ids, self._now(now))
 
     def claim_op(
         self, queues: Sequence[str], owner: str, lease_ms: int, limit: int, now: int | None
@@ -109,12 +143,14 @@ class Leases(Aggregate):
         again."""
         fences = list(fences)
         if not queues or limit < 1:
-            return (self.ack(fences, now=now) if fences else set()), []
+            return (self.ack(fences, now=now) if fences else Acked()), []
         now = self._now(now)
         acked, found = self.driver.execute(
             self.ack_and_claim_op(fences, queues, owner, lease_ms=lease_ms, limit=limit, now=now)
         )
+        promote_owed(self.driver, acked, now)
         delivered, exhausted = split_exhausted(found)
+        self._runs_go_on(exhausted, now)
         if exhausted and on_exhausted is not None:
             on_exhausted(exhausted)
         if exhausted and len(delivered) < limit:
@@ -163,7 +199,8 @@ class Leases(Aggregate):
     @transient
     def ack(self, fences: Iterable[Fence], *, now: int | None = None) -> Acked:
         """Finish deliveries (the rows leave the table); returns the ids actually acked."""
-        return self.driver.execute(self.ack_op(fences, now))
+        now = self._now(now)
+        return promote_owed(self.driver, self.driver.execute(self.ack_op(fences, now)), now)
 
     def ack_op(self, fences: Iterable[Fence], now: int | None = None) -> Op[Acked]:
         """``ack`` as one op."""

@@ -71,6 +71,7 @@ def run_pass(
     with store.driver.writing() as conn:
         summary["waiting_for_limit"] = record_waits(conn, store, now)
     summary["exhausted_results_written"] = exhausted_results.write_missing(store)
+    summary.update(_runs(store, now))
     summary.update(
         retention.prune(
             store,
@@ -82,6 +83,22 @@ def run_pass(
         )
     )
     return summary
+
+
+def _runs(store: Store, now: int) -> dict[str, int]:
+    """Repair: a run whose head waits parked behind its run (a promotion lost, a database
+    migrated while older workers ran) goes on; the order rows of runs with no message left
+    go, a batch per pass."""
+    t = store.tables
+    m, ro = t.messages, t.run_order
+    with store.driver.reading() as conn:
+        stuck = [r.run_id for r in conn.execute(store.sql.stuck_runs)]
+    promoted = store.promote_runs(stuck, now=now) if stuck else []
+    member = exists().where(m.c.run_id == ro.c.run_id, m.c.state.in_(("ready", "parked")))
+    empty = select(ro.c.run_id).where(not_(member)).limit(retention.PRUNE_BATCH)
+    with store.driver.writing() as conn:
+        gone = _count(conn.execute(delete(ro).where(ro.c.run_id.in_(empty.scalar_subquery()))))
+    return {"runs_promoted": len(promoted), "run_order_rows_removed": gone}
 
 
 def _count(result: Any) -> int:

@@ -9,6 +9,7 @@ from sqlalchemy import Connection
 
 from sqlease._core.base import Aggregate, StoreParts
 from sqlease._core.flow import check_concurrency
+from sqlease._core.leases import promote_runs
 from sqlease._core.timeline import Timeline
 from sqlease._core.uniques import Uniques, check_unique
 from sqlease._db.driver import Op
@@ -244,4 +245,6 @@ class Messages(Aggregate):
             rows = conn.execute(self.sql.purge, {"queue": queue, "now": now}).fetchall()
             for r in rows:
                 self._timeline.insert(conn, r.task_id, r.id, r.attempt, "purged", None, now)
+        # A purged head of a run: the run's next message goes on (in its own queue).
+        promote_runs(self.driver, (r.run_id for r in rows if r.run_id is not None), now)
         return len(rows)

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sqlease._core.base import Aggregate, StoreParts
-from sqlease._core.leases import Leases
+from sqlease._core.leases import Leases, promote_owed
 from sqlease._db.driver import Offer, Op
 from sqlease._db.retry import transient
+from sqlease._db.rows import Acked
 from sqlease.errors import ConfigurationError
 from sqlease.types import Fence
 
@@ -76,13 +77,13 @@ class Offers(Aggregate):
         ttl_ms: int,
         seen: Mapping[str, int] | None = None,
         now: int | None = None,
-    ) -> tuple[set[int], int | None]:
+    ) -> tuple[Acked, int | None]:
         """``ack(fences)`` and ``offer(queues, owner, …)`` in one commit (PostgreSQL: one
         statement when every fence is ``owner``'s): the ack that leaves a worker idle also
         leaves its offer. Returns the ids acked and when the next delayed message of
         ``queues`` is due."""
         if not fences or not queues:
-            acked = self._leases.ack(fences, now=now) if fences else set()
+            acked = self._leases.ack(fences, now=now) if fences else Acked()
             due = self.offer(
                 queues,
                 owner,
@@ -95,7 +96,7 @@ class Offers(Aggregate):
             return acked, due
         terms = self._offer(queues, owner, lease_ms, lock_key, ttl_ms, seen, now)
         acked, due, _db_now = self.driver.execute(self.driver.offer_ack(list(fences), terms))
-        return acked, due
+        return promote_owed(self.driver, acked, terms.now), due
 
     def offer_op(
         self,
@@ -108,7 +109,7 @@ class Offers(Aggregate):
         ttl_ms: int,
         seen: Mapping[str, int] | None = None,
         now: int | None = None,
-    ) -> Op[tuple[set[int], int | None, int | None]]:
+    ) -> Op[tuple[Acked, int | None, int | None]]:
         """``ack_and_offer`` (or, without fences, ``offer``) as one op, for the worker's event
         loop: the ids acked, when the next delayed message is due, and the database's time
         (None when the offers were withdrawn). No queues: the offers are withdrawn (and there
@@ -117,11 +118,11 @@ class Offers(Aggregate):
             if fences:
                 raise ValueError("acks go with an offer for queues, or with a claim")
             op = self.driver.offer_withdraw(owner)
-            return op.then(lambda _none: (set(), None, None))
+            return op.then(lambda _none: (Acked(), None, None))
         terms = self._offer(queues, owner, lease_ms, lock_key, ttl_ms, seen, now)
         if fences:
             return self.driver.offer_ack(list(fences), terms)
-        return self.driver.offer_put(terms).then(lambda found: (set(), found[0], found[1]))
+        return self.driver.offer_put(terms).then(lambda found: (Acked(), found[0], found[1]))
 
     @transient
     def withdraw_offers(self, owner: str, *, handed_too: bool = False) -> None:

@@ -130,6 +130,7 @@ class Store:
     renew = delegate("leases", Leases.renew)
     ack = delegate("leases", Leases.ack)
     ack_op = delegate("leases", Leases.ack_op)
+    promote_runs = delegate("leases", Leases.promote_runs)
     holds_on = delegate("leases", Leases.holds_on)
     is_held = delegate("leases", Leases.is_held)
     # ---- transitions ----

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Connection, update
 
 from sqlease._core.base import Aggregate
+from sqlease._core.leases import promote_runs
 from sqlease._db.retry import transient
 
 
@@ -71,11 +72,14 @@ class Topology(Aggregate):
     @transient
     def delete_queue(self, queue: str, *, now: int | None = None) -> None:
         """Forget a queue: its bindings and undelivered messages."""
+        now = self._now(now)
         with self.driver.writing() as conn:
-            params = {"queue": queue, "now": self._now(now)}
-            conn.execute(self.sql.delete_queue_messages, params)
+            params = {"queue": queue, "now": now}
+            gone = conn.execute(self.sql.delete_queue_messages, params).fetchall()
             conn.execute(self.sql.delete_queue_bindings, params)
             conn.execute(self.sql.delete_queue, params)
+        # Runs whose head was deleted with the queue go on in their other queues.
+        promote_runs(self.driver, (r.run_id for r in gone if r.run_id is not None), now)
 
     @transient
     def bind(

@@ -8,8 +8,10 @@ from typing import Any
 from sqlalchemy import Connection
 
 from sqlease._core.base import Aggregate, dump
+from sqlease._core.leases import promote_owed
 from sqlease._db.driver import Change, Op
 from sqlease._db.retry import transient
+from sqlease._db.rows import Acked
 from sqlease.types import Fence
 
 
@@ -30,10 +32,11 @@ class Transitions(Aggregate):
         data: Any = None,
         now: int | None = None,
         also: Callable[[Connection], None] | None = None,
-    ) -> set[int]:
+    ) -> Acked:
         change = Change(new_state, kind, reason, int(delay_ms), refund, error, dump(data))
-        op = self.driver.message_transition(list(fences), change, self._now(now), also)
-        return self.driver.execute(op)
+        now = self._now(now)
+        op = self.driver.message_transition(list(fences), change, now, also)
+        return promote_owed(self.driver, self.driver.execute(op), now)
 
     def release_op(
         self,
@@ -43,7 +46,7 @@ class Transitions(Aggregate):
         refund: bool = False,
         error: str | None = None,
         now: int | None = None,
-    ) -> Op[set[int]]:
+    ) -> Op[Acked]:
         """``release`` as one op (for the worker's event loop)."""
         data = {"delay_ms": delay_ms, "refund": refund} if (delay_ms or refund) else None
         change = Change("ready", "released", None, int(delay_ms), refund, error, dump(data))
@@ -51,7 +54,7 @@ class Transitions(Aggregate):
 
     def fail_op(
         self, fence: Fence, reason: str, *, error: str | None = None, now: int | None = None
-    ) -> Op[set[int]]:
+    ) -> Op[Acked]:
         """``fail`` as one op (for the worker's event loop)."""
         change = Change("dead", "failed", reason, 0, False, error, dump({"reason": reason}))
         return self.driver.message_transition([fence], change, self._now(now))
@@ -73,7 +76,7 @@ class Transitions(Aggregate):
         goes back, so the old fence stays stale.
         """
         op = self.release_op(fences, delay_ms=delay_ms, refund=refund, error=error, now=now)
-        return self.driver.execute(op)
+        return promote_owed(self.driver, self.driver.execute(op), now)
 
     def park(
         self,
@@ -108,5 +111,7 @@ class Transitions(Aggregate):
         error: str | None = None,
         now: int | None = None,
     ) -> bool:
-        """Mark a held message dead (kept, listable, requeueable)."""
-        return bool(self.driver.execute(self.fail_op(fence, reason, error=error, now=now)))
+        """Mark a held message dead (kept, listable, requeueable); its run goes on."""
+        now = self._now(now)
+        done = self.driver.execute(self.fail_op(fence, reason, error=error, now=now))
+        return bool(promote_owed(self.driver, done, now))

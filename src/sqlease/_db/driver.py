@@ -43,6 +43,7 @@ from sqlease._db.ops import (
     event_params,
     publish_each,
 )
+from sqlease._db.rows import Acked
 from sqlease._db.statements import Capabilities, Statements
 from sqlease._db.tables import Tables
 
@@ -228,13 +229,15 @@ class Driver(ABC):
         gate slots, rate limits, task attempts and ``claimed`` events."""
 
     @abstractmethod
-    def message_ack(self, fences: Sequence[Fence], now: int | None) -> Op[set[int]]:
-        """Finish deliveries (the rows leave the table); the ids acked."""
+    def message_ack(self, fences: Sequence[Fence], now: int | None) -> Op[Acked]:
+        """Finish deliveries (the rows leave the table); the ids acked. The next message of a
+        run one of them left is made ready if it waited parked behind its run; the runs the
+        statement could not judge are ``Acked.owed_runs``, for ``run_promote``."""
 
     @abstractmethod
     def message_ack_claim(
         self, fences: Sequence[Fence], claim: Claim
-    ) -> Op[tuple[set[int], list[Message]]]:
+    ) -> Op[tuple[Acked, list[Message]]]:
         """``message_ack`` and ``message_claim`` in one commit: the ids acked and the messages
         claimed (whether the claim sees the acks free a run's next message is the
         dialect's: PostgreSQL's one statement does not, SQLite's transaction does)."""
@@ -252,9 +255,15 @@ class Driver(ABC):
         change: Change,
         now: int | None,
         also: Callable[[Connection], None] | None = None,
-    ) -> Op[set[int]]:
+    ) -> Op[Acked]:
         """Release, park or fail held messages (fenced); the ids changed. ``also`` runs in
-        the same transaction when something changed."""
+        the same transaction when something changed. A failed message's run goes on as after
+        an ack (``message_ack``)."""
+
+    @abstractmethod
+    def run_promote(self, run_ids: Sequence[str], now: int | None) -> Op[list[int]]:
+        """The heads of the runs ``run_ids`` made ready where they wait parked behind their
+        run, safe against an enqueue into them at the same time; the ids made ready."""
 
     # ---- operations: results ---------------------------------------------------------
 
@@ -273,7 +282,7 @@ class Driver(ABC):
     @abstractmethod
     def offer_ack(
         self, fences: Sequence[Fence], offer: Offer
-    ) -> Op[tuple[set[int], int | None, int | None]]:
+    ) -> Op[tuple[Acked, int | None, int | None]]:
         """The acks that leave a worker idle, with its offer: the ids acked, when the next
         delayed message is due, and the database's time."""
 

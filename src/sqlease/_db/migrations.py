@@ -152,6 +152,28 @@ def _migration_11(conn: Connection, tables: Tables) -> None:
     # (Filling it, and the index over it, are the step of a dialect that writes batch rows.)
 
 
+def _migration_12(conn: Connection, tables: Tables) -> None:
+    # Held work: the run order rows and the index of the messages parked behind their run
+    # (sqlease._db.held_tables). The messages of runs that wait today are parked by the
+    # maintenance pass's repair, which every worker runs.
+    create_table(conn, tables.run_order)
+    for index in tables.messages.indexes:
+        if index.name == f"{tables.prefix}messages_run_wait_ix":
+            ensure_index(conn, index)
+    # The messages that wait behind an unfinished earlier one of their run today (in the
+    # claim index until now) are parked; a head finished meanwhile by a worker of the
+    # version before is repaired by the maintenance pass.
+    m = tables.messages.name
+    conn.execute(
+        text(
+            f"UPDATE {m} SET state = 'parked', reason = 'run' WHERE state = 'ready' "
+            "AND run_id IS NOT NULL AND lease_owner IS NULL "
+            f"AND EXISTS (SELECT 1 FROM {m} h WHERE h.run_id = {m}.run_id AND h.id < {m}.id "
+            "AND h.state IN ('ready', 'parked'))"
+        )
+    )
+
+
 # Each entry moves the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_1,
@@ -165,6 +187,7 @@ MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_9,
     _migration_10,
     _migration_11,
+    _migration_12,
 ]
 CURRENT_VERSION = len(MIGRATIONS)
 

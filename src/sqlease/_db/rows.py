@@ -65,6 +65,29 @@ def ids_of(rows: list[dict[str, Any]]) -> set[int]:
     return {int(row["id"]) for row in rows}
 
 
+class Acked(set[int]):
+    """The ids an ack (or a transition) changed, and ``owed_runs``: runs whose next message
+    its statement could not make ready, because an enqueue into them committed after the
+    statement's snapshot was taken (sqlease._db.postgresql.held); the caller promotes them
+    (``Store.promote_runs``)."""
+
+    owed_runs: tuple[str, ...]
+
+    def __init__(self, ids: Any = (), owed_runs: Any = ()) -> None:
+        super().__init__(ids)
+        self.owed_runs = tuple(owed_runs or ())
+
+
+def owed_of(rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The ``owed_runs`` array of a statement's first row (none: no column, or NULL)."""
+    return tuple(rows[0].get("owed_runs") or ()) if rows else ()
+
+
+def acked_of(rows: list[dict[str, Any]]) -> Acked:
+    """One row per id changed (a NULL id when none was), each with the ``owed_runs``."""
+    return Acked((int(r["id"]) for r in rows if r["id"] is not None), owed_of(rows))
+
+
 def due_of(rows: list[dict[str, Any]]) -> int | None:
     """The ``due`` column of an offer statement: milliseconds until the next delayed message."""
     due = rows[0]["due"] if rows else None
@@ -77,9 +100,11 @@ def db_now_of(rows: list[dict[str, Any]]) -> int | None:
     return None if now is None else int(now)
 
 
-def acked_ids_of(rows: list[dict[str, Any]]) -> set[int]:
-    """The ``acked_ids`` array of a combined statement's first row."""
-    return {int(i) for i in (rows[0]["acked_ids"] or [])} if rows else set()
+def acked_ids_of(rows: list[dict[str, Any]]) -> Acked:
+    """The ``acked_ids`` array of a combined statement's first row (and its owed runs)."""
+    if not rows:
+        return Acked()
+    return Acked((int(i) for i in (rows[0]["acked_ids"] or [])), owed_of(rows))
 
 
 def expiries_of(rows: list[dict[str, Any]]) -> dict[int, int]:

@@ -152,10 +152,24 @@ def gate_open(running: str, prefix: str = "g.") -> str:
 # ---- fragments ---------------------------------------------------------------------------
 
 
-def insert_values(now: str) -> str:
+def insert_values(now: str, state: str = "'ready'") -> str:
+    """The values of ``INSERT_COLS``; ``state``: the new message's (an SQL expression)."""
     return (
         f":queue, :payload, :priority, {now} + :delay_ms, {now}, :run_id, :task_id, "
-        f"'ready', 0, :max_attempts, {INSERT_FLOW}"
+        f"{state}, 0, :max_attempts, {INSERT_FLOW}"
+    )
+
+
+def stuck_runs(t: Tables) -> TextClause:
+    """The runs whose head (lowest unfinished message) waits parked behind its run: none
+    unless a promotion was lost. From the index of the parked messages and, per run, one
+    probe of the run index."""
+    m = t.messages.name
+    return text(
+        f"SELECT w.run_id FROM (SELECT run_id, min(id) AS first FROM {m} "
+        "WHERE state = 'parked' AND reason = 'run' GROUP BY run_id) w "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {m} h WHERE h.run_id = w.run_id AND h.id < w.first "
+        "AND h.state IN ('ready', 'parked'))"
     )
 
 
@@ -248,7 +262,7 @@ def purge(t: Tables, now: str) -> TextClause:
     return text(
         f"DELETE FROM {t.messages.name} WHERE state = 'ready' AND queue = :queue "
         f"AND {unleased(now)} AND available_at_ms <= {now} "
-        "RETURNING id, task_id, attempt"
+        "RETURNING id, task_id, attempt, run_id"
     )
 
 
@@ -392,5 +406,5 @@ def delete_queue_bindings(t: Tables) -> TextClause:
 def delete_queue_messages(t: Tables, now: str) -> TextClause:
     return text(
         f"DELETE FROM {t.messages.name} WHERE queue = :queue AND state = 'ready' "
-        f"AND {unleased(now)}"
+        f"AND {unleased(now)} RETURNING run_id"
     )

@@ -77,6 +77,9 @@ class Statements:
     delete_queue: TextClause
     delete_queue_bindings: TextClause
     delete_queue_messages: TextClause
+    # ---- held work ----
+    #: The runs whose head waits parked behind its run (the maintenance pass's repair).
+    stuck_runs: TextClause
     # ---- unique tasks' publish (sqlease._core.uniques) ----
     unique: UniqueStatements
     # ---- leader leases (the beat's, sqlease._core.leaders) ----

@@ -24,6 +24,7 @@ from sqlalchemy import (
 )
 
 from sqlease._db.flow_tables import flow_tables, message_columns, message_indexes, unique_tables
+from sqlease._db.held_tables import held_indexes, held_tables
 from sqlease._db.schedule_tables import schedule_tables
 from sqlease._db.schema_indexes import batch_events_index
 from sqlease._db.topology_tables import topology_tables
@@ -78,6 +79,7 @@ class Tables:
     flow_limits: Table
     uniques: Table
     duplicates: Table
+    run_order: Table
 
     def name(self, short: str) -> str:
         return f"{self.prefix}{short}"
@@ -348,6 +350,8 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
     Index(f"{p}offers_queue_ix", offers.c.queue)
     schedules, leaders = schedule_tables(md, p)
     message_indexes(messages, p)
+    held_indexes(messages, p)
+    run_order = held_tables(md, p)
     slots, flow_limits = flow_tables(md, p)
     uniques, duplicates = unique_tables(md, p)
     return Tables(
@@ -372,6 +376,7 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         flow_limits,
         uniques,
         duplicates,
+        run_order,
     )
 
 

@@ -11,9 +11,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, or_, select
 
 from sqlease._db.rows import row_to_message
+from sqlease.admin._recent import read_page
 from sqlease.errors import UnknownTask
 from sqlease.types import Event, Message
 
@@ -37,6 +38,8 @@ PARKED = {
     "waiting_input": "waiting_input",
     "waiting_approval": "waiting_approval",
     "paused": "paused",
+    # parked behind an unfinished earlier task of its run: queued, with reason "run"
+    "run": "queued",
 }
 RESULT_STATES = {"SUCCESS": "succeeded", "FAILURE": "failed", "REVOKED": "cancelled"}
 _FINISHED_EVENTS = ("acked", "purged")
@@ -251,12 +254,19 @@ class TaskReads:
         queue: str | None = None,
         run_id: str | None = None,
         limit: int = 100,
+        before: str | None = None,
     ) -> list[TaskSnapshot]:
-        """Tasks with a message in the store (queued to dead), newest first, filtered; with
-        ``state="succeeded"`` the latest successful results, with their task's name, queue
-        and attempt."""
+        """Tasks newest first. With no filter every recent task, finished ones included,
+        from the task records, a page of ``limit`` after the cursor ``before`` (a page's
+        last task's ``CREATED_MS:TASK_ID``; sqlease.admin._recent). Filtered: tasks with a
+        message in the store (queued to dead); with ``state="succeeded"`` the latest
+        successful results, with their task's name, queue and attempt."""
         if state is not None and state not in TASK_STATES:
             raise ValueError(f"unknown state {state!r}; one of {', '.join(TASK_STATES)}")
+        if state is None and queue is None and run_id is None:
+            return self._recent(limit, before)
+        if before is not None:
+            raise ValueError("a page cursor (before) pages the unfiltered list only")
         if state == "succeeded":
             return self._succeeded(queue, limit)
         now = self._now()
@@ -272,9 +282,11 @@ class TaskReads:
             query = query.where(m.c.run_id == run_id)
         if state in ("failed", "cancelled"):
             query = query.where(m.c.state == "dead")
+        elif state == "queued":  # ready, or parked behind its run
+            query = query.where(or_(m.c.state == "ready", m.c.reason == "run"))
         elif state in PARKED:
             query = query.where(m.c.state == "parked")
-        elif state in ("queued", "scheduled", "running"):
+        elif state in ("scheduled", "running"):
             query = query.where(m.c.state == "ready")
         found: list[TaskSnapshot] = []
         with self.store.driver.reading() as conn:
@@ -290,6 +302,30 @@ class TaskReads:
                 found.append(snapshot)
                 if len(found) >= limit:
                     break
+        return found
+
+    def _recent(self, limit: int, before: str | None) -> list[TaskSnapshot]:
+        now = self._now()
+        page = read_page(self.store, self.t, limit, before)
+        found = []
+        for row in page.rows:
+            message = page.messages.get(row.task_id)
+            if message is not None:
+                snapshot = _snapshot_of(message, state_of(message, now), row)
+            else:
+                snapshot = TaskSnapshot(row.task_id, "queued", attempt=int(row.attempt))
+                snapshot.queue, snapshot.run_id = row.queue, row.run_id
+                result = page.results.get(row.task_id)
+                if result is not None and str(result.state) in RESULT_STATES:
+                    snapshot.state = RESULT_STATES[str(result.state)]
+                    snapshot.finished_at_ms = int(result.updated_at_ms)
+                elif int(row.attempt) > 0:
+                    snapshot.state = "succeeded"  # its message acked (see _recent)
+                else:
+                    snapshot.state, snapshot.reason = "cancelled", "purged"
+            snapshot.task_name, snapshot.group_id = row.task_name, row.group_id
+            snapshot.created_at_ms = int(row.created_at_ms)
+            found.append(snapshot)
         return found
 
     def _succeeded(self, queue: str | None, limit: int) -> list[TaskSnapshot]:

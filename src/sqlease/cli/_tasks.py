@@ -133,15 +133,33 @@ def _tasks_text(found: list[dict[str, Any]], now: int) -> str:
 @click.option("--queue")
 @click.option("--run", "run_id", help="the tasks of one run")
 @click.option("--limit", type=int, default=50, show_default=True)
+@click.option(
+    "--before", help="with no filter: the page after this cursor (the last page printed it)"
+)
 @common
 @click.pass_context
 def tasks(
-    ctx: click.Context, state: str | None, queue: str | None, run_id: str | None, limit: int
+    ctx: click.Context,
+    state: str | None,
+    queue: str | None,
+    run_id: str | None,
+    limit: int,
+    before: str | None,
 ) -> None:
     admin = admin_of(ctx)
-    found = [t.to_dict() for t in admin.tasks(state=state, queue=queue, run_id=run_id, limit=limit)]
+    listed = admin.tasks(state=state, queue=queue, run_id=run_id, limit=limit, before=before)
+    found = [t.to_dict() for t in listed]
     now = admin.store.now_ms()
-    out(ctx, found, lambda: _tasks_text(found, now))
+    paged = state is None and queue is None and run_id is None and len(found) == limit
+
+    def text() -> str:
+        page = _tasks_text(found, now)
+        if paged:
+            last = found[-1]
+            page += f"\nnext page: --before {last['created_at_ms']}:{last['task_id']}"
+        return page
+
+    out(ctx, found, text)
 
 
 def _show_text(snap: dict[str, Any], now: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable
+from contextlib import AbstractContextManager
 from queue import Empty
 from typing import Any, Protocol
 
@@ -39,7 +40,7 @@ class ChannelHost(Protocol):
 
     def forget_queue(self, queue: str) -> None: ...
 
-    def caller_transaction(self) -> Any: ...
+    def caller_transaction(self) -> AbstractContextManager[Any]: ...
 
     def withdraw_offers(self) -> None: ...
 
@@ -230,8 +231,10 @@ class Channel(virtual.Channel):
         return self.store.purge(queue)
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
-        connection = self.connection.caller_transaction()  # before the store is touched
-        self.store.bind(exchange, queue, routing_key or "", pattern or "", connection=connection)
+        with self.connection.caller_transaction() as connection:  # before the store is touched
+            self.store.bind(
+                exchange, queue, routing_key or "", pattern or "", connection=connection
+            )
 
     def get_table(self, exchange: str) -> list[tuple[str, str, str]]:
         return self.store.bindings(exchange)

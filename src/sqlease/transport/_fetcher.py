@@ -20,7 +20,7 @@ from typing import Any
 from sqlease._core.handoff import Handoff
 from sqlease._core.heartbeat import heartbeat
 from sqlease._core.lease_clock import DatabaseTime, deadline_after
-from sqlease._core.leases import delivery_order, split_exhausted
+from sqlease._core.leases import delivery_order, runs_left, split_exhausted
 from sqlease._core.results import ResultStore
 from sqlease._db.driver import Op
 from sqlease.options import TransportOptions
@@ -340,14 +340,32 @@ class Fetcher:
             self.set_due(done.value)
         elif kind is Kind.HANDED:
             self._accept_now(done.value, context["notified"])
-        elif kind is Kind.CHANGE and not done.value:
-            logger.warning("sqlease: stale %s ignored for %s", context["what"], context["fences"])
+        elif kind is Kind.CHANGE:
+            self._owed(done.value)
+            if not done.value:
+                logger.warning(
+                    "sqlease: stale %s ignored for %s", context["what"], context["fences"]
+                )
         return 0
+
+    def _owed(self, acked: Any) -> None:
+        """Runs an ack or a transition could not judge (an enqueue into them committed
+        meanwhile) get their heads made ready, off the loop. One answer may serve several
+        jobs: it is promoted once."""
+        owed = getattr(acked, "owed_runs", ())
+        if owed:
+            acked.owed_runs = ()
+            self._promote(list(owed))
+
+    def _promote(self, runs: list[str]) -> None:
+        store = self._store()
+        self.side.run(lambda: store.promote_runs(runs))
 
     def _report(self, fences: list[Fence], acked: set[int]) -> None:
         """Acks the store refused are reported (off the loop: it reads their state); acks
         that went through free prefetch credit and may free a run's next message: look for
         work in the next iteration rather than at the next poll."""
+        self._owed(acked)
         refused = [f for f in fences if f.message_id not in acked]
         if refused:
             store = self._store()
@@ -404,6 +422,8 @@ class Fetcher:
         if exhausted:
             results = self._results()
             self.side.run(lambda: record_exhausted(results, exhausted))
+            if runs_left(exhausted):  # their runs' next messages go on
+                self._promote(runs_left(exhausted))
         queues = self.consumed_queues() if len(live) == 1 else []
         offer = self._handoffs.offer_with_result(live, queues)
         delivered = self.hold_and_deliver(channel, live, offer, sent_at)

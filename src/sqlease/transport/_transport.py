@@ -10,7 +10,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from queue import Empty
 from typing import Any
 
@@ -163,24 +164,31 @@ class Transport(virtual.Transport):
     def establish_connection(self) -> Any:
         self.closing_connection = False
         self.fetcher.reopen()
-        self.caller_transaction()  # inside sqlease.transaction(): check on its connection
+        with self.caller_transaction():  # inside a caller's transaction: check on its connection
+            pass
         self.store  # noqa: B018  (connects, checks or migrates the schema: fails fast)
         return super().establish_connection()
 
     def publish(self, items: Iterable[tuple[str, dict[str, Any]]]) -> None:
         """Store Kombu messages (one transaction)."""
-        connection = self.caller_transaction()  # before the store is touched
         batch = [new_message(queue, message) for queue, message in items]
-        self.store.enqueue_many(batch, connection=connection)
+        with self.caller_transaction() as connection:  # before the store is touched
+            self.store.enqueue_many(batch, connection=connection)
 
-    def caller_transaction(self) -> Any:
-        """The caller's ``sqlease.transaction()`` connection, if any, checked before this
-        process opens its own connections to the database."""
-        from sqlease.transactions import current_connection
+    @contextmanager
+    def caller_transaction(self) -> Iterator[Any]:
+        """The caller's transaction to publish in, if any (``sqlease.transaction()``'s
+        connection, or one a framework adapter joins: Django's ``atomic()``), for as long as
+        the block lasts; checked before this process opens its own connections to the
+        database."""
+        from sqlease.transactions import joined
 
-        conn = current_connection(self.url)
-        if conn is None or self._store is not None:
-            return conn
+        with joined(self.url) as conn:
+            if conn is not None and self._store is None:
+                self._check_tables(conn)
+            yield conn
+
+    def _check_tables(self, conn: Any) -> None:
         if self.caps.single_writer:
             # A SQLite writer holds the file's write lock: creating sqlease's tables (or
             # switching the file to WAL) from another connection now would wait it out.
@@ -193,7 +201,6 @@ class Transport(virtual.Transport):
                     "be created while your transaction holds the write lock: run 'sqlease "
                     "migrate --url …' (or publish once outside a transaction) first"
                 )
-        return conn
 
     def declare_queue(
         self, queue: str, *, auto_delete: bool = False, arguments: Any = None
@@ -204,8 +211,8 @@ class Transport(virtual.Transport):
         if queue not in self._declared or expires_ms is not None:
             # In a transactional enqueue the declaration joins the caller's transaction too:
             # on SQLite a second connection would wait for the caller's write lock.
-            connection = self.caller_transaction()
-            self.store.declare_queue(queue, expires_ms=expires_ms, connection=connection)
+            with self.caller_transaction() as connection:
+                self.store.declare_queue(queue, expires_ms=expires_ms, connection=connection)
             if connection is None:
                 self._declared.add(queue)
 

@@ -10,7 +10,7 @@ from sqlalchemy import TextClause
 
 from sqlease._db import sql_common as c
 from sqlease._db.leaders import leader_statements
-from sqlease._db.postgresql import events, leases, messages, offers, results
+from sqlease._db.postgresql import events, held, leases, messages, offers, results
 from sqlease._db.postgresql.dialect import GREATEST, NOW
 from sqlease._db.statements import Statements
 from sqlease._db.tables import Tables
@@ -45,6 +45,9 @@ class PgStatements(Statements):
     offer_withdraw_all: TextClause
     result_put: TextClause
     result_put_offer: TextClause
+    #: The runs' order rows, then their heads made ready if parked (``run_promote``).
+    bump_runs: TextClause
+    promote_runs: TextClause
 
 
 def statements(t: Tables) -> PgStatements:
@@ -75,6 +78,7 @@ def statements(t: Tables) -> PgStatements:
         delete_queue=c.delete_queue(t),
         delete_queue_bindings=c.delete_queue_bindings(t),
         delete_queue_messages=c.delete_queue_messages(t, NOW),
+        stuck_runs=c.stuck_runs(t),
         # Two publishes of one new key both insert; the key's row lock decides.
         unique=unique_statements(t, row_locks=True),
         leaders=leader_statements(t, NOW, GREATEST),
@@ -94,4 +98,6 @@ def statements(t: Tables) -> PgStatements:
         offer_withdraw_all=offers.offer_withdraw_all(t),
         result_put=results.result_put(t, offer=False),
         result_put_offer=results.result_put(t, offer=True),
+        bump_runs=held.bump_runs(t),
+        promote_runs=held.promote_runs(t),
     )

@@ -47,7 +47,15 @@ from sqlease._db.postgresql.direct import NONBLOCKING, DirectLane
 from sqlease._db.postgresql.lanes import KeptLine, LaneRunner, build_lanes
 from sqlease._db.postgresql.listener import PostgresListener
 from sqlease._db.postgresql.results import result_params
-from sqlease._db.rows import acked_ids_of, db_now_of, due_of, expiries_of, ids_of, messages_of
+from sqlease._db.rows import (
+    Acked,
+    acked_ids_of,
+    acked_of,
+    db_now_of,
+    due_of,
+    expiries_of,
+    messages_of,
+)
 from sqlease._db.tables import Tables
 from sqlease._db.wakeup import PollingWaker, Waker
 from sqlease.types import Fence, Message, Outcome
@@ -243,6 +251,17 @@ class PostgresDriver(Driver):
             return self.sql.enqueue
         return self.sql.enqueue_plain
 
+    def run_promote(self, run_ids: Sequence[str], now: int | None) -> Op[list[int]]:
+        params = {"runs": sorted(set(run_ids)), "now": now, "channel": self.wakeup_channel}
+
+        def body(conn: Connection) -> list[int]:
+            # Two statements: the second's snapshot is taken after the first's row locks
+            # (sqlease._db.postgresql.held).
+            conn.execute(self.sql.bump_runs, params)
+            return [int(r.id) for r in conn.execute(self.sql.promote_runs, params)]
+
+        return Op(Lane.DEFAULT, body=body, statements=2)
+
     def message_take(self, queues: Sequence[str], limit: int, now: int | None) -> Op[list[Message]]:
         params = {"queues": list(queues), "limit": int(limit), "now": now}
         return Op(Lane.PLANNED, self.sql.take, params, messages_of)
@@ -264,46 +283,61 @@ class PostgresDriver(Driver):
         statement, params = self._claim(claim)
         return Op(Lane.LEASES, statement, params, messages_of)
 
+    def _each_owner(
+        self,
+        conn: Connection,
+        statement: Any,
+        groups: Mapping[str, list[Fence]],
+        terms: Mapping[str, Any],
+    ) -> Acked:
+        """``statement`` once per owner's fences: the ids changed, the runs owed."""
+        ids: set[int] = set()
+        owed: list[str] = []
+        for owner, group in groups.items():
+            params = {**fence_params(group), "owner": owner, **terms}
+            done = acked_of([dict(r._mapping) for r in conn.execute(statement, params)])
+            ids.update(done)
+            owed.extend(done.owed_runs)
+        return Acked(ids, owed)
+
     def _ack_all(
         self, conn: Connection, groups: Mapping[str, list[Fence]], now: int | None
-    ) -> set[int]:
-        acked: set[int] = set()
-        for owner, group in groups.items():
-            params = {**fence_params(group), "owner": owner, "now": now}
-            acked.update(int(r.id) for r in conn.execute(self.sql.ack, params))
-        return acked
+    ) -> Acked:
+        terms = {"now": now, "channel": self.wakeup_channel}
+        return self._each_owner(conn, self.sql.ack, groups, terms)
 
-    def message_ack(self, fences: Sequence[Fence], now: int | None) -> Op[set[int]]:
+    def message_ack(self, fences: Sequence[Fence], now: int | None) -> Op[Acked]:
         groups = by_owner(fences)
         if not groups:
-            return Op.answer(set())
+            return Op.answer(Acked())
         if len(groups) == 1:
             ((owner, group),) = groups.items()
             params = {**fence_params(group), "owner": owner, "now": now}
-            return Op(Lane.LEASES, self.sql.ack, params, ids_of)
+            params["channel"] = self.wakeup_channel
+            return Op(Lane.LEASES, self.sql.ack, params, acked_of)
         return Op(
             Lane.LEASES, body=lambda conn: self._ack_all(conn, groups, now), statements=len(groups)
         )
 
     def message_ack_claim(
         self, fences: Sequence[Fence], claim: Claim
-    ) -> Op[tuple[set[int], list[Message]]]:
+    ) -> Op[tuple[Acked, list[Message]]]:
         if not fences:
-            return self.message_claim(claim).then(lambda claimed: (set(), claimed))
+            return self.message_claim(claim).then(lambda claimed: (Acked(), claimed))
         statement, params = self._claim(claim)
         groups = by_owner(fences)
         if list(groups) == [claim.owner]:
             # One statement: the claim does not see the acks' effects (a run's next message
             # waits for the next claim).
             combined = self.sql.ack_claim_single if len(claim.queues) == 1 else self.sql.ack_claim
-            params.update(fence_params(fences))
+            params.update(fence_params(fences), channel=self.wakeup_channel)
 
-            def finish(rows: list[dict[str, Any]]) -> tuple[set[int], list[Message]]:
+            def finish(rows: list[dict[str, Any]]) -> tuple[Acked, list[Message]]:
                 return acked_ids_of(rows), messages_of([r for r in rows if r["id"] is not None])
 
             return Op(Lane.LEASES, combined, params, finish)
 
-        def body(conn: Connection) -> tuple[set[int], list[Message]]:
+        def body(conn: Connection) -> tuple[Acked, list[Message]]:
             acked = self._ack_all(conn, groups, claim.now)
             rows = [dict(r._mapping) for r in conn.execute(statement, params)]
             return acked, messages_of(rows)
@@ -339,10 +373,10 @@ class PostgresDriver(Driver):
         change: Change,
         now: int | None,
         also: Callable[[Connection], None] | None = None,
-    ) -> Op[set[int]]:
+    ) -> Op[Acked]:
         groups = by_owner(fences)
         if not groups:
-            return Op.answer(set())
+            return Op.answer(Acked())
         terms = {
             "now": now,
             "delay_ms": max(0, int(change.delay_ms)),
@@ -359,13 +393,10 @@ class PostgresDriver(Driver):
             # One statement in autocommit, on the main engine as a transaction would be.
             ((owner, group),) = groups.items()
             params = {**fence_params(group), "owner": owner, **terms}
-            return Op(Lane.PLANNED, self.sql.transition, params, ids_of)
+            return Op(Lane.PLANNED, self.sql.transition, params, acked_of)
 
-        def body(conn: Connection) -> set[int]:
-            changed: set[int] = set()
-            for owner, group in groups.items():
-                params = {**fence_params(group), "owner": owner, **terms}
-                changed.update(int(r.id) for r in conn.execute(self.sql.transition, params))
+        def body(conn: Connection) -> Acked:
+            changed = self._each_owner(conn, self.sql.transition, groups, terms)
             if changed and also is not None:
                 also(conn)  # the caller's write, in the same transaction
             return changed
@@ -403,10 +434,10 @@ class PostgresDriver(Driver):
 
     def offer_ack(
         self, fences: Sequence[Fence], offer: Offer
-    ) -> Op[tuple[set[int], int | None, int | None]]:
+    ) -> Op[tuple[Acked, int | None, int | None]]:
         groups = by_owner(fences)
         if list(groups) == [offer.owner]:
-            params = {**fence_params(fences), **offer.params()}
+            params = {**fence_params(fences), **offer.params(), "channel": self.wakeup_channel}
             return Op(
                 Lane.PLANNED,
                 self.sql.ack_offer,
@@ -414,7 +445,7 @@ class PostgresDriver(Driver):
                 lambda r: (acked_ids_of(r), due_of(r), db_now_of(r)),
             )
 
-        def body(conn: Connection) -> tuple[set[int], int | None, int | None]:
+        def body(conn: Connection) -> tuple[Acked, int | None, int | None]:
             acked = self._ack_all(conn, groups, offer.now)
             rows = [
                 dict(r._mapping) for r in conn.execute(self.sql.offer_and_next_due, offer.params())

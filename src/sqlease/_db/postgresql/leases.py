@@ -17,6 +17,7 @@ from sqlease._db.postgresql.dialect import (
     each_queue,
     one_of_ids,
 )
+from sqlease._db.postgresql.held import NOTIFIED, OWED, promote_ctes
 from sqlease._db.tables import Tables
 
 
@@ -216,8 +217,9 @@ def claim(t: Tables, *, single_queue: bool) -> TextClause:
 
 
 def ack_ctes(t: Tables) -> str:
-    """The fenced delete of ``:owner``'s acks (CTE ``del``), their run locks and their batch
-    event."""
+    """The fenced delete of ``:owner``'s acks (CTE ``del``), their run locks, their batch
+    event, and their runs' next messages made ready (``promote_ctes``: the final SELECT reads
+    ``NOTIFIED`` and ``OWED``)."""
     return (
         f"f AS ({FENCES}), "
         f"del AS (DELETE FROM {t.messages.name} m USING f WHERE {c.fenced_join(NOW)} "
@@ -225,12 +227,17 @@ def ack_ctes(t: Tables) -> str:
         f"r AS (DELETE FROM {t.runs.name} r USING del WHERE r.run_id = del.run_id "
         "AND r.message_id = del.id), "
         f"ds AS (DELETE FROM {t.slots.name} x USING del WHERE x.message_id = del.id), "
-        f"ea AS ({batch_event(t, 'acked', 'NULL', 'del', 'true')})"
+        f"ea AS ({batch_event(t, 'acked', 'NULL', 'del', 'true')}), "
+        f"{promote_ctes(t, 'del', 'true')}"
     )
 
 
 def ack(t: Tables) -> TextClause:
-    return text(f"WITH {ack_ctes(t)} SELECT id FROM del")
+    """One row per acked id (a NULL id when none was), each with the owed runs."""
+    return text(
+        f"WITH {ack_ctes(t)} SELECT d.id, {OWED} FROM (SELECT 1) one "
+        f"LEFT JOIN del d ON true WHERE {NOTIFIED}"
+    )
 
 
 def ack_claim(t: Tables, *, single_queue: bool) -> TextClause:
@@ -241,8 +248,8 @@ def ack_claim(t: Tables, *, single_queue: bool) -> TextClause:
     are leased, so the claim never takes them."""
     return text(
         f"WITH {ack_ctes(t)}, {_claim_ctes(t, single_queue=single_queue)} "
-        "SELECT c.*, (SELECT array_agg(id) FROM del) AS acked_ids "
-        "FROM (SELECT 1) one LEFT JOIN claimed c ON true"
+        f"SELECT c.*, (SELECT array_agg(id) FROM del) AS acked_ids, {OWED} "
+        f"FROM (SELECT 1) one LEFT JOIN claimed c ON true WHERE {NOTIFIED}"
     )
 
 
@@ -262,10 +269,15 @@ def renew(t: Tables) -> TextClause:
     )
 
 
+#: A transition's messages leave their run when it fails them.
+FAILED = "CAST(:new_state AS TEXT) = 'dead'"
+
+
 def transition(t: Tables) -> TextClause:
     """Release, park or fail fenced deliveries, with their run locks and events. A message
     released to be claimed now (warm shutdown, a requeue) wakes the idle workers of its queue
-    at commit, as a publish does."""
+    at commit, as a publish does. A failed one makes its run's next message ready
+    (``promote_ctes``)."""
     return text(
         f"WITH f AS ({FENCES}), "
         f"up AS (UPDATE {t.messages.name} m SET {c.transition_set(NOW)} FROM f "
@@ -279,8 +291,10 @@ def transition(t: Tables) -> TextClause:
         "FROM up), "
         "n AS (SELECT pg_notify(CAST(:channel AS TEXT), q.queue) FROM "
         "(SELECT DISTINCT queue FROM up WHERE CAST(:new_state AS TEXT) = 'ready' "
-        "AND :delay_ms <= 0) q) "
-        "SELECT id FROM up WHERE (SELECT count(*) FROM n) >= 0"
+        "AND :delay_ms <= 0) q), "
+        f"{promote_ctes(t, 'up', FAILED)} "
+        f"SELECT u.id, {OWED} FROM (SELECT 1) one LEFT JOIN up u ON true "
+        f"WHERE (SELECT count(*) FROM n) >= 0 AND {NOTIFIED}"
     )
 
 

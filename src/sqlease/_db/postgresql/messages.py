@@ -6,6 +6,7 @@ from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
 from sqlease._db import task_rows
+from sqlease._db.postgresql import held
 from sqlease._db.postgresql.dialect import NOW, each_queue, one_of_ids
 from sqlease._db.tables import Tables
 
@@ -32,10 +33,15 @@ def _events(t: Tables, *, handed: bool) -> str:
 def enqueue_plain(t: Tables) -> TextClause:
     """Inside a caller's transaction (the outbox), no handoff: the offer's row would stay
     locked until that transaction ends, and the offering worker's next refresh would wait for
-    it in its event loop. Wakes listening workers at commit."""
+    it in its event loop. Wakes listening workers at commit. A message of a run whose earlier
+    messages are unfinished is inserted parked behind its run (sqlease._db.postgresql.held)."""
+    parks = held.parks(t)
+    state = f"CASE WHEN {parks} THEN 'parked' ELSE 'ready' END"
     return text(
-        f"WITH ins AS (INSERT INTO {t.messages.name} ({c.INSERT_COLS}) "
-        f"VALUES ({c.insert_values(NOW)}) RETURNING id, task_id, queue, attempt, run_id), "
+        f"WITH {held.enqueue_ctes(t)}"
+        f"ins AS (INSERT INTO {t.messages.name} ({c.INSERT_COLS}, reason) "
+        f"SELECT {c.insert_values(NOW, state)}, CASE WHEN {parks} THEN 'run' END "
+        "RETURNING id, task_id, queue, attempt, run_id), "
         f"{_events(t, handed=False)}, {task_rows.publish_cte(t, NOW)} "
         "SELECT ins.id FROM ins CROSS JOIN "
         "(SELECT pg_notify(CAST(:channel AS TEXT), ins2.queue) FROM ins ins2) n"

@@ -8,6 +8,7 @@ from typing import Literal
 from sqlalchemy import TextClause, text
 
 from sqlease._db.postgresql.dialect import NOW
+from sqlease._db.postgresql.held import NOTIFIED, OWED
 from sqlease._db.postgresql.leases import ack_ctes
 from sqlease._db.postgresql.messages import next_due_of_queues
 from sqlease._db.tables import Tables, offers_sequence
@@ -87,7 +88,7 @@ def ack_offer(t: Tables) -> TextClause:
     return text(
         f"WITH {ack_ctes(t)}, {offer_keep} "
         "SELECT (SELECT array_agg(id) FROM del) AS acked_ids, "
-        f"({next_due_of_queues(t)}) AS due, {NOW} AS now_ms"
+        f"({next_due_of_queues(t)}) AS due, {NOW} AS now_ms, {OWED} WHERE {NOTIFIED}"
     )
 
 

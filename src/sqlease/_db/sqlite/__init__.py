@@ -11,7 +11,7 @@ from sqlalchemy import TextClause
 from sqlease._db import sql_common as c
 from sqlease._db import task_rows
 from sqlease._db.leaders import leader_statements
-from sqlease._db.sqlite import events, leases, messages
+from sqlease._db.sqlite import events, held, leases, messages
 from sqlease._db.sqlite.dialect import GREATEST, NOW, ROW_PREFIX
 from sqlease._db.statements import Statements
 from sqlease._db.tables import Tables
@@ -43,6 +43,9 @@ class SqliteStatements(Statements):
     #: a published task's row and a claim's attempts (sqlease._db.task_rows)
     task_publish: TextClause
     task_attempts: TextClause
+    #: The runs' order rows, then their heads made ready if parked (``run_promote``).
+    bump_runs: TextClause
+    promote_runs: TextClause
 
 
 def statements(t: Tables) -> SqliteStatements:
@@ -73,6 +76,7 @@ def statements(t: Tables) -> SqliteStatements:
         delete_queue=c.delete_queue(t),
         delete_queue_bindings=c.delete_queue_bindings(t),
         delete_queue_messages=c.delete_queue_messages(t, NOW),
+        stuck_runs=c.stuck_runs(t),
         # One writer holds the whole file from the publish's first write: no row lock needed.
         unique=unique_statements(t, row_locks=False),
         leaders=leader_statements(t, NOW, GREATEST),
@@ -88,4 +92,6 @@ def statements(t: Tables) -> SqliteStatements:
         transition=leases.transition(t),
         task_publish=task_rows.publish(t, NOW),
         task_attempts=task_rows.attempts(t),
+        bump_runs=held.bump_runs(t),
+        promote_runs=held.promote_runs(t),
     )

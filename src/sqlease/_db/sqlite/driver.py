@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
@@ -32,7 +32,7 @@ from sqlease._db.driver import (
     event_params,
     publish_each,
 )
-from sqlease._db.rows import row_to_message
+from sqlease._db.rows import Acked, row_to_message
 from sqlease._db.sqlite import SqliteStatements, statements
 from sqlease._db.sqlite.dialect import CAPABILITIES
 from sqlease._db.sqlite.direct import DirectTransactions
@@ -131,14 +131,35 @@ class SqliteDriver(Driver):
         if events:
             conn.execute(self.sql.event_insert, events)
 
+    def _promote_on(self, conn: Connection, run_ids: Iterable[str], now: int | None) -> list[int]:
+        """The runs' heads made ready where they wait parked behind their run (in the
+        caller's transaction, after the statement that finished their earlier message)."""
+        runs = sorted(set(run_ids))
+        if not runs:
+            return []
+        params = {"runs": json.dumps(runs), "now": now}
+        conn.execute(self.sql.bump_runs, params)
+        return [int(r.id) for r in conn.execute(self.sql.promote_runs, params)]
+
     def _after_transitions(
-        self, conn: Connection, rows: list[Any], kind: str, data: str | None, now: int | None
+        self,
+        conn: Connection,
+        rows: list[Any],
+        kind: str,
+        data: str | None,
+        now: int | None,
+        *,
+        left: bool = True,
     ) -> None:
+        """``left``: the messages left their runs (acked or failed), whose next messages are
+        made ready."""
         runs = [
             {"run_id": m["run_id"], "message_id": m["id"]} for m in rows if m["run_id"] is not None
         ]
         if runs:
             conn.execute(self.sql.release_run, runs)
+            if left:
+                self._promote_on(conn, (r["run_id"] for r in runs), now)
         self._events(
             conn,
             [event_params(m["task_id"], m["id"], m["attempt"], kind, data, now) for m in rows],
@@ -205,6 +226,9 @@ class SqliteDriver(Driver):
 
         return Op(Lane.PUBLISH, body=body)
 
+    def run_promote(self, run_ids: Sequence[str], now: int | None) -> Op[list[int]]:
+        return Op(Lane.DEFAULT, body=lambda conn: self._promote_on(conn, run_ids, now))
+
     def message_take(self, queues: Sequence[str], limit: int, now: int | None) -> Op[list[Message]]:
         params = {"queues": self.queues_param(queues), "limit": int(limit), "now": now}
 
@@ -244,8 +268,8 @@ class SqliteDriver(Driver):
     def message_claim(self, claim: Claim) -> Op[list[Message]]:
         return Op(Lane.LEASES, body=lambda conn: self._claim_on(conn, claim), statements=1)
 
-    def _ack_on(self, conn: Connection, fences: Sequence[Fence], now: int | None) -> set[int]:
-        done: set[int] = set()
+    def _ack_on(self, conn: Connection, fences: Sequence[Fence], now: int | None) -> Acked:
+        done = Acked()
         for owner, group in by_owner(fences).items():
             params = {**_fence_params(group), "owner": owner, "now": now}
             rows = [row._mapping for row in conn.execute(self.sql.ack, params).fetchall()]
@@ -253,18 +277,18 @@ class SqliteDriver(Driver):
             self._after_transitions(conn, rows, "acked", None, now)
         return done
 
-    def message_ack(self, fences: Sequence[Fence], now: int | None) -> Op[set[int]]:
+    def message_ack(self, fences: Sequence[Fence], now: int | None) -> Op[Acked]:
         if not fences:
-            return Op.answer(set())
+            return Op.answer(Acked())
         return Op(Lane.LEASES, body=lambda conn: self._ack_on(conn, fences, now))
 
     def message_ack_claim(
         self, fences: Sequence[Fence], claim: Claim
-    ) -> Op[tuple[set[int], list[Message]]]:
+    ) -> Op[tuple[Acked, list[Message]]]:
         # One transaction (one write lock, one commit). The claim sees the acks, so the next
         # message of a run just acked can come with it.
-        def body(conn: Connection) -> tuple[set[int], list[Message]]:
-            acked = self._ack_on(conn, fences, claim.now) if fences else set()
+        def body(conn: Connection) -> tuple[Acked, list[Message]]:
+            acked = self._ack_on(conn, fences, claim.now) if fences else Acked()
             return acked, self._claim_on(conn, claim)
 
         return Op(Lane.LEASES, body=body)
@@ -300,10 +324,10 @@ class SqliteDriver(Driver):
         change: Change,
         now: int | None,
         also: Callable[[Connection], None] | None = None,
-    ) -> Op[set[int]]:
+    ) -> Op[Acked]:
         groups = by_owner(fences)
         if not groups:
-            return Op.answer(set())
+            return Op.answer(Acked())
         terms = {
             "now": now,
             "delay_ms": max(0, int(change.delay_ms)),
@@ -315,13 +339,15 @@ class SqliteDriver(Driver):
             "data": change.data,
         }
 
-        def body(conn: Connection) -> set[int]:
-            changed: set[int] = set()
+        def body(conn: Connection) -> Acked:
+            changed = Acked()
             for owner, group in groups.items():
                 params = {**_fence_params(group), "owner": owner, **terms}
                 rows = [r._mapping for r in conn.execute(self.sql.transition, params).fetchall()]
                 changed.update(int(m["id"]) for m in rows)
-                self._after_transitions(conn, rows, change.kind, change.data, now)
+                self._after_transitions(
+                    conn, rows, change.kind, change.data, now, left=change.new_state == "dead"
+                )
             if changed and also is not None:
                 also(conn)  # the caller's write, in the same transaction
             return changed
@@ -364,7 +390,7 @@ class SqliteDriver(Driver):
 
     def offer_ack(
         self, fences: Sequence[Fence], offer: Offer
-    ) -> Op[tuple[set[int], int | None, int | None]]:
+    ) -> Op[tuple[Acked, int | None, int | None]]:
         raise ConfigurationError("handoff offers need PostgreSQL")
 
     def offer_withdraw(self, owner: str, *, handed_too: bool = False) -> Op[None]:

@@ -5,15 +5,20 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
+from sqlease._db.sqlite import held
 from sqlease._db.sqlite.dialect import NOW, QUEUES_IN
 from sqlease._db.tables import Tables
 
 
 def enqueue(t: Tables) -> TextClause:
     """Publish one message (its ``enqueued`` event is the caller's, in the same
-    transaction)."""
+    transaction); a message of a run whose earlier messages are unfinished is inserted
+    parked behind its run (sqlease._db.sqlite.held)."""
+    parks = held.parks(t)
+    state = f"CASE WHEN {parks} THEN 'parked' ELSE 'ready' END"
     return text(
-        f"INSERT INTO {t.messages.name} ({c.INSERT_COLS}) VALUES ({c.insert_values(NOW)}) "
+        f"INSERT INTO {t.messages.name} ({c.INSERT_COLS}, reason) "
+        f"VALUES ({c.insert_values(NOW, state)}, CASE WHEN {parks} THEN 'run' END) "
         "RETURNING id"
     )
 

@@ -161,7 +161,10 @@ class AdminViews:
             or_(m.c.lease_expires_at_ms.is_(None), m.c.lease_expires_at_ms <= now),
         )
         return {
-            "queued": and_(idle, m.c.available_at_ms <= now),
+            "queued": or_(
+                and_(idle, m.c.available_at_ms <= now),
+                and_(m.c.state == "parked", m.c.reason == "run"),  # behind its run
+            ),
             "scheduled": and_(idle, m.c.available_at_ms > now),
             "running": live,
             "waiting_input": and_(m.c.state == "parked", m.c.reason == "waiting_input"),
@@ -169,7 +172,10 @@ class AdminViews:
             "waiting": and_(m.c.state == "parked", m.c.reason.like("waiting\\_%", escape="\\")),
             "paused": and_(
                 m.c.state == "parked",
-                or_(m.c.reason.is_(None), m.c.reason.not_like("waiting\\_%", escape="\\")),
+                or_(
+                    m.c.reason.is_(None),
+                    and_(m.c.reason.not_like("waiting\\_%", escape="\\"), m.c.reason != "run"),
+                ),
             ),
             "failed": and_(
                 m.c.state == "dead", or_(m.c.reason.is_(None), m.c.reason != "cancelled")

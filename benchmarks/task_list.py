@@ -1,0 +1,76 @@
+"""``sqlease tasks`` with no filter at 1,000,000 task records: a page of 50 at the start, in
+the middle and at the end of the list (keyset pages on ``tasks_created_ix``).
+
+    .venv/bin/python benchmarks/task_list.py --url postgresql://postgres@127.0.0.1:5432/test
+    .venv/bin/python benchmarks/task_list.py --url sqlite:////tmp/task_list.db
+
+Inserts the records once under the table prefix ``bench_list_`` (and 1,000 queued tasks),
+then prints the median of 20 reads of each page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import text
+
+from sqlease import Store
+from sqlease.admin import Admin
+
+BASE_MS = 1_700_000_000_000
+COLUMNS = "task_id, checkpoint, revision, created_at_ms, updated_at_ms, task_name, queue, attempt"
+ROW = "'task-' || {n}, '{{}}', 0, {base} + {n}, {base} + {n}, 'app.t', 'celery', 1"
+
+
+def fill(store: Store, count: int) -> None:
+    table = store.tables.tasks.name
+    with store.engine.begin() as conn:
+        if conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() >= count:
+            return
+        row = ROW.format(n="n", base=BASE_MS)
+        if store.is_postgresql:
+            source = f"FROM generate_series(1, {count}) AS n"
+            conn.execute(text(f"INSERT INTO {table} ({COLUMNS}) SELECT {row} {source}"))
+        else:
+            numbers = (
+                f"WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {count})"
+            )
+            conn.execute(text(f"{numbers} INSERT INTO {table} ({COLUMNS}) SELECT {row} FROM g"))
+    if store.is_postgresql:
+        with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f"ANALYZE {table}"))
+    for i in range(1000):
+        store.enqueue("celery", "{}", task_id=f"live-{i}", task_name="app.live")
+
+
+def median_ms(read: Callable[[], Any], rounds: int = 20) -> float:
+    read()
+    took = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        read()
+        took.append((time.perf_counter() - started) * 1000)
+    return statistics.median(took)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--count", type=int, default=1_000_000)
+    args = parser.parse_args()
+    store = Store(args.url, table_prefix="bench_list_")
+    fill(store, args.count)
+    admin = Admin(store.engine.url, store=store)
+    pages = {"first": None, "middle": args.count // 2, "last": 1000}
+    for name, n in pages.items():
+        cursor = None if n is None else f"{BASE_MS + n}:task-{n}"
+        took = median_ms(lambda c=cursor: admin.tasks(limit=50, before=c))
+        print(f"{args.count:,} tasks, page of 50, {name}: {took:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

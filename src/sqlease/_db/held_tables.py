@@ -1,0 +1,42 @@
+"""Held work's table and index (migration 12): the run order row that an enqueue into a run
+and the statement that frees a run's place both write, and the index that finds the
+messages parked behind their run.
+
+A message of a run whose earlier messages are unfinished is inserted ``parked`` with reason
+``run``: outside the claim index, so a claim never steps over it, with its id and so its
+place in the run kept. Whatever finishes a run's head (ack, reject, exhaustion, cancel,
+purge) makes the next one ready in its own statement. On PostgreSQL an enqueue and such a
+statement can run at once, each in a snapshot that misses the other; both write the run's
+row here (a version number), which serializes them and tells each whether the other
+committed after its snapshot was taken (sqlease._db.postgresql.held)."""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Column, Index, MetaData, Table, Text
+
+
+def held_tables(md: MetaData, p: str) -> Table:
+    """``run_order``: one row per run that has had a message enqueued (removed by the
+    maintenance pass once the run has none left)."""
+    return Table(
+        f"{p}run_order",
+        md,
+        Column("run_id", Text, primary_key=True),
+        Column("version", BigInteger, nullable=False, server_default="0"),
+    )
+
+
+def held_indexes(messages: Table, prefix: str) -> list[Index]:
+    """The messages parked behind their run, by run: the maintenance pass's repair finds
+    the runs whose head waits there (none, unless a promotion was lost) without reading
+    the ready rows."""
+    parked = (messages.c.state == "parked") & (messages.c.reason == "run")
+    return [
+        Index(
+            f"{prefix}messages_run_wait_ix",
+            messages.c.run_id,
+            messages.c.id,
+            postgresql_where=parked,
+            sqlite_where=parked,
+        )
+    ]

@@ -1,0 +1,1 @@
+"""Integrations with frameworks other than Celery and Kombu (``sqlease.contrib.django``)."""
