@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sqlease._core.flow import check_limits, check_rates
+from sqlease._core.lease_clock import margin_seconds
 from sqlease._db.tables import validate_prefix
 from sqlease.errors import ConfigurationError
 
@@ -350,10 +351,14 @@ class TransportOptions:
                 continue
             values[option.name] = option.metadata["parse"](option.name, value)
         options = cls(**values)
-        if options.heartbeat_seconds >= options.lease_seconds:
+        usable = options.lease_seconds - margin_seconds(options.lease_seconds)
+        if options.heartbeat_seconds >= usable:
+            # The lease clock runs out at the lease less its margin, counted from the last
+            # confirmed renewal: a heartbeat any slower loses every lease it holds.
             raise ConfigurationError(
                 f"heartbeat_interval ({options.heartbeat_seconds}s) must be shorter than "
-                f"lease_seconds ({options.lease_seconds}s), or leases expire between heartbeats"
+                f"lease_seconds ({options.lease_seconds}s) less its lease-clock margin "
+                f"({usable:.3f}s), or leases run out between heartbeats"
             )
         unknown = sorted(set(raw) - _GENERIC)
         if "visibility_timeout" in unknown:
