@@ -97,6 +97,9 @@ class Clusters:
             "hot_standby": "on",
             "max_connections": "100",
             "shared_buffers": "32MB",
+            # Its segments in the data folder, removed with it: an immediate stop leaves
+            # POSIX ones behind in /dev/shm.
+            "dynamic_shared_memory_type": "mmap",
             # A primary killed by the test, not the machine: the standby holds what counts.
             "fsync": "off",
             "full_page_writes": "off",
