@@ -16,6 +16,9 @@ ID_KEY = "sqlease_id"
 ATTEMPT_KEY = "sqlease_attempt"
 OWNER_KEY = "sqlease_owner"
 LEASE_KEY = "sqlease_lease_ms"
+#: Where the worker publishes the delivery's lease clock: ``file#slot`` of its shared clock
+#: table (sqlease._core.clock_slots), read by the task's context and the result backend.
+CLOCK_KEY = "sqlease_clock"
 #: On a delivery its worker took while holding nothing else: the handoff offer the task's final
 #: result writes (sqlease.backend), so the worker's next offer stands before the client wakes.
 OFFER_KEY = "sqlease_offer"

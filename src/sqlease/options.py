@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sqlease._core.flow import check_limits, check_rates
+from sqlease._core.lease_clock import margin_seconds
 from sqlease._db.tables import validate_prefix
 from sqlease.errors import ConfigurationError
 
@@ -88,12 +89,17 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def _boolean(name: str, value: Any) -> bool:
+def parse_boolean(name: str, value: Any) -> bool:
+    """A boolean option's value: a bool, or one of the strings true/false/yes/no/on/off/1/0
+    (ConfigurationError naming ``name`` otherwise)."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
         return value.lower() in _TRUE
     raise ConfigurationError(f"transport option {name!r} must be true or false, not {value!r}")
+
+
+_boolean = parse_boolean
 
 
 def _prefix(name: str, value: Any) -> str:
@@ -271,6 +277,16 @@ class TransportOptions:
             none_keeps_default=True,
         ),
     )
+    interrupt_on_lease_lost: bool = field(
+        default=False,
+        metadata=_row(
+            _boolean,
+            "Raise ``LeaseLost`` inside a running task as soon as its lease is known lost (its "
+            "lease clock ran out, or its renewal was refused), as Celery's soft time limit "
+            "does, so that a task that never checkpoints stops too. A task's own "
+            "``interrupt_on_lease_lost`` option wins.",
+        ),
+    )
     cluster_rate_limits: bool = field(
         default=False,
         metadata=_row(
@@ -335,10 +351,14 @@ class TransportOptions:
                 continue
             values[option.name] = option.metadata["parse"](option.name, value)
         options = cls(**values)
-        if options.heartbeat_seconds >= options.lease_seconds:
+        usable = options.lease_seconds - margin_seconds(options.lease_seconds)
+        if options.heartbeat_seconds >= usable:
+            # The lease clock runs out at the lease less its margin, counted from the last
+            # confirmed renewal: a heartbeat any slower loses every lease it holds.
             raise ConfigurationError(
                 f"heartbeat_interval ({options.heartbeat_seconds}s) must be shorter than "
-                f"lease_seconds ({options.lease_seconds}s), or leases expire between heartbeats"
+                f"lease_seconds ({options.lease_seconds}s) less its lease-clock margin "
+                f"({usable:.3f}s), or leases run out between heartbeats"
             )
         unknown = sorted(set(raw) - _GENERIC)
         if "visibility_timeout" in unknown:

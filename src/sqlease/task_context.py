@@ -11,6 +11,11 @@ Every write goes through the database's compare-and-set on ``(message id, owner,
 a delivery that lost its lease (taken over after a stall, paused, cancelled) gets
 ``LeaseLost`` and writes nothing. ``LeaseLost`` is a Celery ``Ignore``: letting it propagate
 stops the task without a failure or a retry being recorded.
+
+Before the database, the delivery's lease clock (sqlease._core.lease_clock): once it has run
+out (the worker could not renew the lease in time, e.g. cut off from the database), every
+write raises ``LeaseLost`` at once, without a round trip; and no write waits for the database
+longer than the lease has left (sqlease._db.bounds).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from sqlease._core.delivery_lease import DeliveryLease
+from sqlease._core.lease_clock import DeliveryClock
 from sqlease._core.steps import StepStore
 from sqlease.errors import ContextUnavailable, LeaseLost, OutcomeUnknown
 from sqlease.store import Fence, Outcome, Store
@@ -70,6 +77,7 @@ class TaskContext:
         run_id: str | None = None,
         lease_ms: int = 60_000,
         task: Any = None,
+        clock: DeliveryClock | None = None,
     ) -> None:
         self.store = store
         self.fence = fence
@@ -80,6 +88,13 @@ class TaskContext:
         self._state: dict[str, Any] | None = None
         self._revision = 0
         self._steps = StepStore(store)
+        #: The delivery's lease clock (without one from the worker: the task's own renewals)
+        #: and the guard around every call made for it.
+        self._lease = DeliveryLease(
+            fence, clock if clock is not None else DeliveryClock(lease_ms / 1000.0)
+        )
+        self.clock = self._lease.clock
+        self._lost_event: threading.Event | None = None
 
     # ---- identity ----------------------------------------------------------------------
 
@@ -95,7 +110,8 @@ class TaskContext:
     # ---- state and checkpoints -----------------------------------------------------------
 
     def _load(self) -> None:
-        record = self.store.get_task(self.task_id)
+        with self._lease.within("state read"):
+            record = self.store.get_task(self.task_id)
         if record is None:
             self._state, self._revision = {}, 0
         else:
@@ -137,23 +153,24 @@ class TaskContext:
             raise TypeError(f"checkpoint values must be JSON-serializable: {exc}") from exc
         for _ in range(_CAS_RETRIES):
             merged = {**self.state, **changes}
-            result = self.store.compare_and_set(
-                self.fence,
-                self.task_id,
-                self._revision,
-                checkpoint=merged,
-                lease_ms=self.lease_ms,
-                state="running",
-                run_id=self.run_id,
-            )
+            sent = self._lease.check("checkpoint")
+            with self._lease.within("checkpoint"):
+                result = self.store.compare_and_set(
+                    self.fence,
+                    self.task_id,
+                    self._revision,
+                    checkpoint=merged,
+                    lease_ms=self.lease_ms,
+                    state="running",
+                    run_id=self.run_id,
+                )
             if result.outcome is Outcome.UPDATED:
                 assert result.revision is not None
+                self._lease.confirmed(sent)  # the checkpoint renewed the lease
                 self._state, self._revision = merged, result.revision
                 break
             if result.outcome is Outcome.LEASE_LOST:
-                raise LeaseLost(
-                    self.fence.message_id, self.fence.attempt, "checkpoint refused by the database"
-                )
+                raise self._lease.refused("checkpoint refused by the database")
             self._load()  # someone else wrote (an admin, a step): merge onto theirs
         else:
             raise LeaseLost(
@@ -177,21 +194,69 @@ class TaskContext:
 
     @property
     def lease_lost(self) -> bool:
-        """Asks the database: is this delivery's lease gone?"""
-        return not self.store.is_held(self.fence)
+        """Is this delivery's lease gone? The lease clock answers first (no round trip once
+        it has run out); while it runs, the database is asked (within what is left)."""
+        if self.clock.lost():
+            return True
+        try:
+            with self._lease.within("lease check"):
+                held = self.store.is_held(self.fence)
+        except LeaseLost:
+            return True
+        if not held:
+            self.clock.mark_lost()
+        return not held
+
+    @property
+    def deadline(self) -> float | None:
+        """The last moment, on ``time.monotonic()``'s clock, at which this delivery can still
+        hold its lease, counted from the last renewal the database confirmed; ``-inf`` once the
+        lease is known lost; None if nothing is known yet."""
+        return self.clock.deadline()
+
+    def remaining(self) -> float | None:
+        """Seconds until ``deadline`` (0.0 once the lease is known lost; None if unknown)."""
+        return self.clock.remaining()
+
+    @property
+    def lease_lost_event(self) -> threading.Event:
+        """A ``threading.Event`` set as soon as the lease is known lost (by its clock, or by
+        the worker's refused renewal), for code that waits on something else:
+        ``ctx.lease_lost_event.wait(timeout)``."""
+        if self._lost_event is None:
+            event = threading.Event()
+            self._lost_event = event
+            self.on_lease_lost(event.set)
+        return self._lost_event
+
+    def on_lease_lost(self, callback: Callable[[], Any]) -> None:
+        """Call ``callback()`` once, from another thread, as soon as the lease is known lost
+        (at once if it is). Nothing is called after the task has returned."""
+        self._lease.watch(callback)
 
     def ensure_lease(self) -> None:
-        """Renew the lease now; ``LeaseLost`` if the database no longer grants it."""
-        held = self.store.renew([self.fence], lease_ms=self.lease_ms)
+        """Renew the lease now; ``LeaseLost`` if the database no longer grants it (or its clock
+        ran out, without a round trip)."""
+        sent = self._lease.check("renewal")
+        with self._lease.within("renewal"):
+            held = self.store.renew([self.fence], lease_ms=self.lease_ms)
         if self.fence.message_id not in held:
-            raise LeaseLost(self.fence.message_id, self.fence.attempt, "renewal refused")
+            raise self._lease.refused("renewal refused")
+        self._lease.confirmed(sent)
 
     def event(self, kind: str, data: Any = None) -> None:
         """Append an event to the task's timeline, under the lease."""
         if not isinstance(kind, str) or not kind:
             raise ValueError("an event kind is a non-empty string")
-        if not self.store.append_event(self.fence, kind, data, task_id=self.task_id):
-            raise LeaseLost(self.fence.message_id, self.fence.attempt, "event refused")
+        self._lease.check("event")
+        with self._lease.within("event"):
+            written = self.store.append_event(self.fence, kind, data, task_id=self.task_id)
+        if not written:
+            raise self._lease.refused("event refused")
+
+    def close(self) -> None:
+        """The task returned: no more lease-lost callbacks for it."""
+        self._lease.close()
 
     # ---- durable steps ---------------------------------------------------------------------
 
@@ -206,7 +271,9 @@ class TaskContext:
         idempotent = bool(kwargs.pop("idempotent", False))
         if not isinstance(name, str) or not name:
             raise ValueError("a step name is a non-empty string")
-        record = self._steps.get(self.task_id, name)
+        self._lease.check(f"step {name!r}")
+        with self._lease.within(f"step {name!r}"):
+            record = self._steps.get(self.task_id, name)
         if record is not None and record.status == "succeeded":
             return record.result
         if record is not None and record.status in ("started", "outcome_unknown"):
@@ -216,19 +283,18 @@ class TaskContext:
                     "unique within a task"
                 )
             if not idempotent:
-                self._steps.mark_unknown(self.fence, self.task_id, name)
+                with self._lease.within(f"step {name!r}"):
+                    self._steps.mark_unknown(self.fence, self.task_id, name)
                 raise OutcomeUnknown(self.task_id, name)
-        if not self._steps.start(self.fence, self.task_id, name):
-            raise LeaseLost(self.fence.message_id, self.fence.attempt, f"step {name!r} refused")
+        with self._lease.within(f"step {name!r}"):
+            started = self._steps.start(self.fence, self.task_id, name)
+        if not started:
+            raise self._lease.refused(f"step {name!r} refused")
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
-            if not self._steps.finish(
-                self.fence, self.task_id, name, error=f"{type(exc).__name__}: {exc}"
-            ):
-                raise LeaseLost(
-                    self.fence.message_id, self.fence.attempt, f"step {name!r} outcome refused"
-                ) from exc
+            if not self._finish_step(name, error=f"{type(exc).__name__}: {exc}"):
+                raise self._lease.refused(f"step {name!r} outcome refused") from exc
             raise
         try:
             json.dumps(result)
@@ -236,16 +302,21 @@ class TaskContext:
             unserializable: str | None = None
         except (TypeError, ValueError) as exc:
             stored, unserializable = None, str(exc)
-        if not self._steps.finish(self.fence, self.task_id, name, result=stored):
-            raise LeaseLost(
-                self.fence.message_id, self.fence.attempt, f"step {name!r} outcome refused"
-            )
+        if not self._finish_step(name, result=stored):
+            raise self._lease.refused(f"step {name!r} outcome refused")
         if unserializable is not None:
             raise TypeError(
                 f"step {name!r} finished (recorded as succeeded), but its result is not "
                 f"JSON-serializable and was stored as null: {unserializable}"
             )
         return result
+
+    def _finish_step(self, name: str, *, result: Any = None, error: str | None = None) -> bool:
+        """Record a step's outcome (False: refused); ``LeaseLost`` at once once the lease
+        clock ran out."""
+        self._lease.check(f"step {name!r} outcome")
+        with self._lease.within(f"step {name!r} outcome"):
+            return self._steps.finish(self.fence, self.task_id, name, result=result, error=error)
 
     # ---- waiting for a person (parks the delivery) ------------------------------------------
 
@@ -258,7 +329,10 @@ class TaskContext:
         runs the task again from its checkpoint and this call returns the answer."""
         from sqlease._core.waits import wait_for_input
 
-        return wait_for_input(self.store, self.fence, self.task_id, prompt, schema=schema, key=key)
+        with self._lease.within("wait for input"):
+            return wait_for_input(
+                self.store, self.fence, self.task_id, prompt, schema=schema, key=key
+            )
 
     def wait_for_approval(
         self, summary: str, *, key: str | None = None, **details: Any
@@ -268,7 +342,10 @@ class TaskContext:
         ``Admin.reject``."""
         from sqlease._core.waits import wait_for_approval
 
-        return wait_for_approval(self.store, self.fence, self.task_id, summary, key=key, **details)
+        with self._lease.within("wait for approval"):
+            return wait_for_approval(
+                self.store, self.fence, self.task_id, summary, key=key, **details
+            )
 
 
 def context() -> TaskContext:
@@ -283,7 +360,7 @@ def context() -> TaskContext:
     cached = getattr(request, "_sqlease_context", None)
     if isinstance(cached, TaskContext):
         return cached
-    from sqlease.delivery import LEASE_KEY, fence_of
+    from sqlease.delivery import CLOCK_KEY, LEASE_KEY, fence_of
 
     properties = getattr(request, "properties", None) or {}
     delivery_info = properties.get("delivery_info") or {}
@@ -301,13 +378,17 @@ def context() -> TaskContext:
         )
     store, lease_ms = _store_for_app(task.app)
     run_id = getattr(request, "run_id", None)
+    lease_ms = int(delivery_info.get(LEASE_KEY) or lease_ms)
     ctx = TaskContext(
         store,
         fence,
         task_id=str(request.id),
         run_id=None if run_id is None else str(run_id),
-        lease_ms=int(delivery_info.get(LEASE_KEY) or lease_ms),
+        lease_ms=lease_ms,
         task=task,
+        # The worker's heartbeat publishes the deadline there (in this process or, for a
+        # pool child, in its parent).
+        clock=DeliveryLease.of(fence, lease_ms, delivery_info.get(CLOCK_KEY)).clock,
     )
     ctx.ensure_lease()  # a delivery renews once when it starts; refused if already lost
     request._sqlease_context = ctx

@@ -301,9 +301,10 @@ def test_offers_where_the_dialect_has_them(store: Store) -> None:
     store.enqueue("q", "now")
     [m] = _claim(store, ["q"])
     store.enqueue("q", "later", delay_ms=5_000)
-    acked, due = driver.execute(driver.offer_ack([m.fence], offer))
-    assert acked == {m.id} and due == 5_000
-    assert driver.execute(driver.offer_put(offer)) == 5_000  # the offer stands again
+    acked, due, db_now = driver.execute(driver.offer_ack([m.fence], offer))
+    # The database's time comes back with it (a handoff's lease clock counts from it).
+    assert acked == {m.id} and due == 5_000 and db_now == offer.now
+    assert driver.execute(driver.offer_put(offer)) == (5_000, offer.now)  # stands again
     assert driver.execute(driver.offer_withdraw("w", handed_too=True)) is None
 
 

@@ -14,8 +14,12 @@ from sqlalchemy import select
 
 from conftest import unique_prefix
 from sqlease import Store
+from sqlease._core.clock_slots import ClockSlots
+from sqlease._core.lease_clock import LOST
 from sqlease._core.results import FenceRefused, ResultStore
 from sqlease.backend import SqleaseBackend
+from sqlease.backend._fencing import REFUSED
+from sqlease.delivery import CLOCK_KEY
 from sqlease.testing import FakeClock
 from sqlease.transport import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OWNER_KEY
 
@@ -492,6 +496,38 @@ def test_stale_delivery_cannot_store_a_result(app: Celery) -> None:
     assert AsyncResult("tid-fence", app=app).get(timeout=5) == "fresh"
     backend.store_result("tid-fence", "late", states.SUCCESS, request=_request(first))
     assert AsyncResult("tid-fence", app=app).result == "fresh"
+
+
+def test_a_result_past_its_lease_clock_is_refused_without_a_round_trip(
+    app: Celery, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker published that the delivery's lease clock ran out (it could not renew in
+    time): its result is refused here, although the database still holds the lease, and its
+    request is marked so (its ack is not sent either: sqlease._core.heartbeat)."""
+    backend = backend_of(app)
+    store = backend.results.store
+    store.enqueue("celery", "{}", task_id="tid-clock")
+    [message] = store.claim(["celery"], "w1", lease_ms=60_000)
+    slots = ClockSlots(folder=str(tmp_path))
+    try:
+        request = _request(message)
+        ref = slots.take(message.fence, time.monotonic() + 30)
+        request.properties["delivery_info"][CLOCK_KEY] = ref
+        backend.store_result("tid-clock", "in time", states.STARTED, request=request)
+        assert AsyncResult("tid-clock", app=app).state == states.STARTED  # written
+        slots.write(ref, message.fence, LOST)
+
+        def no_round_trip(*_args: Any, **_kwargs: Any) -> Any:
+            raise AssertionError("a result past its lease clock reached the database")
+
+        monkeypatch.setattr(backend.results, "put", no_round_trip)
+        backend.store_result("tid-clock", "late", states.SUCCESS, request=request)
+        assert getattr(request, REFUSED, False)
+        monkeypatch.undo()
+        assert AsyncResult("tid-clock", app=app).state == states.STARTED
+        assert store.is_held(message.fence)  # the database would still have taken it
+    finally:
+        slots.close()
 
 
 def test_stale_delivery_cannot_advance_a_chord(app: Celery) -> None:

@@ -194,3 +194,40 @@ def test_an_op_that_is_not_one_statement_is_executed_at_once(store: Store, hub: 
     [outcome] = calls.collect()
     assert outcome.value == {fences[0].message_id}
     calls.stop()
+
+
+def test_a_statement_without_an_answer_is_given_up_and_sent_again(
+    store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that stops answering on a connection that stays open (a partition, a stuck
+    pooler) holds no statement past ``give_up_after`` (the lease): its connection is dropped
+    and the statement sent again on a new one, until the retries' time is up."""
+    monkeypatch.setattr(loop_calls, "RETRY_SECONDS", 0.9)
+    given_up: list[int] = []
+    give_up = LoopCalls._give_up_if_stuck
+
+    def counted(self: LoopCalls) -> None:
+        stuck = self._sending is not None
+        give_up(self)
+        if stuck and self._sending is None:
+            given_up.append(1)
+
+    monkeypatch.setattr(LoopCalls, "_give_up_if_stuck", counted)
+
+    def prepare(jobs: list[Job]) -> tuple[Op[list[Done]], list[Job]]:
+        job = jobs[0]
+        stuck = text("SELECT pg_backend_pid() AS pid, pg_sleep(3)")
+        return Op(Lane.LEASES, stuck, {}, lambda rows: [Done(job.key, value=rows)]), [job]
+
+    calls = LoopCalls(hub, store.driver, prepare, lambda: None, give_up_after=0.3)
+    started = time.monotonic()
+    calls.submit("a")
+    run_until(hub, lambda: len(calls._done) == 1)
+    elapsed = time.monotonic() - started
+    [outcome] = calls.collect()
+    assert isinstance(outcome.error, sa_exc.OperationalError)
+    assert "within the lease" in str(outcome.error)
+    assert 0.8 <= elapsed < 2.5  # given up and tried again, never waiting out the 3 s
+    assert len(given_up) >= 2
+    assert not calls.pending
+    calls.stop()

@@ -81,6 +81,11 @@ BAD: list[tuple[str, Any, str]] = [
     ("publish_sync_commit", "later", _message("publish_sync_commit", "true or false, not 'later'")),
     ("cluster_rate_limits", "both", _message("cluster_rate_limits", "true or false, not 'both'")),
     (
+        "interrupt_on_lease_lost",
+        "maybe",
+        _message("interrupt_on_lease_lost", "true or false, not 'maybe'"),
+    ),
+    (
         "concurrency_limits",
         ["queue:a"],
         "concurrency_limits must be a mapping such as {'queue:images': 4, "
@@ -202,9 +207,12 @@ def test_the_heartbeat_must_be_shorter_than_the_lease() -> None:
     with pytest.raises(ConfigurationError) as excinfo:
         TransportOptions.parse({"lease_seconds": 1, "heartbeat_interval": 5})
     assert str(excinfo.value) == (
-        "heartbeat_interval (5.0s) must be shorter than lease_seconds (1.0s), or leases expire "
-        "between heartbeats"
+        "heartbeat_interval (5.0s) must be shorter than lease_seconds (1.0s) less its "
+        "lease-clock margin (0.940s), or leases run out between heartbeats"
     )
+    # Shorter than the lease is not enough: the lease clock runs out 0.65 s before it.
+    with pytest.raises(ConfigurationError, match=r"less its lease-clock margin \(59.350s\)"):
+        TransportOptions.parse({"heartbeat_interval": 59.5})
     assert TransportOptions.parse({"lease_seconds": 3}).heartbeat_seconds == 1.0
 
 

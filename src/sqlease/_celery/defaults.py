@@ -15,6 +15,7 @@ from typing import Any
 from celery import signals
 from celery._state import connect_on_app_finalize
 
+from sqlease._celery import lease_interrupt as _lease_interrupt  # noqa: F401 (task signals)
 from sqlease._celery import task_limits as _task_limits  # noqa: F401 (its publish handler)
 
 logger = logging.getLogger(__name__)

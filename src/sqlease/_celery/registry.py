@@ -41,6 +41,7 @@ def store_for(
         options.sqlite_synchronous,
         options.lease_sync_commit,
         options.publish_sync_commit,
+        options.lease_ms,
     )
     with _stores_lock:
         store = _stores.get(key)
@@ -55,6 +56,7 @@ def store_for(
                 lease_sync_commit=options.lease_sync_commit,
                 publish_sync_commit=options.publish_sync_commit,
                 connect_retry_seconds=connect_retry_seconds,
+                lease_ms=options.lease_ms,
             )
             _stores[key] = store
         return store

@@ -1,9 +1,19 @@
-"""One heartbeat per process: renews every lease the process holds, in one statement per store.
+"""One heartbeat per process: renews every lease the process holds, in one statement per store,
+and keeps each delivery's local lease clock (sqlease._core.lease_clock).
 
 Renewals are single-flight (the thread renews, waits, renews again; no renewal starts before
-the previous one returned). A lease the database no longer confirms is dropped from the
-bookkeeping, recorded as a ``lease_lost`` event, and reported to the holder's callback; the
-task that runs under it learns at its next fenced write.
+the previous one returned). Each delivery's deadline is counted from the send time of the last
+claim or renewal the database confirmed, and published in a shared-memory slot that the task
+reads, in this process or in a pool child (sqlease._core.clock_slots). A lease is lost for
+this process when the database refuses its renewal or when its deadline passes first (the
+database was not reached in time): its slot then reads lost, it is no longer renewed, a
+``lease_lost`` event is recorded (when the database can be reached) and the holder's callback
+is told. It stays known as lost until it is dropped, so that its ack is refused here
+(``drop_for_ack``) and never reaches a database that may still hold the lease for it.
+
+A renewal waits no longer than the latest deadline it could extend (sqlease._db.bounds): a
+database that does not answer makes it give up and close its connection, and the next beat
+opens a new one. It runs on its own thread, never on the worker's event loop.
 """
 
 from __future__ import annotations
@@ -11,10 +21,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from sqlease._core.clock_slots import ClockSlots
+from sqlease._core.lease_clock import LOST, Monotonic, deadline_after
 from sqlease._core.store import Store
+from sqlease._db.bounds import bounded
 from sqlease.types import Fence
 
 logger = logging.getLogger(__name__)
@@ -29,16 +43,24 @@ class _Held:
     interval: float
     task_id: str | None
     on_lost: LostCallback | None
+    #: The lease clock: the last moment (monotonic) the lease can be held, LOST once lost.
+    deadline: float
+    #: Its slot in the shared clock table.
+    slot: str
+    #: Lost by the database's refusal (not by the clock): its ack is the database's to judge.
+    refused: bool = False
 
 
 class Heartbeat:
-    def __init__(self) -> None:
+    def __init__(self, *, monotonic: Monotonic = time.monotonic, slots: ClockSlots | None = None):
         self._lock = threading.Lock()
         self._held: dict[Fence, _Held] = {}
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._sleeping_for = 0.0
+        self._monotonic = monotonic
+        self._slots = slots
         self.renewals = 0  # statements issued, for tests and stats
 
     # ---- bookkeeping -----------------------------------------------------------------
@@ -50,11 +72,23 @@ class Heartbeat:
         *,
         lease_ms: int,
         interval: float,
+        sent_at: float,
         task_id: str | None = None,
         on_lost: LostCallback | None = None,
     ) -> None:
+        """Keep renewing ``fence``'s lease, claimed by a statement sent at ``sent_at`` (this
+        clock) and confirmed: its lease clock starts there."""
+        deadline = deadline_after(sent_at, lease_ms / 1000.0)
         with self._lock:
-            self._held[fence] = _Held(store, lease_ms, interval, task_id, on_lost)
+            if self._slots is None:
+                self._slots = ClockSlots()
+            known = self._held.get(fence)
+            if known is not None:
+                slot = known.slot
+                self._slots.write(slot, fence, deadline)
+            else:
+                slot = self._slots.take(fence, deadline)
+            self._held[fence] = _Held(store, lease_ms, interval, task_id, on_lost, deadline, slot)
             self._ensure_thread()
             # The thread may be asleep for a longer interval than this lease allows.
             if interval < self._sleeping_for:
@@ -65,15 +99,45 @@ class Heartbeat:
         the ack is not mistaken for a lost lease)."""
         with self._lock:
             for fence in fences:
-                self._held.pop(fence, None)
+                held = self._held.pop(fence, None)
+                if held is not None and self._slots is not None:
+                    self._slots.free(held.slot)
+
+    def drop_for_ack(self, fence: Fence) -> bool:
+        """Forget ``fence`` as it is acked; False if its lease clock ran out here: its ack must
+        not be sent, since the database may still hold the lease for it while its task
+        stopped or its result was refused. A fence not held here, or whose renewal the
+        database refused, is the database's to judge (True)."""
+        now = self._monotonic()
+        with self._lock:
+            held = self._held.pop(fence, None)
+            if held is None:
+                return True
+            if self._slots is not None:
+                self._slots.free(held.slot)
+            return held.refused or (held.deadline != LOST and held.deadline >= now)
 
     def holds(self, fence: Fence) -> bool:
+        """``fence`` is held and renewed (not known lost)."""
         with self._lock:
-            return fence in self._held
+            held = self._held.get(fence)
+            return held is not None and held.deadline != LOST
 
     def held_count(self) -> int:
         with self._lock:
-            return len(self._held)
+            return sum(1 for held in self._held.values() if held.deadline != LOST)
+
+    def deadline_of(self, fence: Fence) -> float | None:
+        """``fence``'s lease clock (``LOST`` once lost; None if not held here)."""
+        with self._lock:
+            held = self._held.get(fence)
+            return None if held is None else held.deadline
+
+    def clock_ref(self, fence: Fence) -> str | None:
+        """Where ``fence``'s deadline is published (for its ``delivery_info``)."""
+        with self._lock:
+            held = self._held.get(fence)
+            return None if held is None else held.slot
 
     # ---- the thread ------------------------------------------------------------------
 
@@ -85,9 +149,8 @@ class Heartbeat:
 
     def _interval(self) -> float:
         with self._lock:
-            if not self._held:
-                return 1.0
-            return min(h.interval for h in self._held.values())
+            live = [h.interval for h in self._held.values() if h.deadline != LOST]
+        return min(live) if live else 1.0
 
     def _run(self) -> None:
         while not self._stopping:
@@ -106,53 +169,110 @@ class Heartbeat:
                 logger.exception("sqlease heartbeat failed; retrying at the next interval")
 
     def beat(self) -> None:
-        """Renew every held lease now (the thread calls this every interval)."""
+        """Renew every held lease now (the thread calls this every interval); leases whose
+        clock ran out are lost first, without asking the database."""
+        now = self._monotonic()
+        run_out: list[tuple[Fence, _Held]] = []
+        groups: dict[tuple[int, int], list[tuple[Fence, _Held]]] = {}
         with self._lock:
-            groups: dict[tuple[int, int], list[tuple[Fence, _Held]]] = {}
             for fence, held in self._held.items():
-                groups.setdefault((id(held.store), held.lease_ms), []).append((fence, held))
-        for entries in groups.values():
-            store = entries[0][1].store
-            lease_ms = entries[0][1].lease_ms
-            try:
-                renewed = store.renew([f for f, _ in entries], lease_ms=lease_ms)
-            except Exception:
-                logger.warning(
-                    "sqlease could not renew %d lease(s); will retry", len(entries), exc_info=True
-                )
-                continue
-            self.renewals += 1
-            for fence, held in entries:
-                if fence.message_id in renewed:
+                if held.deadline == LOST:
                     continue
-                with self._lock:
-                    still_held = self._held.pop(fence, None) is not None
-                if still_held:  # not acked or released meanwhile: really lost
-                    self._lost(fence, held)
+                if held.deadline < now:
+                    self._mark_lost(fence, held)
+                    run_out.append((fence, held))
+                    continue
+                groups.setdefault((id(held.store), held.lease_ms), []).append((fence, held))
+        until = now + min((h.lease_ms for _, h in run_out), default=0) / 1000.0
+        self._report(
+            [(f, h, "its lease clock ran out before a renewal was confirmed") for f, h in run_out],
+            until,
+        )
+        for entries in groups.values():
+            self._renew(entries)
 
-    def _lost(self, fence: Fence, held: _Held) -> None:
+    def _renew(self, entries: list[tuple[Fence, _Held]]) -> None:
+        store = entries[0][1].store
+        lease_ms = entries[0][1].lease_ms
+        # Worth waiting for only while one of them may still be held.
+        latest = max(held.deadline for _, held in entries)
+        sent = self._monotonic()
+        try:
+            with bounded(lambda: latest - self._monotonic()):
+                renewed = store.renew([f for f, _ in entries], lease_ms=lease_ms)
+        except Exception as exc:
+            # Each beat of an outage would repeat the same traceback: its first line will do.
+            logger.warning(
+                "sqlease could not renew %d lease(s) (%s); will retry",
+                len(entries),
+                str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
+            )
+            logger.debug("the renewal's error", exc_info=True)
+            return
+        self.renewals += 1
+        confirmed = deadline_after(sent, lease_ms / 1000.0)
+        now = self._monotonic()
+        lost: list[tuple[Fence, _Held, str]] = []
+        with self._lock:
+            for fence, held in entries:
+                if self._held.get(fence) is not held or held.deadline == LOST:
+                    continue  # acked or released meanwhile, or lost already
+                if fence.message_id not in renewed:
+                    self._mark_lost(fence, held)
+                    held.refused = True
+                    lost.append((fence, held, "the database refused its renewal"))
+                elif held.deadline < now:
+                    # Confirmed, but after its clock ran out: the task may have stopped.
+                    self._mark_lost(fence, held)
+                    lost.append((fence, held, "its renewal was confirmed after its clock ran out"))
+                elif confirmed > held.deadline:
+                    held.deadline = confirmed
+                    assert self._slots is not None
+                    self._slots.write(held.slot, fence, confirmed)
+        self._report(lost, now + lease_ms / 1000.0)
+
+    def _mark_lost(self, fence: Fence, held: _Held) -> None:
+        """(Under the lock.) Lost for good: no longer renewed; its slot reads lost."""
+        held.deadline = LOST
+        if self._slots is not None:
+            self._slots.write(held.slot, fence, LOST)
+
+    def _report(self, lost: list[tuple[Fence, _Held, str]], until: float) -> None:
+        """Report lost leases: logged and their holders told first, then their events
+        recorded if the database answers by ``until`` (one budget for all: a database out of
+        reach must not hold the beat for a lease each)."""
+        for fence, held, why in lost:
+            self._tell(fence, held, why)
+        for fence, held, why in lost:
+            self._record(fence, held, why, until)
+
+    def _tell(self, fence: Fence, held: _Held, why: str) -> None:
         logger.warning(
-            "sqlease lease lost: message %s attempt %s (taken over, expired, paused or "
-            "cancelled); its result will be refused",
+            "sqlease lease lost: message %s attempt %s (%s: taken over, expired, paused, "
+            "cancelled or out of reach); its result and ack will be refused",
             fence.message_id,
             fence.attempt,
+            why,
             extra={"message_id": fence.message_id, "attempt": fence.attempt},
         )
-        try:
-            held.store.record_event(
-                "lease_lost",
-                {"owner": fence.owner},
-                task_id=held.task_id,
-                message_id=fence.message_id,
-                attempt=fence.attempt,
-            )
-        except Exception:
-            logger.debug("could not record lease_lost event", exc_info=True)
         if held.on_lost is not None:
             try:
                 held.on_lost(fence)
             except Exception:
                 logger.exception("lease-lost callback failed")
+
+    def _record(self, fence: Fence, held: _Held, why: str, until: float) -> None:
+        try:
+            with bounded(lambda: until - self._monotonic()):
+                held.store.record_event(
+                    "lease_lost",
+                    {"owner": fence.owner, "why": why},
+                    task_id=held.task_id,
+                    message_id=fence.message_id,
+                    attempt=fence.attempt,
+                )
+        except Exception:
+            logger.debug("could not record lease_lost event", exc_info=True)
 
     def stop(self) -> None:
         self._stopping = True
@@ -168,7 +288,8 @@ def heartbeat() -> Heartbeat:
 
 
 def _reset_after_fork() -> None:
-    # A forked child holds no leases of its own (the parent holds them) and has no thread.
+    # A forked child holds no leases of its own (the parent holds them) and has no thread; it
+    # reads the parent's clock slots (their files), never writes them.
     global _heartbeat
     _heartbeat = Heartbeat()
 

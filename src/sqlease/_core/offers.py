@@ -46,7 +46,8 @@ class Offers(Aggregate):
             self.withdraw_offers(owner)
             return None
         terms = self._offer(queues, owner, lease_ms, lock_key, ttl_ms, seen, now)
-        return self.driver.execute(self.driver.offer_put(terms))
+        due, _db_now = self.driver.execute(self.driver.offer_put(terms))
+        return due
 
     def _offer(
         self,
@@ -94,7 +95,7 @@ class Offers(Aggregate):
             )
             return acked, due
         terms = self._offer(queues, owner, lease_ms, lock_key, ttl_ms, seen, now)
-        acked, due = self.driver.execute(self.driver.offer_ack(list(fences), terms))
+        acked, due, _db_now = self.driver.execute(self.driver.offer_ack(list(fences), terms))
         return promote_owed(self.driver, acked, terms.now), due
 
     def offer_op(
@@ -108,19 +109,20 @@ class Offers(Aggregate):
         ttl_ms: int,
         seen: Mapping[str, int] | None = None,
         now: int | None = None,
-    ) -> Op[tuple[Acked, int | None]]:
+    ) -> Op[tuple[Acked, int | None, int | None]]:
         """``ack_and_offer`` (or, without fences, ``offer``) as one op, for the worker's event
-        loop: the ids acked and when the next delayed message is due. No queues: the offers
-        are withdrawn (and there must be no fences)."""
+        loop: the ids acked, when the next delayed message is due, and the database's time
+        (None when the offers were withdrawn). No queues: the offers are withdrawn (and there
+        must be no fences)."""
         if not queues:
             if fences:
                 raise ValueError("acks go with an offer for queues, or with a claim")
             op = self.driver.offer_withdraw(owner)
-            return op.then(lambda _none: (Acked(), None))
+            return op.then(lambda _none: (Acked(), None, None))
         terms = self._offer(queues, owner, lease_ms, lock_key, ttl_ms, seen, now)
         if fences:
             return self.driver.offer_ack(list(fences), terms)
-        return self.driver.offer_put(terms).then(lambda due: (Acked(), due))
+        return self.driver.offer_put(terms).then(lambda found: (Acked(), found[0], found[1]))
 
     @transient
     def withdraw_offers(self, owner: str, *, handed_too: bool = False) -> None:

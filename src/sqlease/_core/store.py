@@ -33,7 +33,10 @@ from sqlease.errors import ConfigurationError
 
 
 class Store:
-    """Lease operations on one database (SQLite file or PostgreSQL) and table prefix."""
+    """Lease operations on one database (SQLite file or PostgreSQL) and table prefix.
+
+    ``lease_ms``: how long the leases its users hold last; the TCP keepalives of its
+    PostgreSQL connections follow it (a dead network is noticed within about a lease)."""
 
     def __init__(
         self,
@@ -48,6 +51,7 @@ class Store:
         publish_sync_commit: bool = True,
         clock: Clock | None = None,
         connect_retry_seconds: float = RETRY_SECONDS,
+        lease_ms: int = 60_000,
     ) -> None:
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
@@ -58,7 +62,7 @@ class Store:
         self.engine = (
             url
             if isinstance(url, Engine)
-            else get_engine(url, sqlite_synchronous=sqlite_synchronous)
+            else get_engine(url, sqlite_synchronous=sqlite_synchronous, lease_ms=lease_ms)
         )
         self.tables = build_tables(table_prefix)
         #: The database's driver: its operations, its transactions, what it can do.
@@ -68,6 +72,7 @@ class Store:
             self.tables,
             lease_sync_commit=lease_sync_commit,
             publish_sync_commit=publish_sync_commit,
+            lease_ms=lease_ms,
         )
         self.sql = self.driver.sql
         self.publish_sync_commit = publish_sync_commit

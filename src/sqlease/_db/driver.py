@@ -89,6 +89,9 @@ class Driver(ABC):
     #: How long after an event id is visible a lower one may still commit (the statistics'
     #: settling time): ids are taken before commit, in parallel, on a server with many writers.
     event_settle_ms: int = 0
+    #: The lease of the store it serves (milliseconds): the connections it opens besides its
+    #: engines' (a LISTEN connection) follow it as theirs do (TCP keepalives).
+    lease_ms: int = 60_000
 
     def __init__(self, engine: Engine, tables: Tables) -> None:
         self.engine = engine
@@ -271,14 +274,17 @@ class Driver(ABC):
     # ---- operations: offers (the handoff, where ``caps.offers``) ---------------------
 
     @abstractmethod
-    def offer_put(self, offer: Offer) -> Op[int | None]:
+    def offer_put(self, offer: Offer) -> Op[tuple[int | None, int | None]]:
         """Stand the offer (withdrawing the owner's offers for other queues); when the next
-        delayed message of its queues is due, in milliseconds."""
+        delayed message of its queues is due, in milliseconds, and the database's time the
+        offer was written at (epoch milliseconds)."""
 
     @abstractmethod
-    def offer_ack(self, fences: Sequence[Fence], offer: Offer) -> Op[tuple[Acked, int | None]]:
-        """The acks that leave a worker idle, with its offer: the ids acked, and when the next
-        delayed message is due."""
+    def offer_ack(
+        self, fences: Sequence[Fence], offer: Offer
+    ) -> Op[tuple[Acked, int | None, int | None]]:
+        """The acks that leave a worker idle, with its offer: the ids acked, when the next
+        delayed message is due, and the database's time."""
 
     @abstractmethod
     def offer_withdraw(self, owner: str, *, handed_too: bool = False) -> Op[None]:

@@ -30,6 +30,7 @@ def get_engine(
     pool_size: int = 5,
     generic_plans: bool = False,
     wait_for_flush: bool = True,
+    lease_ms: int = 60_000,
 ) -> Engine:
     """The process-wide engine for ``url`` and the options its dialect takes (created on
     first use; the others are ignored).
@@ -38,7 +39,8 @@ def get_engine(
     ``generic_plans``: PostgreSQL, the hot path's own engine, whose sessions plan each
     prepared statement once (see sqlease._db.postgresql.engine.connect_args).
     ``wait_for_flush=False``: PostgreSQL, commits return before their WAL reaches the disk
-    (for the lease traffic only)."""
+    (for the lease traffic only). ``lease_ms``: PostgreSQL, the leases of the stores on it,
+    which its connections' TCP keepalives follow."""
     sa_url = to_sqlalchemy_url(url)
     dialect = dialect_for(sa_url.get_backend_name())
     given = {
@@ -47,6 +49,7 @@ def get_engine(
         "pool_size": pool_size,
         "generic_plans": bool(generic_plans),
         "wait_for_flush": bool(wait_for_flush),
+        "lease_ms": int(lease_ms),
     }
     options = tuple((name, given[name]) for name in dialect.engine_options)
     key = (sa_url.render_as_string(hide_password=False), options)

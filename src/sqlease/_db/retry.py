@@ -6,6 +6,9 @@ operational errors with a short backoff for a bounded time instead of failing th
 worker. Every operation is safe to repeat: fenced writes are refused when their first try
 already committed (an ack is then reported as stale), compare-and-set sees the new revision,
 and upserts are idempotent.
+
+A call bounded by a lease (sqlease._db.bounds) retries only while its bound lasts, and does
+not start once it has passed.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from sqlease._db import bounds
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +42,16 @@ def retry_transient(fn: F, seconds: float = RETRY_SECONDS) -> F:
         delay = 0.05
         deadline = time.monotonic() + seconds
         while True:
+            bounds.check()
             try:
                 return fn(*args, **kwargs)
             except (OperationalError, PoolTimeout) as exc:
+                left = bounds.left()
+                if left is not None and left <= delay:
+                    # No retry fits in what is left of the lease: the caller learns at its
+                    # end (then its lease clock has run out, and it knows what that means).
+                    time.sleep(max(0.0, left))
+                    raise
                 if time.monotonic() + delay > deadline:
                     raise
                 logger.info(

@@ -94,6 +94,12 @@ def due_of(rows: list[dict[str, Any]]) -> int | None:
     return None if due is None else max(0, int(due))
 
 
+def db_now_of(rows: list[dict[str, Any]]) -> int | None:
+    """The ``now_ms`` column of an offer statement: the database's time it ran at."""
+    now = rows[0].get("now_ms") if rows else None
+    return None if now is None else int(now)
+
+
 def acked_ids_of(rows: list[dict[str, Any]]) -> Acked:
     """The ``acked_ids`` array of a combined statement's first row (and its owed runs)."""
     if not rows:

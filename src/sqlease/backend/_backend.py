@@ -10,13 +10,15 @@ from celery import states
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
+from sqlease._celery.lease_interrupt import disarm
 from sqlease._celery.registry import store_for
+from sqlease._core.delivery_lease import DeliveryLease
 from sqlease._core.results import ResultStore
 from sqlease.backend._chords import NativeChords
 from sqlease.backend._fencing import REFUSED, counting_part, writing_under
 from sqlease.backend._waits import PushedWaits
-from sqlease.delivery import OFFER_KEY, fence_of
-from sqlease.errors import ConfigurationError, DatabaseUnavailable
+from sqlease.delivery import CLOCK_KEY, LEASE_KEY, OFFER_KEY, fence_of
+from sqlease.errors import ConfigurationError, DatabaseUnavailable, LeaseLost
 from sqlease.options import TransportOptions
 from sqlease.store import Fence
 from sqlease.types import Outcome
@@ -42,12 +44,17 @@ class SqleaseBackend(PushedWaits, NativeChords):  # type: ignore[misc]
         self.url = strip_prefix(raw) if raw.startswith("sqlease") else raw
         self.sa_url = to_sqlalchemy_url(self.url)
         options = dict(conf.get("result_backend_transport_options") or {})
-        broker_prefix = str(
-            (conf.get("broker_transport_options") or {}).get("table_prefix", "sqlease_")
-        )
+        broker_options = conf.get("broker_transport_options") or {}
+        broker_prefix = str(broker_options.get("table_prefix", "sqlease_"))
         shares_database = self._shares_broker_database()
         if "table_prefix" not in options and shares_database:
             options["table_prefix"] = broker_prefix
+        if "lease_seconds" not in options and shares_database:
+            # The broker's lease: its connections' keepalives follow it, and a worker's
+            # backend and transport then share one store (one set of pools).
+            lease = broker_options.get("lease_seconds")
+            if lease is not None:
+                options["lease_seconds"] = lease
         options.pop("global_keyprefix", None)
         self.options = TransportOptions.parse(options)
         # Results are fenced only when the broker's messages are in the same tables: the
@@ -129,16 +136,20 @@ class SqleaseBackend(PushedWaits, NativeChords):  # type: ignore[misc]
         # overwrite it); here that rule is part of the write itself: one statement, no read.
         # A final result of an idle worker's delivery also puts back that worker's offer.
         offer = _offer_of(request) if fence is not None and state in states.READY_STATES else None
+        lease = self._lease_of(request, fence)
+        if lease is not None and state in states.READY_STATES:
+            disarm()  # the body returned: its result is not interrupted (interrupt_on_lease_lost)
         try:
-            self._put(
-                self.get_key_for_task(task_id),
-                self.encode(meta),
-                state,
-                fence=fence,
-                task_id=bytes_to_str(task_id),
-                keep_success=True,
-                offer=offer,
-            )
+            if lease is not None:
+                # Refused here, without a round trip, once the lease clock ran out; else the
+                # write waits no longer than the lease has left.
+                lease.check("result")
+                with lease.within("result"):
+                    self._put_result(task_id, meta, state, fence, offer)
+            else:
+                self._put_result(task_id, meta, state, fence, offer)
+        except LeaseLost:
+            self._local.refused = True
         except BackendStoreError as ex:
             raise BackendStoreError(str(ex), state=state, task_id=task_id) from ex
         stored = result
@@ -154,6 +165,28 @@ class SqleaseBackend(PushedWaits, NativeChords):  # type: ignore[misc]
             if request is not None:
                 setattr(request, REFUSED, True)
         return stored
+
+    def _put_result(
+        self, task_id: Any, meta: dict[str, Any], state: str, fence: Fence | None, offer: Any
+    ) -> None:
+        self._put(
+            self.get_key_for_task(task_id),
+            self.encode(meta),
+            state,
+            fence=fence,
+            task_id=bytes_to_str(task_id),
+            keep_success=True,
+            offer=offer,
+        )
+
+    def _lease_of(self, request: Any, fence: Fence | None) -> DeliveryLease | None:
+        """The lease clock of the delivery a fenced write is made for."""
+        if fence is None:
+            return None
+        properties = getattr(request, "properties", None) or {}
+        info = properties.get("delivery_info") or {}
+        lease_ms = int(info.get(LEASE_KEY) or self.options.lease_ms)
+        return DeliveryLease.of(fence, lease_ms, info.get(CLOCK_KEY))
 
     @staticmethod
     def _key(key: Any) -> str:

@@ -114,3 +114,15 @@ def report_refused_ack(store: Store, fence: Fence) -> None:
         fence.attempt,
         extra={"message_id": fence.message_id, "attempt": fence.attempt},
     )
+
+
+def report_clock_refused_ack(fence: Fence) -> None:
+    """An ack not sent: the delivery's lease is known lost in this process (the database
+    refused its renewal, or its lease clock ran out first)."""
+    logger.warning(
+        "sqlease: ack of message %s attempt %s not sent: its lease is lost (refused or out of "
+        "time); the message comes back when the lease expires, or stays with its new holder",
+        fence.message_id,
+        fence.attempt,
+        extra={"message_id": fence.message_id, "attempt": fence.attempt},
+    )

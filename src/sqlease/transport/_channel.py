@@ -14,6 +14,7 @@ from kombu.transport import virtual
 from sqlease._core.heartbeat import heartbeat
 from sqlease.delivery import fence_of
 from sqlease.store import Store
+from sqlease.transport._acks import report_clock_refused_ack
 from sqlease.transport._control import durable_revoke
 from sqlease.transport._fetcher import Fetcher
 from sqlease.transport._looks import ChannelLook
@@ -169,8 +170,14 @@ class Channel(virtual.Channel):
             fetcher.look_again()  # the ack lets the run's next message go
         try:
             if fence is not None:
-                heartbeat().drop([fence])
-                fetcher.acks.add(fence)
+                if heartbeat().drop_for_ack(fence):
+                    fetcher.acks.add(fence)
+                else:
+                    # Its lease is known lost here (refused, or its clock ran out): the task
+                    # stopped or its result was refused, so the ack must not reach a
+                    # database that may still hold the lease. It comes back when that
+                    # lease expires.
+                    report_clock_refused_ack(fence)
         finally:
             super().basic_ack(delivery_tag, multiple=multiple)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from sqlease.delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY
+from sqlease.delivery import ATTEMPT_KEY, CLOCK_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY
 from sqlease.errors import ConfigurationError
 from sqlease.store import Message, NewMessage
 
@@ -205,9 +205,11 @@ def decode(
     leased: bool,
     refuse: Refuse,
     offer: dict[str, Any] | None = None,
+    clock: str | None = None,
 ) -> dict[str, Any] | None:
-    """The Kombu payload of a fetched row, stamped with its lease; None if the row is not a
-    readable message (refused ``undecodable``) or its TTL passed (refused ``expired``)."""
+    """The Kombu payload of a fetched row, stamped with its lease (and ``clock``, where its
+    lease clock is published); None if the row is not a readable message (refused
+    ``undecodable``) or its TTL passed (refused ``expired``)."""
     try:
         payload, properties, delivery_info = parse(message, decode_body)
     except UNREADABLE as exc:
@@ -236,7 +238,14 @@ def decode(
         refuse(message, "expired", expired)
         return None
     stamp(
-        message, payload, properties, delivery_info, lease_ms=lease_ms, leased=leased, offer=offer
+        message,
+        payload,
+        properties,
+        delivery_info,
+        lease_ms=lease_ms,
+        leased=leased,
+        offer=offer,
+        clock=clock,
     )
     return payload
 
@@ -300,9 +309,11 @@ def stamp(
     lease_ms: int,
     leased: bool,
     offer: dict[str, Any] | None,
+    clock: str | None = None,
 ) -> None:
     """Give the payload its delivery tag and, if leased, the lease it is delivered under
-    (and the handoff offer its final result is to write)."""
+    (with where its lease clock is published, and the handoff offer its final result is to
+    write)."""
     properties["delivery_tag"] = f"{message.id}.{message.attempt}"
     delivery_info["redelivered"] = message.attempt > 1
     if leased:
@@ -316,4 +327,6 @@ def stamp(
         )
         if offer is not None:
             delivery_info[OFFER_KEY] = offer
+        if clock is not None:
+            delivery_info[CLOCK_KEY] = clock
     payload["redelivered"] = message.attempt > 1

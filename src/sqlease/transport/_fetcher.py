@@ -12,12 +12,14 @@ the same jobs run inline.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from queue import Empty
 from typing import Any
 
 from sqlease._core.handoff import Handoff
 from sqlease._core.heartbeat import heartbeat
+from sqlease._core.lease_clock import DatabaseTime, deadline_after
 from sqlease._core.leases import delivery_order, runs_left, split_exhausted
 from sqlease._core.results import ResultStore
 from sqlease._db.driver import Op
@@ -92,6 +94,8 @@ class Fetcher:
         )
         self.side = SideCalls(in_loop=loop.in_loop_thread, wake=loop.wake_from_thread)
         self.runner: Runner | None = None
+        #: The database's clock as this worker knows it, for the leases handoffs bring.
+        self._db_time = DatabaseTime()
         self._batcher: Batcher | None = None
         self._closing = False
         self._delivering = False
@@ -110,6 +114,9 @@ class Fetcher:
                 notify=self._outcomes_ready,
                 wake_from_thread=self._loop.wake_from_thread,
                 loop_statements=self._options.loop_statements,
+                # A claim answered later than a lease is worth nothing (its leases' clocks
+                # ran out), and an ack no more: given up, sent again on a new connection.
+                give_up_after=self._options.lease_seconds,
             )
         return self.runner
 
@@ -167,7 +174,11 @@ class Fetcher:
         completion freed the credit), in one statement."""
         channel.look.claim_started()
         fences = self.acks.take()
-        return self._submit(Kind.CLAIM, channel=channel, queues=queues, limit=limit, fences=fences)
+        # The lease clock of what it brings counts from here (no later than it is sent).
+        sent_at = time.monotonic()
+        return self._submit(
+            Kind.CLAIM, channel=channel, queues=queues, limit=limit, fences=fences, sent_at=sent_at
+        )
 
     def take_noack(self, channel: Consumer) -> int:
         """One delete-on-fetch batch of the channel's no-ack queues (remote control, events)
@@ -231,6 +242,7 @@ class Fetcher:
                     return None
                 payload = self._decode(channel, taken[0], leased=False)
             else:
+                sent_at = time.monotonic()
                 claimed = store.claim(
                     [queue],
                     terms.owner,
@@ -240,16 +252,17 @@ class Fetcher:
                 )
                 if not claimed:
                     return None
-                payload = self._got(channel, claimed[0])
+                payload = self._got(channel, claimed[0], sent_at)
             if payload is not None:
                 return payload
 
-    def _got(self, channel: Consumer, message: Message) -> dict[str, Any] | None:
+    def _got(self, channel: Consumer, message: Message, sent_at: float) -> dict[str, Any] | None:
         heartbeat().hold(
             self._store(),
             message.fence,
             lease_ms=self._options.lease_ms,
             interval=self._options.heartbeat_seconds,
+            sent_at=sent_at,
             task_id=message.task_id,
         )
         if split_redelivered([message])[0]:
@@ -307,7 +320,9 @@ class Fetcher:
             channel.look.claim_finished()
             if done.error is not None:
                 raise done.error
-            return self._claimed(channel, done.value, context["short"], context["limit"])
+            return self._claimed(
+                channel, done.value, context["short"], context["limit"], context["sent_at"]
+            )
         if kind is Kind.TAKE:
             channel.look.take_finished()
             if done.error is not None:
@@ -316,7 +331,9 @@ class Fetcher:
         if done.error is not None:
             raise done.error
         if kind is Kind.OFFER:
-            acked, due_ms = done.value
+            acked, due_ms, db_now_ms = done.value
+            if db_now_ms is not None:
+                self._db_time.note(context["sent_at"], db_now_ms)
             self._report(context["fences"], acked)
             self._offered(context, due_ms)
         elif kind is Kind.DUE:
@@ -390,8 +407,11 @@ class Fetcher:
 
     # ---- after a claim: the pipeline ----------------------------------------------------
 
-    def _claimed(self, channel: Consumer, found: list[Message], short: bool, limit: int) -> int:
+    def _claimed(
+        self, channel: Consumer, found: list[Message], short: bool, limit: int, sent_at: float
+    ) -> int:
         self.looks.begin_pass()
+        self._note_db_time(found, sent_at)
         if self._closing or not channel.accepts_deliveries():
             live, _ = split_exhausted(found)
             self.give_back(live)
@@ -406,25 +426,47 @@ class Fetcher:
                 self._promote(runs_left(exhausted))
         queues = self.consumed_queues() if len(live) == 1 else []
         offer = self._handoffs.offer_with_result(live, queues)
-        delivered = self.hold_and_deliver(channel, live, offer)
+        delivered = self.hold_and_deliver(channel, live, offer, sent_at)
         if delivered:
             self._loop.kick()  # let the pool pick the new jobs up in the next iteration
         elif self.looks.found_nothing and self._loop.registered:
             self.look_ahead()
         return delivered
 
+    def _note_db_time(self, found: list[Message], sent_at: float) -> None:
+        """A claim tells the database's time: its leases end ``lease_ms`` after it."""
+        for message in found:
+            if message.lease_expires_at_ms is not None:
+                self._db_time.note(sent_at, message.lease_expires_at_ms - self._options.lease_ms)
+                return
+
     def hold_and_deliver(
-        self, channel: Consumer, messages: list[Message], offer: dict[str, Any] | None
+        self,
+        channel: Consumer,
+        messages: list[Message],
+        offer: dict[str, Any] | None,
+        sent_at: float,
     ) -> int:
-        """The heartbeat keeps their leases from now on; those delivered before are settled
-        first (their result may be stored, a revoke may wait for them), off the loop."""
+        """The heartbeat keeps their leases from now on, their lease clocks counted from
+        ``sent_at`` (when the statement that leased them was sent, at the latest); those
+        delivered before are settled first (their result may be stored, a revoke may wait for
+        them), off the loop. Leases whose clock ran out before they arrived (the claim took
+        longer than a lease: retried through an outage) are given back, never delivered."""
         beat, store, options = heartbeat(), self._store(), self._options
+        if messages and deadline_after(sent_at, options.lease_seconds) <= time.monotonic():
+            logger.warning(
+                "sqlease: %d message(s) arrived after their lease could have ended; given back",
+                len(messages),
+            )
+            self.give_back(messages)
+            return 0
         for message in messages:
             beat.hold(
                 store,
                 message.fence,
                 lease_ms=options.lease_ms,
                 interval=options.heartbeat_seconds,
+                sent_at=sent_at,
                 task_id=message.task_id,
             )
         again, fresh = split_redelivered(messages)
@@ -491,6 +533,7 @@ class Fetcher:
             leased=leased,
             refuse=lambda m, reason, error: self._refuse(m, reason, error, leased=leased),
             offer=offer,
+            clock=heartbeat().clock_ref(message.fence) if leased else None,
         )
 
     def _refuse(self, message: Message, reason: str, error: str, *, leased: bool) -> None:
@@ -537,7 +580,15 @@ class Fetcher:
             for channel in self._channels():
                 channel.look.due_read()  # the due time comes back with it: no look meanwhile
             heard = dict(handoffs.heard)
-            self._submit(Kind.OFFER, op=op, fences=fences, queues=queues, covers=True, heard=heard)
+            self._submit(
+                Kind.OFFER,
+                op=op,
+                fences=fences,
+                queues=queues,
+                covers=True,
+                heard=heard,
+                sent_at=time.monotonic(),
+            )
             return
         self._submit(Kind.ACKS, fences=fences)
 
@@ -590,7 +641,13 @@ class Fetcher:
                 covers = bool(open_queues) and set(open_queues) == set(queues)
                 heard = dict(handoffs.heard)
                 self._submit(
-                    Kind.OFFER, op=op, fences=[], queues=open_queues, covers=covers, heard=heard
+                    Kind.OFFER,
+                    op=op,
+                    fences=[],
+                    queues=open_queues,
+                    covers=covers,
+                    heard=heard,
+                    sent_at=time.monotonic(),
                 )
                 return
         if queues:
@@ -657,8 +714,22 @@ class Fetcher:
         # or with the ack that leaves the worker idle.
         named = bool(notified and not notified.isdisjoint(channel.active_queues()))
         channel.look.handed_off(named=named)
+        # A publish leased it, on the database's clock: counted from the time that clock's
+        # expiry stands for here (the offers' answers tell it).
+        assert row.lease_expires_at_ms is not None
+        sent_at = self._db_time.sent_equivalent(
+            row.lease_expires_at_ms, self._options.lease_ms, time.monotonic()
+        )
+        if sent_at is None:  # no statement told the database's time yet: not deliverable
+            logger.info(
+                "sqlease: message %s handed over before any statement told the database's "
+                "time; given back to be claimed",
+                row.id,
+            )
+            self.give_back([row])
+            return
         offer = self._handoffs.offer_with_result([row], self.consumed_queues())
-        if self.hold_and_deliver(channel, [row], offer):
+        if self.hold_and_deliver(channel, [row], offer, sent_at):
             self._loop.kick()  # let the pool pick the new job up in the next iteration
 
     # ---- settling and closing -----------------------------------------------------------

@@ -23,7 +23,10 @@ statement goes out from the loop once it is there.
 A statement whose connection dropped (server restart, ``pg_terminate_backend``) or could not
 be made is sent again on a fresh connection, after a backoff timed by the hub, for up to
 ``RETRY_SECONDS``, as the store's blocking operations ride it out (sqlease._db.retry): a
-repeated ack is refused as stale, never applied twice.
+repeated ack is refused as stale, never applied twice. A statement that gets no answer for
+``give_up_after`` seconds (the lease: a server that stopped answering on a connection that
+stays open, a network partition) is given up the same way: its connection is dropped and the
+statement sent again on a new one (guarantees.md, invariant 14).
 
 Loop thread only: the hub's callbacks and the transport's calls all run there.
 """
@@ -42,6 +45,7 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from sqlease._db.bounds import passed_error
 from sqlease._db.driver import WAIT_READ, WAIT_WRITE, Driver, Lane, Line, Op, Pending
 from sqlease._db.retry import RETRY_SECONDS
 from sqlease.transport._background import Done, Job, Prepare, run_waiting
@@ -66,6 +70,8 @@ class Sent:
 
     pending: Pending
     attempt: Attempt
+    #: When it was sent (monotonic).
+    since: float
 
 
 @dataclass(slots=True)
@@ -95,8 +101,12 @@ class LoopCalls:
         notify: Callable[[], None],
         *,
         wake_from_thread: Callable[[], None] | None = None,
+        give_up_after: float | None = None,
     ) -> None:
         self._hub = hub
+        self._give_up_after = give_up_after
+        #: The hub's repeating timer that looks for a statement under way for too long.
+        self._patrol: Any = None
         self._wake_from_thread = wake_from_thread
         self._driver = driver
         #: The connections kept, one per pool (``Driver.line_key``).
@@ -180,6 +190,9 @@ class LoopCalls:
         if self._retry is not None:
             self._retry.timer.cancel()
             self._retry = None
+        if self._patrol is not None:
+            self._patrol.cancel()
+            self._patrol = None
         self._unwatch()
         busy = self._sending is not None
         if busy:
@@ -222,7 +235,12 @@ class LoopCalls:
         except BaseException as exc:  # the line dropped its connection: none is under way
             self._failed(attempt.jobs, exc, again=attempt)
             return
-        self._sending = Sent(pending, attempt)
+        self._sending = Sent(pending, attempt, time.monotonic())
+        if self._give_up_after is not None and self._patrol is None:
+            # One timer for the runner's life, a few looks per lease, rather than one per
+            # statement (the hot path).
+            every = max(0.05, self._give_up_after / 4)
+            self._patrol = self._hub.call_repeatedly(every, self._give_up_if_stuck)
         self._after_step()
 
     def _connect(self, line: Line, attempt: Attempt) -> None:
@@ -276,6 +294,28 @@ class LoopCalls:
         retry.timer.cancel()
         self._retry = None
         self._send(retry.attempt)
+        if not self._busy:
+            self._send_waiting()
+
+    def _give_up_if_stuck(self) -> None:
+        """The hub's timer: a statement under way longer than ``give_up_after`` is given up
+        (its connection dropped: the statement may or may not have run) and sent again."""
+        sent = self._sending
+        if sent is None or self._give_up_after is None:
+            return
+        if time.monotonic() - sent.since < self._give_up_after:
+            return
+        self._unwatch()
+        self._sending = None
+        self._line(sent.attempt.op.lane).close(busy=True)
+        logger.warning(
+            "sqlease: no answer from the database for %.1f s to a statement sent from the "
+            "event loop; dropping its connection",
+            self._give_up_after,
+        )
+        self._failed(
+            sent.attempt.jobs, passed_error("a statement sent from the event loop"), sent.attempt
+        )
         if not self._busy:
             self._send_waiting()
 

@@ -193,17 +193,26 @@ def make_runner(
     notify: Callable[[], None],
     wake_from_thread: Callable[[], None],
     loop_statements: bool,
+    give_up_after: float | None = None,
 ) -> Runner:
     """The runner for a transport: in the event loop ``hub`` (None: no loop, a client that
     drains by itself), on a driver whose statements cross a network (``remote``), the loop
     sends them itself where the driver can (``loop_statements`` off: a thread does), else a
-    thread; everything else runs inline."""
+    thread; everything else runs inline. ``give_up_after``: seconds without an answer after
+    which the loop gives a statement up and sends it again on a new connection."""
     driver = store.driver
     if hub is None or not driver.remote:
         return InlineCalls(driver, batcher)
     if driver.nonblocking and loop_statements:
         # The loop sends the statements itself and reads their rows when they come.
-        return LoopCalls(hub, driver, batcher.prepare, notify, wake_from_thread=wake_from_thread)
+        return LoopCalls(
+            hub,
+            driver,
+            batcher.prepare,
+            notify,
+            wake_from_thread=wake_from_thread,
+            give_up_after=give_up_after,
+        )
     # A thread executes them, one after another, on the connection it keeps.
     return BackgroundCalls(
         driver,

@@ -47,7 +47,15 @@ from sqlease._db.postgresql.direct import NONBLOCKING, DirectLane
 from sqlease._db.postgresql.lanes import KeptLine, LaneRunner, build_lanes
 from sqlease._db.postgresql.listener import PostgresListener
 from sqlease._db.postgresql.results import result_params
-from sqlease._db.rows import Acked, acked_ids_of, acked_of, due_of, expiries_of, messages_of
+from sqlease._db.rows import (
+    Acked,
+    acked_ids_of,
+    acked_of,
+    db_now_of,
+    due_of,
+    expiries_of,
+    messages_of,
+)
 from sqlease._db.tables import Tables
 from sqlease._db.wakeup import PollingWaker, Waker
 from sqlease.types import Fence, Message, Outcome
@@ -191,11 +199,15 @@ class PostgresDriver(Driver):
 
     def waker(self, channel: str, *, lock_key: int | None = None) -> Waker:
         if not self.pooling.transaction:
-            return PostgresListener(self.engine.url, channel, lock_key=lock_key)
+            return PostgresListener(
+                self.engine.url, channel, lock_key=lock_key, lease_ms=self.lease_ms
+            )
         if self.pooling.listen_url is not None:
             # Past the pooler: LISTEN and the handoff's session lock on a connection of
             # their own, as without a pooler (NOTIFY from pooled sessions reaches it).
-            return PostgresListener(self.pooling.listen_url, channel, lock_key=lock_key)
+            return PostgresListener(
+                self.pooling.listen_url, channel, lock_key=lock_key, lease_ms=self.lease_ms
+            )
         return PollingWaker()
 
     def queues_param(self, queues: Sequence[str]) -> Any:
@@ -412,21 +424,33 @@ class PostgresDriver(Driver):
 
     # ---- operations: offers ----------------------------------------------------------
 
-    def offer_put(self, offer: Offer) -> Op[int | None]:
-        return Op(Lane.PLANNED, self.sql.offer_and_next_due, offer.params(), due_of)
+    def offer_put(self, offer: Offer) -> Op[tuple[int | None, int | None]]:
+        return Op(
+            Lane.PLANNED,
+            self.sql.offer_and_next_due,
+            offer.params(),
+            lambda r: (due_of(r), db_now_of(r)),
+        )
 
-    def offer_ack(self, fences: Sequence[Fence], offer: Offer) -> Op[tuple[Acked, int | None]]:
+    def offer_ack(
+        self, fences: Sequence[Fence], offer: Offer
+    ) -> Op[tuple[Acked, int | None, int | None]]:
         groups = by_owner(fences)
         if list(groups) == [offer.owner]:
             params = {**fence_params(fences), **offer.params(), "channel": self.wakeup_channel}
             return Op(
-                Lane.PLANNED, self.sql.ack_offer, params, lambda r: (acked_ids_of(r), due_of(r))
+                Lane.PLANNED,
+                self.sql.ack_offer,
+                params,
+                lambda r: (acked_ids_of(r), due_of(r), db_now_of(r)),
             )
 
-        def body(conn: Connection) -> tuple[Acked, int | None]:
+        def body(conn: Connection) -> tuple[Acked, int | None, int | None]:
             acked = self._ack_all(conn, groups, offer.now)
-            rows = conn.execute(self.sql.offer_and_next_due, offer.params())
-            return acked, due_of([dict(r._mapping) for r in rows])
+            rows = [
+                dict(r._mapping) for r in conn.execute(self.sql.offer_and_next_due, offer.params())
+            ]
+            return acked, due_of(rows), db_now_of(rows)
 
         return Op(Lane.PLANNED, body=body, statements=len(groups) + 1)
 

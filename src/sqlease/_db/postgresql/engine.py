@@ -1,7 +1,9 @@
 """PostgreSQL's engines: psycopg 3 through SQLAlchemy's pool (a restarted server is survived
 by discarding the pool on the first disconnect error), sessions set up for short lease
 transactions (``idle_in_transaction_session_timeout`` as a backstop: no stalled worker can
-hold a row lock that blocks a takeover)."""
+hold a row lock that blocks a takeover), connections whose waits end with the lease of the
+call (sqlease._db.postgresql.bounded) and whose TCP settings notice a dead network within the
+lease (``keepalive_args``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from typing import Any
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine
 
-from sqlease._db.postgresql import pooler
+from sqlease._db.postgresql import bounded, pooler
+from sqlease.errors import ConfigurationError
 
 #: Startup settings of sqlease's PostgreSQL sessions (see connect_args for why).
 SESSION_OPTIONS = "-c idle_in_transaction_session_timeout=60000 -c jit=off"
@@ -24,6 +27,18 @@ NO_FLUSH_WAIT_OPTION = "-c synchronous_commit=off"
 CONNECT_TIMEOUT_S = 10
 
 
+#: The lease the engines' TCP settings follow, in milliseconds, unless a store says (the default
+#: ``lease_seconds``).
+DEFAULT_LEASE_MS = 60_000
+#: libpq's TCP settings that sqlease sets from the lease, unless the URL sets them itself.
+KEEPALIVE_PARAMS = (
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+)
+
 #: pg_stat_activity's application_name of sqlease's connections, unless the URL names one.
 APPLICATION_NAME = "sqlease"
 
@@ -36,12 +51,47 @@ def application_name(url: URL) -> str:
     return value or APPLICATION_NAME
 
 
+def keepalive_args(url: URL, lease_ms: int = DEFAULT_LEASE_MS) -> dict[str, Any]:
+    """libpq's TCP settings for a connection of a store whose leases last ``lease_ms``: the
+    kernel gives up on a connection whose peer stopped answering within about a lease, rather
+    than after its own timeout (about 15 minutes of retransmissions on Linux), so a worker cut
+    off from its database reconnects instead of waiting. Each one the URL sets itself is left
+    to it (checked: a whole number of at least 0)."""
+    lease_s = max(1, lease_ms // 1000)
+    wanted: dict[str, Any] = {
+        "keepalives": 1,
+        # Probes start after a third of the lease without traffic, and three unanswered ones
+        # a ninth of the lease apart end it: about two thirds of a lease of silence.
+        "keepalives_idle": max(1, lease_s // 3),
+        "keepalives_interval": max(1, lease_s // 9),
+        "keepalives_count": 3,
+        # Data sent and not acknowledged for a whole lease ends the connection (Linux; it
+        # also caps the probes above). Milliseconds.
+        "tcp_user_timeout": max(1, int(lease_ms)),
+    }
+    for name in KEEPALIVE_PARAMS:
+        given = url.query.get(name)
+        if given is None:
+            continue
+        value = given[-1] if isinstance(given, tuple) else given
+        if not str(value).strip().isdigit():
+            raise ConfigurationError(
+                f"URL parameter {name!r} must be a whole number of at least 0, not {value!r}"
+            )
+        del wanted[name]
+    return wanted
+
+
 def connect_args(
-    url: URL, *, generic_plans: bool = False, wait_for_flush: bool = True
+    url: URL,
+    *,
+    generic_plans: bool = False,
+    wait_for_flush: bool = True,
+    lease_ms: int = DEFAULT_LEASE_MS,
 ) -> dict[str, Any]:
     """What sqlease adds to a PostgreSQL URL's connection parameters. The URL's own
     ``options`` (say ``-c search_path=app``) are kept, after sqlease's so that they win;
-    its ``connect_timeout`` is kept too."""
+    its ``connect_timeout`` and TCP settings are kept too."""
     clean, pooling = pooler.split(url)
     query = clean.query
     own = query.get("options")
@@ -88,6 +138,7 @@ def connect_args(
         # Without it, a host that drops packets holds each attempt for the kernel's TCP
         # timeout (minutes), and Kombu's connect_timeout and failover never get their turn.
         args["connect_timeout"] = CONNECT_TIMEOUT_S
+    args.update(keepalive_args(clean, lease_ms))
     return args
 
 
@@ -106,9 +157,18 @@ def create(url: URL, options: dict[str, Any]) -> Engine:
         pool_pre_ping=False,
         pool_recycle=3600,
         connect_args=connect_args(
-            url, generic_plans=options["generic_plans"], wait_for_flush=options["wait_for_flush"]
+            url,
+            generic_plans=options["generic_plans"],
+            wait_for_flush=options["wait_for_flush"],
+            lease_ms=int(options.get("lease_ms") or DEFAULT_LEASE_MS),
         ),
     )
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        # Every connection of the pool is a BoundedConnection (see bounded.py).
+        return bounded.connect(*cargs, **cparams)
+
     if pooling.transaction:
         where = clean.render_as_string(hide_password=True)
 

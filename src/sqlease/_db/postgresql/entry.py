@@ -27,7 +27,7 @@ class _PostgreSQL:
         psycopg.OperationalError,
         psycopg.InterfaceError,
     )
-    engine_options: tuple[str, ...] = ("generic_plans", "wait_for_flush")
+    engine_options: tuple[str, ...] = ("generic_plans", "wait_for_flush", "lease_ms")
 
     def create_engine(self, url: URL, options: Mapping[str, Any]) -> Engine:
         return pg_engine.create(url, dict(options))

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from sqlalchemy.engine import URL
 
-from sqlease._db.postgresql.engine import CONNECT_TIMEOUT_S
+from sqlease._db.postgresql.engine import CONNECT_TIMEOUT_S, keepalive_args
 from sqlease._db.wakeup import close_quietly as _close_quietly
 
 logger = logging.getLogger(__name__)
@@ -67,13 +67,16 @@ class PostgresListener:
     pushes = True
     watches = False
 
-    def __init__(self, url: URL, channel: str, *, lock_key: int | None = None) -> None:
+    def __init__(
+        self, url: URL, channel: str, *, lock_key: int | None = None, lease_ms: int = 60_000
+    ) -> None:
         self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._connect_args: dict[str, Any] = {}
         name = url.query.get("application_name")
         self._application_name = (name[-1] if isinstance(name, tuple) else name) or "sqlease"
         if "connect_timeout" not in url.query:
             self._connect_args["connect_timeout"] = CONNECT_TIMEOUT_S  # as the engines
+        self._connect_args.update(keepalive_args(url, lease_ms))  # as the engines
         # Connections a forked child inherited and let go of (see _detach_after_fork).
         self._inherited: list[psycopg.Connection[tuple[object, ...]]] = []
         _listeners.add(self)

@@ -70,8 +70,10 @@ def offer_ctes(t: Tables) -> str:
 
 def offer_and_next_due(t: Tables) -> TextClause:
     """The offers, with, in the same statement, when the next delayed message of those
-    queues is due."""
-    return text(f"WITH {offer_ctes(t)} SELECT ({next_due_of_queues(t)}) AS due")
+    queues is due, and the database's time (``now_ms``): a handoff the offer brings is a lease
+    the worker did not ask for itself, and its lease clock counts from that time
+    (sqlease._core.lease_clock.DatabaseTime)."""
+    return text(f"WITH {offer_ctes(t)} SELECT ({next_due_of_queues(t)}) AS due, {NOW} AS now_ms")
 
 
 def ack_offer(t: Tables) -> TextClause:
@@ -86,7 +88,7 @@ def ack_offer(t: Tables) -> TextClause:
     return text(
         f"WITH {ack_ctes(t)}, {offer_keep} "
         "SELECT (SELECT array_agg(id) FROM del) AS acked_ids, "
-        f"({next_due_of_queues(t)}) AS due, {OWED} WHERE {NOTIFIED}"
+        f"({next_due_of_queues(t)}) AS due, {NOW} AS now_ms, {OWED} WHERE {NOTIFIED}"
     )
 
 

@@ -385,10 +385,12 @@ class SqliteDriver(Driver):
 
     # ---- operations: offers (none: no LISTEN to hand a message over) -------------------
 
-    def offer_put(self, offer: Offer) -> Op[int | None]:
+    def offer_put(self, offer: Offer) -> Op[tuple[int | None, int | None]]:
         raise ConfigurationError("handoff offers need PostgreSQL")
 
-    def offer_ack(self, fences: Sequence[Fence], offer: Offer) -> Op[tuple[Acked, int | None]]:
+    def offer_ack(
+        self, fences: Sequence[Fence], offer: Offer
+    ) -> Op[tuple[Acked, int | None, int | None]]:
         raise ConfigurationError("handoff offers need PostgreSQL")
 
     def offer_withdraw(self, owner: str, *, handed_too: bool = False) -> Op[None]:

@@ -1,0 +1,117 @@
+"""PostgreSQL connections whose waits end at the bound of the call (sqlease._db.bounds).
+
+psycopg runs every statement, commit and setting change as a generator that yields what it
+waits for on the socket, and its ``Connection.wait`` drives it until the server answers,
+however long that takes. A network partition that keeps the socket open (no reset, no error)
+makes that forever, or until the kernel gives up on the connection (minutes). Every
+connection sqlease's engines make is a :class:`BoundedConnection`: inside a bounded call it
+drives the generator itself, polling the socket only until the bound; past it, the
+connection is closed (its state is unknown: the statement may or may not have run) and the
+call raises psycopg's ``OperationalError``, which the pool takes as a disconnect (the
+connection is dropped, the next call makes a new one). Outside a bounded call it is
+psycopg's own wait, unchanged. A new connection made inside a bounded call gets a
+``connect_timeout`` no longer than what is left (libpq waits at least 2 s).
+"""
+
+from __future__ import annotations
+
+import math
+import select
+from collections.abc import Generator
+from typing import Any
+
+import psycopg
+from psycopg.waiting import Ready, Wait
+
+from sqlease._db import bounds
+
+#: libpq's (and psycopg's) least connect_timeout, in seconds.
+MIN_CONNECT_TIMEOUT_S = 2
+
+_READ = int(Wait.R)
+_WRITE = int(Wait.W)
+_HAS_POLL = hasattr(select, "poll")
+if _HAS_POLL:
+    _POLLIN = select.POLLIN
+    _POLLOUT = select.POLLOUT
+    _POLL_READABLE = select.POLLIN | select.POLLERR | select.POLLHUP
+    _POLL_WRITABLE = select.POLLOUT | select.POLLERR | select.POLLHUP
+
+
+def _ready(fileno: int, wanted: int, timeout: float) -> int:
+    """Wait up to ``timeout`` seconds for the socket to be ready as ``wanted`` says; the
+    ``Ready`` bits (0: not yet)."""
+    if _HAS_POLL:
+        poller = select.poll()
+        poller.register(
+            fileno, (_POLLIN if wanted & _READ else 0) | (_POLLOUT if wanted & _WRITE else 0)
+        )
+        ready = 0
+        for _fd, event in poller.poll(max(0, math.ceil(timeout * 1000))):
+            if event & _POLL_READABLE:
+                ready |= int(Ready.R)
+            if event & _POLL_WRITABLE:
+                ready |= int(Ready.W)
+        return ready
+    readers = [fileno] if wanted & _READ else []
+    writers = [fileno] if wanted & _WRITE else []
+    r, w, _ = select.select(readers, writers, [], max(0.0, timeout))
+    return (int(Ready.R) if r else 0) | (int(Ready.W) if w else 0)
+
+
+class BoundedConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose waits honour the bound of the call (see the module's
+    docstring)."""
+
+    def wait(self, gen: Generator[Any, Any, Any], *args: Any, **kwargs: Any) -> Any:
+        if bounds.left() is None:
+            return super().wait(gen, *args, **kwargs)
+        return self._wait_bounded(gen)
+
+    def _wait_bounded(self, gen: Generator[Any, Any, Any]) -> Any:
+        fileno = self.pgconn.socket
+        try:
+            wanted = int(next(gen))
+            while True:
+                left = bounds.left()
+                if left is None:  # the bound went (not expected within one call): no limit
+                    left = 1.0
+                elif left <= 0:
+                    raise self._give_up(gen)
+                ready = _ready(fileno, wanted, left)
+                if ready:
+                    wanted = int(gen.send(Ready(ready)))
+        except StopIteration as done:
+            return done.value
+        except OSError as exc:  # the socket went away under us
+            raise psycopg.OperationalError("connection socket closed") from exc
+
+    def _give_up(self, gen: Generator[Any, Any, Any]) -> psycopg.OperationalError:
+        gen.close()
+        # The statement may or may not have reached the server: nothing more can be sent on
+        # this connection. Closed here, it reads as broken to the pool (a disconnect).
+        self.pgconn.finish()
+        return psycopg.OperationalError(
+            "sqlease: no answer from the database within the lease the call was made for; "
+            "connection closed"
+        )
+
+
+def connect(*args: Any, **kwargs: Any) -> BoundedConnection:
+    """``psycopg.connect`` for sqlease's engines: a :class:`BoundedConnection`, whose connect
+    waits no longer than a bounded call has left (at least libpq's 2 s)."""
+    left = bounds.left()
+    if left is not None:
+        if left <= 0:
+            raise psycopg.OperationalError(
+                "sqlease: no time left within the lease to open a database connection"
+            )
+        given = kwargs.get("connect_timeout")
+        limit = max(MIN_CONNECT_TIMEOUT_S, math.ceil(left))
+        try:
+            given_s = float(given) if given is not None else None
+        except (TypeError, ValueError):
+            given_s = None
+        if given_s is None or given_s <= 0 or given_s > limit:
+            kwargs["connect_timeout"] = limit
+    return BoundedConnection.connect(*args, **kwargs)

@@ -1,0 +1,83 @@
+"""A TCP proxy on 127.0.0.1 that can partition its clients from the server: ``stall()`` stops
+forwarding in both directions while every socket stays open (no reset, no error, no close
+passed on: what a network partition looks like to the two ends), ``resume()`` lets everything
+held flow again, in order. Used by the partition end-to-end test."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class StallingProxy:
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self._upstream = upstream
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._closed = False
+        #: Bytes the clients sent that the partition held, and that reached the server only
+        #: once it healed (the late writes), and connections opened during the partition.
+        self.held_to_server = 0
+        self.opened_while_stalled = 0
+        threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
+
+    def stall(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._flowing.set()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in [self._listener, *sockets]:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self._flowing.is_set():
+                with self._lock:
+                    self.opened_while_stalled += 1
+            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
+
+    def _connect(self, client: socket.socket) -> None:
+        # A connection made during the partition reaches the server only once it heals.
+        self._flowing.wait()
+        try:
+            server = socket.create_connection(self._upstream)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            self._sockets += [client, server]
+        threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket, to_server: bool) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not self._flowing.is_set():
+                    if to_server:
+                        with self._lock:
+                            self.held_to_server += len(data)
+                    self._flowing.wait()  # nothing crosses a partition, not even a close
+                if not data:
+                    target.shutdown(socket.SHUT_WR)
+                    return
+                target.sendall(data)
+        except OSError:
+            with contextlib.suppress(OSError):
+                target.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,50 @@
+"""Every PostgreSQL connection sqlease opens notices a dead network within about a lease: TCP
+keepalives and ``tcp_user_timeout`` from the lease, each overridable in the URL (checked: a bad
+value names its parameter). No server needed: the arguments psycopg is given."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from sqlease._db.postgresql.engine import connect_args, keepalive_args
+from sqlease._db.postgresql.listener import PostgresListener
+from sqlease.errors import ConfigurationError
+
+BASE = "postgresql+psycopg://app@db/shop"
+
+
+def test_from_the_lease() -> None:
+    assert keepalive_args(make_url(BASE), 60_000) == {
+        "keepalives": 1,
+        "keepalives_idle": 20,
+        "keepalives_interval": 6,
+        "keepalives_count": 3,
+        "tcp_user_timeout": 60_000,
+    }
+    # A short lease: whole seconds of at least 1 (libpq's unit), the timeout in milliseconds.
+    short = keepalive_args(make_url(BASE), 3_000)
+    assert short["keepalives_idle"] == 1 and short["keepalives_interval"] == 1
+    assert short["tcp_user_timeout"] == 3_000
+
+
+def test_the_engines_and_the_listener_get_them() -> None:
+    args = connect_args(make_url(BASE), lease_ms=9_000)
+    assert args["tcp_user_timeout"] == 9_000 and args["keepalives_idle"] == 3
+    assert connect_args(make_url(BASE))["tcp_user_timeout"] == 60_000  # the default lease
+    listener = PostgresListener(make_url(BASE), "ch", lease_ms=9_000)
+    assert listener._connect_args["tcp_user_timeout"] == 9_000
+
+
+def test_the_url_overrides_each_one() -> None:
+    url = make_url(f"{BASE}?keepalives_idle=120&tcp_user_timeout=0")
+    args = connect_args(url, lease_ms=3_000)
+    # Left to the URL (psycopg reads them from it), the others still from the lease.
+    assert "keepalives_idle" not in args and "tcp_user_timeout" not in args
+    assert args["keepalives_interval"] == 1 and args["keepalives"] == 1
+
+
+@pytest.mark.parametrize("name", ["keepalives_idle", "tcp_user_timeout", "keepalives_count"])
+def test_a_bad_value_names_its_parameter(name: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"URL parameter '{name}'.*'soon'"):
+        connect_args(make_url(f"{BASE}?{name}=soon"))

@@ -1,0 +1,104 @@
+"""``interrupt_on_lease_lost``: how a task whose lease is lost is interrupted. In the main
+thread (prefork pool processes, the solo pool) a signal cuts a blocking call short; in any
+other thread (the threads pool) an asynchronous exception is raised at its next Python
+instruction. The ``LeaseLost`` names the delivery; only tasks that opted in are armed."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sqlease import LeaseLost
+from sqlease._celery import lease_interrupt
+from sqlease._celery.lease_interrupt import LeaseInterrupted
+from sqlease._core.delivery_lease import DeliveryLease
+from sqlease._core.lease_clock import DeliveryClock
+from sqlease.delivery import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OWNER_KEY
+from sqlease.types import Fence
+
+FENCE = Fence(41, "w1", 3)
+
+
+@pytest.fixture
+def restore_signal() -> Iterator[None]:
+    before = signal.getsignal(signal.SIGUSR2)
+    installed = lease_interrupt._handler_installed
+    yield
+    signal.signal(signal.SIGUSR2, before)
+    lease_interrupt._handler_installed = installed
+    lease_interrupt._armed.clear()
+
+
+def _arm_here() -> None:
+    lease = DeliveryLease(FENCE, DeliveryClock(3.0))
+    lease_interrupt._armed[threading.get_ident()] = lease_interrupt._Armed(FENCE, lease)
+
+
+def test_a_blocking_call_in_the_main_thread_is_cut_short(restore_signal: None) -> None:
+    assert lease_interrupt._install_handler()
+    _arm_here()
+    main = threading.get_ident()
+    threading.Timer(0.05, lease_interrupt._interrupt, args=(main,)).start()
+    started = time.monotonic()
+    with pytest.raises(LeaseLost) as caught:
+        time.sleep(10)  # only the signal ends it early
+    assert time.monotonic() - started < 5
+    assert isinstance(caught.value, LeaseInterrupted)
+    assert (caught.value.message_id, caught.value.attempt) == (41, 3)
+    lease_interrupt.disarm()
+
+
+def test_another_thread_gets_it_at_its_next_instruction(restore_signal: None) -> None:
+    caught: list[BaseException] = []
+    armed = threading.Event()
+
+    def task() -> None:
+        _arm_here()
+        armed.set()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # pure Python: interruptible
+                pass
+        except LeaseLost as exc:
+            caught.append(exc)
+        finally:
+            lease_interrupt.disarm()
+
+    thread = threading.Thread(target=task)
+    thread.start()
+    armed.wait(5)
+    lease_interrupt._interrupt(thread.ident or 0)
+    thread.join(10)
+    assert not thread.is_alive()
+    [error] = caught
+    assert isinstance(error, LeaseInterrupted) and error.message_id == 41
+
+
+def test_only_tasks_that_opted_in_are_armed(restore_signal: None) -> None:
+    info = {ID_KEY: 41, ATTEMPT_KEY: 3, OWNER_KEY: "w1", LEASE_KEY: 3000}
+
+    def task(option: Any = None, transport: Any = None) -> SimpleNamespace:
+        app = SimpleNamespace(
+            conf={"broker_transport_options": {"interrupt_on_lease_lost": transport}}
+        )
+        request = SimpleNamespace(properties={"delivery_info": dict(info)})
+        found = SimpleNamespace(app=app, request=request)
+        if option is not None:
+            found.interrupt_on_lease_lost = option
+        return found
+
+    for found, armed in (
+        (task(), False),
+        (task(transport="yes"), True),
+        (task(option=False, transport=True), False),  # the task's own option wins
+        (task(option=True), True),
+    ):
+        lease_interrupt.arm(found)
+        assert (threading.get_ident() in lease_interrupt._armed) is armed
+        lease_interrupt.disarm()
