@@ -48,9 +48,14 @@ def retry_transient(fn: F, seconds: float = RETRY_SECONDS) -> F:
             except (OperationalError, PoolTimeout) as exc:
                 left = bounds.left()
                 if left is not None and left <= delay:
-                    # No retry fits in what is left of the lease: the caller learns at its
-                    # end (then its lease clock has run out, and it knows what that means).
+                    # No retry fits in what is left of the lease: wait out the lease. A
+                    # renewal confirmed meanwhile (the heartbeat reconnected) moves the bound
+                    # on, and the call goes on; else the caller learns at its end (then its
+                    # lease clock has run out, and it knows what that means).
                     time.sleep(max(0.0, left))
+                    still = bounds.left()
+                    if still is not None and still > 0 and time.monotonic() < deadline:
+                        continue
                     raise
                 if time.monotonic() + delay > deadline:
                     raise

@@ -4,7 +4,9 @@ ack, reject and restore, queues and bindings persisted in SQL."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable
+import threading
+from collections.abc import Callable, Collection, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from queue import Empty
 from typing import Any, Protocol
@@ -18,9 +20,34 @@ from sqlease.transport._acks import report_clock_refused_ack
 from sqlease.transport._control import durable_revoke
 from sqlease.transport._fetcher import Fetcher
 from sqlease.transport._looks import ChannelLook
+from sqlease.transport._loop import on_a_loop_thread
 from sqlease.transport._qos import QoS
 
 logger = logging.getLogger(__name__)
+
+#: Celery's events exchange (its ``event_exchange`` setting's default).
+EVENT_EXCHANGE = "celeryev"
+
+_events_thread: ThreadPoolExecutor | None = None
+_events_lock = threading.Lock()
+
+
+def publish_later(publish: Callable[[], Any]) -> None:
+    """Run ``publish`` on the events thread (one per process, calls in order); a failure is
+    logged in one line (an event is best-effort)."""
+    global _events_thread
+    with _events_lock:
+        if _events_thread is None:
+            _events_thread = ThreadPoolExecutor(1, thread_name_prefix="sqlease-events")
+        future = _events_thread.submit(publish)
+
+    def failed(done: Future[Any]) -> None:
+        error = done.exception()
+        if error is not None:
+            logger.warning("sqlease: an event was not published: %s", str(error).splitlines()[0])
+
+    future.add_done_callback(failed)
+
 
 # The name ``QoS`` is the Channel's class attribute inside its body: annotations use this one.
 SqlQoS = QoS
@@ -102,6 +129,19 @@ class Channel(virtual.Channel):
         return self.qos.holds_besides(acking)
 
     # ---- publishing --------------------------------------------------------------------
+
+    def basic_publish(
+        self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any
+    ) -> Any:
+        if exchange == EVENT_EXCHANGE and on_a_loop_thread():
+            # Celery's events (a worker's heartbeat every 2 s, task events with -E) are
+            # best-effort fanout. Published from the worker's event loop, each would wait on
+            # the database with the loop (for as long as a partition lasts); a thread of
+            # their own publishes them, in order, and the loop goes on.
+            publish = super().basic_publish
+            publish_later(lambda: publish(message, exchange, routing_key, **kwargs))
+            return None
+        return super().basic_publish(message, exchange, routing_key, **kwargs)
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         self.connection.publish([(queue, message)])

@@ -19,6 +19,17 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
+#: The threads running a worker's event loop that a sqlease transport is registered with (a
+#: worker's other connections, such as the one its events are published on, are not
+#: registered themselves but publish from that thread).
+_LOOP_THREADS: set[int] = set()
+
+
+def on_a_loop_thread() -> bool:
+    """Is the calling thread running a worker's event loop (any transport's)?"""
+    return threading.get_ident() in _LOOP_THREADS
+
+
 @dataclass(frozen=True, slots=True)
 class LoopCallbacks:
     """What the hub's events do (sqlease.transport._wakeups)."""
@@ -69,6 +80,7 @@ class EventLoop:
         self.unregister()
         self.hub = hub
         self.thread = threading.get_ident()
+        _LOOP_THREADS.add(self.thread)
         self._callbacks = callbacks
         hub.on_tick.add(callbacks.on_tick)
         self._open_self_pipe()
@@ -89,6 +101,7 @@ class EventLoop:
         self._poll_entry = self._due_entry = None
         self.hub = None
         self._callbacks = None
+        _LOOP_THREADS.discard(self.thread)
 
     # ---- the self-pipe -----------------------------------------------------------------
     # A byte written to it makes the hub run another iteration at once. Used when acks are

@@ -1,0 +1,48 @@
+"""A transient error met inside a lease-bounded call (sqlease._db.retry, sqlease._db.bounds):
+retried while the bound lasts, and still retried when a renewal confirmed during the last
+wait moved the bound on (a short outage that the heartbeat rode out); raised at the bound
+otherwise."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from sqlease._db.bounds import bounded
+from sqlease._db.retry import retry_transient
+
+
+def flaky(failures: int) -> tuple[list[int], object]:
+    calls: list[int] = []
+
+    def call() -> str:
+        calls.append(1)
+        if len(calls) <= failures:
+            raise OperationalError("select 1", None, ConnectionError("server gone"))
+        return "done"
+
+    return calls, retry_transient(call, seconds=5)
+
+
+def test_a_renewal_during_the_last_wait_lets_the_call_go_on() -> None:
+    calls, call = flaky(failures=3)
+    lefts = iter([0.01, 0.01, 5.0])  # nearly out, then the heartbeat renewed the lease
+
+    def remaining() -> float:
+        return next(lefts, 5.0)
+
+    with bounded(remaining):
+        assert call() == "done"  # type: ignore[operator]
+    assert len(calls) == 4
+
+
+def test_without_a_renewal_the_error_comes_at_the_bound() -> None:
+    calls, call = flaky(failures=10)
+    end = time.monotonic() + 0.03  # less than the first backoff is left
+
+    with bounded(lambda: end - time.monotonic()), pytest.raises(OperationalError, match="gone"):
+        call()  # type: ignore[operator]
+    assert len(calls) == 1
+    assert time.monotonic() >= end  # it waited out the lease before giving up
