@@ -101,7 +101,10 @@ class Counter:
         return got
 
 
-def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def start_worker(
+    env: dict[str, str], log: Path, *, queues: str | None = None, name: str = "bench"
+) -> subprocess.Popen[bytes]:
+    """``celery worker -P prefork -c 2`` of bench_app (``queues``: its ``-Q``)."""
     handle = log.open("ab")
     proc = subprocess.Popen(
         [
@@ -118,9 +121,10 @@ def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
             "-l",
             "warning",
             "-n",
-            f"bench-{uuid.uuid4().hex[:6]}@%h",
+            f"{name}-{uuid.uuid4().hex[:6]}@%h",
             "--without-mingle",
             "--without-gossip",
+            *(["-Q", queues] if queues else []),
         ],
         env=env,
         cwd=HERE,

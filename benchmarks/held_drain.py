@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery_bench import Counter, stop_worker
+from celery_bench import Counter, start_worker, stop_worker
 
 from sqlease import NewMessage, Store
 
@@ -84,34 +84,7 @@ def drain(url: str, prefix: str, tasks: int, counter: Counter, log: Path) -> flo
         client.send_task("bench.noop")
     client.close()
     counter.drain()
-    with log.open("ab") as handle:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "bench_app",
-                "worker",
-                "-P",
-                "prefork",
-                "-c",
-                "2",
-                "-Q",
-                "celery,held",
-                "-l",
-                "warning",
-                "-n",
-                f"held-{uuid.uuid4().hex[:6]}@%h",
-                "--without-mingle",
-                "--without-gossip",
-            ],
-            env=env,
-            cwd=HERE,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    worker = start_worker(env, log, queues="celery,held", name="held")
     try:
         if not counter.wait(1, 60):
             raise RuntimeError(f"the worker did not start (see {log})")

@@ -1,6 +1,7 @@
-"""Held work's table and index (migration 12): the run order row that an enqueue into a run
-and the statement that frees a run's place both write, and the index that finds the
-messages parked behind their run.
+"""Held work's table, index and repair read (migration 12): the run order row that an
+enqueue into a run and the statement that frees a run's place both write, the index that
+finds the messages parked behind their run, and the maintenance pass's read of the runs whose
+head waits there.
 
 A message of a run whose earlier messages are unfinished is inserted ``parked`` with reason
 ``run``: outside the claim index, so a claim never steps over it, with its id and so its
@@ -12,7 +13,7 @@ committed after its snapshot was taken (sqlease._db.postgresql.held)."""
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, MetaData, Table, Text
+from sqlalchemy import BigInteger, Column, Index, MetaData, Table, Text, TextClause, text
 
 
 def held_tables(md: MetaData, p: str) -> Table:
@@ -40,3 +41,16 @@ def held_indexes(messages: Table, prefix: str) -> list[Index]:
             sqlite_where=parked,
         )
     ]
+
+
+def stuck_runs(messages: str) -> TextClause:
+    """The runs whose head (lowest unfinished message) waits parked behind its run: none
+    unless a promotion was lost. From the index of the parked messages and, per run, one
+    probe of the run index."""
+    m = messages  # the messages table's name
+    return text(
+        f"SELECT w.run_id FROM (SELECT run_id, min(id) AS first FROM {m} "
+        "WHERE state = 'parked' AND reason = 'run' GROUP BY run_id) w "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {m} h WHERE h.run_id = w.run_id AND h.id < w.first "
+        "AND h.state IN ('ready', 'parked'))"
+    )

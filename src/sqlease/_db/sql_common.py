@@ -160,19 +160,6 @@ def insert_values(now: str, state: str = "'ready'") -> str:
     )
 
 
-def stuck_runs(t: Tables) -> TextClause:
-    """The runs whose head (lowest unfinished message) waits parked behind its run: none
-    unless a promotion was lost. From the index of the parked messages and, per run, one
-    probe of the run index."""
-    m = t.messages.name
-    return text(
-        f"SELECT w.run_id FROM (SELECT run_id, min(id) AS first FROM {m} "
-        "WHERE state = 'parked' AND reason = 'run' GROUP BY run_id) w "
-        f"WHERE NOT EXISTS (SELECT 1 FROM {m} h WHERE h.run_id = w.run_id AND h.id < w.first "
-        "AND h.state IN ('ready', 'parked'))"
-    )
-
-
 def returning(prefix: str) -> str:
     """``RETURNING`` the ``SELECT_COLS``; ``prefix`` qualifies them (``"m."``; SQLite's
     RETURNING takes bare column names)."""

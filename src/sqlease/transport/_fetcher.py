@@ -422,8 +422,9 @@ class Fetcher:
         if exhausted:
             results = self._results()
             self.side.run(lambda: record_exhausted(results, exhausted))
-            if runs_left(exhausted):  # their runs' next messages go on
-                self._promote(runs_left(exhausted))
+            runs = runs_left(exhausted)
+            if runs:  # their runs' next messages go on
+                self._promote(runs)
         queues = self.consumed_queues() if len(live) == 1 else []
         offer = self._handoffs.offer_with_result(live, queues)
         delivered = self.hold_and_deliver(channel, live, offer, sent_at)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from sqlalchemy import TextClause
 
 from sqlease._db import sql_common as c
+from sqlease._db.held_tables import stuck_runs
 from sqlease._db.leaders import leader_statements
 from sqlease._db.postgresql import events, held, leases, messages, offers, results
 from sqlease._db.postgresql.dialect import GREATEST, NOW
@@ -78,7 +79,7 @@ def statements(t: Tables) -> PgStatements:
         delete_queue=c.delete_queue(t),
         delete_queue_bindings=c.delete_queue_bindings(t),
         delete_queue_messages=c.delete_queue_messages(t, NOW),
-        stuck_runs=c.stuck_runs(t),
+        stuck_runs=stuck_runs(t.messages.name),
         # Two publishes of one new key both insert; the key's row lock decides.
         unique=unique_statements(t, row_locks=True),
         leaders=leader_statements(t, NOW, GREATEST),

@@ -10,6 +10,7 @@ from sqlalchemy import TextClause
 
 from sqlease._db import sql_common as c
 from sqlease._db import task_rows
+from sqlease._db.held_tables import stuck_runs
 from sqlease._db.leaders import leader_statements
 from sqlease._db.sqlite import events, held, leases, messages
 from sqlease._db.sqlite.dialect import GREATEST, NOW, ROW_PREFIX
@@ -76,7 +77,7 @@ def statements(t: Tables) -> SqliteStatements:
         delete_queue=c.delete_queue(t),
         delete_queue_bindings=c.delete_queue_bindings(t),
         delete_queue_messages=c.delete_queue_messages(t, NOW),
-        stuck_runs=c.stuck_runs(t),
+        stuck_runs=stuck_runs(t.messages.name),
         # One writer holds the whole file from the publish's first write: no row lock needed.
         unique=unique_statements(t, row_locks=False),
         leaders=leader_statements(t, NOW, GREATEST),
