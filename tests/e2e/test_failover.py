@@ -93,7 +93,12 @@ class Publisher(threading.Thread):
 def test_workers_and_publishers_ride_out_a_failover(e2e: E2E, clusters: Clusters) -> None:
     app = make_app(e2e.broker, prefix=e2e.prefix, lease_seconds=LEASE)
     e2e._apps.append(app)
-    worker = e2e.start_worker(app="partition_app", concurrency=3, E2E_HOST="W", E2E_INTERRUPT="1")
+    # Claims wait for the standby as publishes do (lease_sync_commit): a claim lost with the
+    # primary could otherwise be made again by this worker under the same fence while the
+    # first delivery runs (docs/howto/postgresql.md, "A lost claim and the same worker").
+    worker = e2e.start_worker(
+        app="partition_app", concurrency=3, E2E_HOST="W", E2E_INTERRUPT="1", E2E_LEASE_SYNC="1"
+    )
     # Results a caller got before the failover.
     before = [app.tasks["part.add"].delay(100 + i, 1) for i in range(5)]
     got = {r.id: r.get(timeout=30) for r in before}
@@ -135,13 +140,15 @@ def test_workers_and_publishers_ride_out_a_failover(e2e: E2E, clusters: Clusters
         assert kept == got
 
     # The long tasks: leased on the old primary, their leases came back by expiry; the first
-    # delivery stopped (its lease clock) before the second started.
+    # delivery stopped (its lease clock) before the second started. Asynchronous
+    # replication can lose a claim, and then the same fence twice: only the synchronous
+    # case promises no overlap.
     for block in blocks:
         assert block.get(timeout=60)["attempt"] >= 2
         mine = [r for r in rows(e2e) if r["task_id"] == block.id]
         starts = {r["attempt"]: r["at"] for r in mine if r["kind"] == "start"}
         stops = {r["attempt"]: r["at"] for r in mine if r["kind"] in ("interrupted", "done")}
-        for attempt, stopped in stops.items():
+        for attempt, stopped in stops.items() if clusters.synchronous else ():
             later = [at for a, at in starts.items() if a > attempt]
             assert all(stopped < at for at in later), mine
     assert worker.alive() and "Unrecoverable error" not in worker.log()

@@ -40,7 +40,12 @@ def record(task_id: str, attempt: int | None, kind: str, detail: str = "") -> No
 
 
 def make_app(
-    broker: str, *, prefix: str, lease_seconds: float = 3.0, interrupt: bool = False
+    broker: str,
+    *,
+    prefix: str,
+    lease_seconds: float = 3.0,
+    interrupt: bool = False,
+    lease_sync: bool = False,
 ) -> Celery:
     app = Celery("part", broker=broker, backend=broker, set_as_current=False)
     app.conf.update(
@@ -50,6 +55,8 @@ def make_app(
             "table_prefix": prefix,
             # Every task, not only those that opt in (the failover test).
             **({"interrupt_on_lease_lost": True} if interrupt else {}),
+            # Claims that wait for the flush (and a synchronous standby): the failover test.
+            **({"lease_sync_commit": True} if lease_sync else {}),
         },
         worker_prefetch_multiplier=1,
         result_extended=True,
@@ -105,7 +112,10 @@ def _from_env() -> Celery:
     if "E2E_BROKER" not in env:  # imported by the test process: it calls make_app itself
         return Celery("part", set_as_current=False)
     return make_app(
-        env["E2E_BROKER"], prefix=env["E2E_PREFIX"], interrupt=env.get("E2E_INTERRUPT") == "1"
+        env["E2E_BROKER"],
+        prefix=env["E2E_PREFIX"],
+        interrupt=env.get("E2E_INTERRUPT") == "1",
+        lease_sync=env.get("E2E_LEASE_SYNC") == "1",
     )
 
 
