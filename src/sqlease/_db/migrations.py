@@ -174,6 +174,14 @@ def _migration_12(conn: Connection, tables: Tables) -> None:
     )
 
 
+def _migration_13(conn: Connection, tables: Tables) -> None:
+    # Held work at a full gate: the index of the messages parked there. The messages that
+    # wait at a full gate today stay ready until a worker's sweep parks them.
+    for index in tables.messages.indexes:
+        if index.name == f"{tables.prefix}messages_gate_wait_ix":
+            ensure_index(conn, index)
+
+
 # Each entry moves the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_1,
@@ -188,6 +196,7 @@ MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_10,
     _migration_11,
     _migration_12,
+    _migration_13,
 ]
 CURRENT_VERSION = len(MIGRATIONS)
 

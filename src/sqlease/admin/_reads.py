@@ -40,6 +40,8 @@ PARKED = {
     "paused": "paused",
     # parked behind an unfinished earlier task of its run: queued, with reason "run"
     "run": "queued",
+    # parked at its full concurrency gate (key, task or queue limit): queued, reason "gate"
+    "gate": "queued",
 }
 RESULT_STATES = {"SUCCESS": "succeeded", "FAILURE": "failed", "REVOKED": "cancelled"}
 _FINISHED_EVENTS = ("acked", "purged")
@@ -282,8 +284,8 @@ class TaskReads:
             query = query.where(m.c.run_id == run_id)
         if state in ("failed", "cancelled"):
             query = query.where(m.c.state == "dead")
-        elif state == "queued":  # ready, or parked behind its run
-            query = query.where(or_(m.c.state == "ready", m.c.reason == "run"))
+        elif state == "queued":  # ready, or parked behind its run or at its gate
+            query = query.where(or_(m.c.state == "ready", m.c.reason.in_(("run", "gate"))))
         elif state in PARKED:
             query = query.where(m.c.state == "parked")
         elif state in ("scheduled", "running"):

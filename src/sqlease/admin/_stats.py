@@ -34,6 +34,10 @@ QUEUE_STATES = (
 #: Queued tasks parked behind an unfinished earlier task of their run (counted in ``queued``
 #: too).
 HELD_BY_RUN = "held_by_run"
+#: Queued tasks parked at a full concurrency gate (their key's, task's or queue's limit),
+#: counted in ``queued`` too.
+HELD_BY_GATE = "held_by_gate"
+HELD = (HELD_BY_RUN, HELD_BY_GATE)
 #: The timeline event kinds ``event_totals()`` counts by default.
 COUNTED_EVENTS = (
     "enqueued",
@@ -58,7 +62,7 @@ def _internal(queue: str) -> bool:
 def _empty() -> dict[str, Any]:
     row: dict[str, Any] = dict.fromkeys(QUEUE_STATES, 0)
     row.update(ready=0, leased=0, waiting=0, dead=0, oldest_ready_age_s=None)
-    row[HELD_BY_RUN] = 0
+    row.update(dict.fromkeys(HELD, 0))
     return row
 
 
@@ -95,13 +99,17 @@ class StatsAdmin:
             func.count().filter(and_(parked, m.c.reason == "waiting_input")),
             func.count().filter(and_(parked, m.c.reason == "waiting_approval")),
             func.count().filter(
-                and_(parked, or_(m.c.reason.is_(None), and_(~asking, m.c.reason != "run")))
+                and_(
+                    parked,
+                    or_(m.c.reason.is_(None), and_(~asking, m.c.reason.not_in(("run", "gate")))),
+                )
             ),
             func.count().filter(
                 and_(m.c.state == "dead", or_(m.c.reason.is_(None), m.c.reason != "cancelled"))
             ),
             func.count().filter(and_(m.c.state == "dead", m.c.reason == "cancelled")),
             func.count().filter(and_(parked, m.c.reason == "run")),
+            func.count().filter(and_(parked, m.c.reason == "gate")),
             func.min(m.c.available_at_ms).filter(ready),
             func.min(m.c.lease_expires_at_ms).filter(live),
             func.max(m.c.lease_expires_at_ms).filter(live),
@@ -112,7 +120,7 @@ class StatsAdmin:
             declared = [r[0] for r in conn.execute(select(q.c.name)) if not _internal(r[0])]
         rows: list[Any] = [(name, None, None, 0, None, None, None) for name in declared]
         for queue, holder, *counts, oldest, low, high in found:
-            for state, count in zip((*QUEUE_STATES, HELD_BY_RUN), counts, strict=True):
+            for state, count in zip((*QUEUE_STATES, *HELD), counts, strict=True):
                 if count:
                     running = state == "running"
                     rows.append(
@@ -137,7 +145,8 @@ class StatsAdmin:
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per queue, every declared queue included: the number of tasks in each state of
         ``QUEUE_STATES``, ``held_by_run`` (of the queued, those parked behind an unfinished
-        earlier task of their run), and ``ready`` (= queued), ``leased`` (= running), ``waiting``
+        earlier task of their run), ``held_by_gate`` (of the queued, those parked at a full
+        concurrency gate), and ``ready`` (= queued), ``leased`` (= running), ``waiting``
         (input + approval), ``dead`` (failed + cancelled), and ``oldest_ready_age_s``, the
         seconds since the oldest ready message became due (None when none is ready)."""
         return self.overview()[0]
@@ -217,7 +226,7 @@ def _stats(rows: list[Any], now: int) -> dict[str, dict[str, Any]]:
         if state is None:
             continue  # a declared queue
         entry[state] += int(count)
-        if state == HELD_BY_RUN:  # queued, parked behind its run
+        if state in HELD:  # queued, parked behind its run or at its gate
             entry["queued"] += int(count)
         if state == "queued" and oldest is not None:
             age = round(max(0, now - int(oldest)) / 1000, 3)

@@ -149,7 +149,7 @@ def renew(t: Tables) -> TextClause:
 def ack(t: Tables) -> TextClause:
     return text(
         f"DELETE FROM {t.messages.name} WHERE id IN ({_fenced_ids(t)}) "
-        "RETURNING id, task_id, attempt, run_id"
+        "RETURNING id, task_id, attempt, run_id, gate"
     )
 
 
@@ -157,5 +157,5 @@ def transition(t: Tables) -> TextClause:
     """Release, park or fail fenced deliveries."""
     return text(
         f"UPDATE {t.messages.name} AS m SET {c.transition_set(NOW)} "
-        f"WHERE m.id IN ({_fenced_ids(t)}) RETURNING id, task_id, attempt, run_id"
+        f"WHERE m.id IN ({_fenced_ids(t)}) RETURNING id, task_id, attempt, run_id, gate"
     )

@@ -163,7 +163,8 @@ class AdminViews:
         return {
             "queued": or_(
                 and_(idle, m.c.available_at_ms <= now),
-                and_(m.c.state == "parked", m.c.reason == "run"),  # behind its run
+                # behind its run, or at its full gate
+                and_(m.c.state == "parked", m.c.reason.in_(("run", "gate"))),
             ),
             "scheduled": and_(idle, m.c.available_at_ms > now),
             "running": live,
@@ -174,7 +175,10 @@ class AdminViews:
                 m.c.state == "parked",
                 or_(
                     m.c.reason.is_(None),
-                    and_(m.c.reason.not_like("waiting\\_%", escape="\\"), m.c.reason != "run"),
+                    and_(
+                        m.c.reason.not_like("waiting\\_%", escape="\\"),
+                        m.c.reason.not_in(("run", "gate")),
+                    ),
                 ),
             ),
             "failed": and_(
