@@ -30,7 +30,7 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
-from sqlease._db.postgresql.dialect import NOW
+from sqlease._db.postgresql.dialect import NOW, one_of_ids
 from sqlease._db.tables import Tables
 
 #: A sweep looks at this many of a queue's first ready messages.
@@ -57,10 +57,11 @@ def park(t: Tables) -> TextClause:
         f"WITH full_gates AS (SELECT s.gate {_live_slots(t)} GROUP BY s.gate "
         "HAVING count(*) >= min(s.lim)), "
         f"front AS ({first}), "
-        "held AS (SELECT f.id, f.gate FROM front f "
+        "held AS MATERIALIZED (SELECT f.id, f.gate FROM front f "
         "WHERE f.gate IN (SELECT gate FROM full_gates)), "
         # The rows first (a claim's order of locks: messages, then slots), then the slots.
-        f"mine AS (SELECT m.id FROM {m} m WHERE m.id IN (SELECT id FROM held) "
+        f"mine AS MATERIALIZED (SELECT m.id FROM {m} m "
+        f"WHERE {one_of_ids('m.id', 'SELECT id FROM held')} "
         f"AND m.state = 'ready' AND (m.lease_expires_at_ms IS NULL "
         f"OR m.lease_expires_at_ms <= {NOW}) FOR UPDATE OF m SKIP LOCKED), "
         f"locked AS (SELECT s.gate, s.lim {_live_slots(t)} AND s.gate IN "
@@ -68,7 +69,7 @@ def park(t: Tables) -> TextClause:
         "ORDER BY s.gate, s.slot FOR SHARE OF s), "
         "still AS (SELECT gate FROM locked GROUP BY gate HAVING count(*) >= min(lim)), "
         f"pk AS (UPDATE {m} m SET state = 'parked', reason = 'gate', gate = h.gate "
-        "FROM held h WHERE m.id = h.id AND m.id IN (SELECT id FROM mine) "
+        f"FROM held h WHERE m.id = h.id AND {one_of_ids('m.id', 'SELECT id FROM mine')} "
         "AND h.gate IN (SELECT gate FROM still) RETURNING m.id) "
         "SELECT id FROM pk"
     )
@@ -93,14 +94,16 @@ def promote(t: Tables) -> TextClause:
     return text(
         "WITH u AS (SELECT DISTINCT g FROM unnest(CAST(:gates AS TEXT[])) AS u(g)), "
         f"k AS (SELECT u.g AS gate, {lim} AS lim FROM u), "
-        "room AS (SELECT k.gate, CASE WHEN k.lim IS NULL THEN NULL ELSE GREATEST(0, k.lim - "
+        "room AS MATERIALIZED (SELECT k.gate, CASE WHEN k.lim IS NULL THEN NULL "
+        "ELSE GREATEST(0, k.lim - "
         f"(SELECT count(*) {_live_slots(t)} AND s.gate = k.gate) - {waiting}) END AS n "
         "FROM k), "
-        "pick AS (SELECT x.id FROM room CROSS JOIN LATERAL (SELECT p.id FROM "
+        "pick AS MATERIALIZED (SELECT x.id FROM room CROSS JOIN LATERAL (SELECT p.id FROM "
         f"{m} p WHERE p.state = 'parked' AND p.reason = 'gate' AND p.gate = room.gate "
         "ORDER BY p.priority DESC, p.available_at_ms, p.id LIMIT room.n) x), "
-        f"up AS (UPDATE {m} p SET state = 'ready', reason = NULL FROM pick "
-        "WHERE p.id = pick.id AND p.state = 'parked' AND p.reason = 'gate' "
+        f"up AS (UPDATE {m} p SET state = 'ready', reason = NULL "
+        f"WHERE {one_of_ids('p.id', 'SELECT id FROM pick')} "
+        "AND p.state = 'parked' AND p.reason = 'gate' "
         "RETURNING p.id, p.queue), "
         "n AS (SELECT pg_notify(CAST(:channel AS TEXT), q.queue) "
         "FROM (SELECT DISTINCT queue FROM up) q) "
