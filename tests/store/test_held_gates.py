@@ -156,3 +156,53 @@ def test_a_sweep_looks_only_at_the_front_and_leaves_gates_with_room(store: Store
     assert store.park_held(["q"], scan=2) == []
     assert [rows(store)[i] for i in roomy] == [("ready", None)] * 2
     assert claim(store) == roomy
+
+
+def due(store: Store) -> dict[int, tuple[int, str | None]]:
+    m = store.tables.messages
+    with store.driver.reading() as conn:
+        found = conn.execute(select(m.c.id, m.c.available_at_ms, m.c.reason)).all()
+    return {r.id: (r.available_at_ms, r.reason) for r in found}
+
+
+def test_a_sweep_gives_rate_held_messages_their_turn_as_due_time(store: Store) -> None:
+    store.set_rate_limits({"queue:q": "1/s"})
+    ids = store.enqueue_many([NewMessage("q", f"r{i}", task_id=f"r{i}") for i in range(6)])
+    now = store.now_ms()
+    assert claim(store) == ids[:1]  # the one the rate lets through now
+    timed = store.park_held(["q"])
+    # The next two turns (1 s and 2 s away) are within the horizon: they stay due; the rest
+    # get their turns, one interval apart, in order.
+    assert timed == ids[3:]
+    assert [due(store)[i] for i in ids[3:]] == [
+        (now + 3000, "rate"),
+        (now + 4000, "rate"),
+        (now + 5000, "rate"),
+    ]
+    assert store.park_held(["q"]) == []
+    # A message published now queues behind the last turn given, not before it.
+    [late] = store.enqueue_many([NewMessage("q", "late", task_id="late")])
+    assert store.park_held(["q"]) == [late]
+    assert due(store)[late] == (now + 6000, "rate")
+    admin = Admin("unused", store=store)
+    stats = admin.stats()["q"]
+    assert stats["held_by_rate"] == 4 and stats["queued"] == 6 and stats["scheduled"] == 0
+    assert admin.task("r3").state == "queued"
+    # Each claims in its turn; a claim clears the reason.
+    [m3] = store.claim(["q"], "w", lease_ms=LEASE, now=now + 3000) or [None]
+    assert m3 is not None and m3.id == ids[1]  # the earlier, still due, go first
+    # A rate changed at runtime makes them all due again, in their order.
+    store.set_rate_limits({"queue:q": "100/s"})
+    assert [due(store)[i][1] for i in [*ids[3:], late]] == [None] * 4
+    assert claim(store) == [ids[2]]  # a changed rate starts afresh: one now
+
+
+def test_the_claim_stays_the_final_word_for_rates(store: Store) -> None:
+    store.set_rate_limits({"queue:q": "1/m"})
+    ids = store.enqueue_many([NewMessage("q", f"r{i}", task_id=f"r{i}") for i in range(3)])
+    assert claim(store) == ids[:1]
+    store.park_held(["q"])
+    m = store.tables.messages
+    with store.driver.writing() as conn:  # a wrong due time: due now
+        conn.execute(update(m).where(m.c.id == ids[2]).values(available_at_ms=0))
+    assert claim(store) == []  # the rate is closed: nothing goes

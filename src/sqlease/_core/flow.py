@@ -160,8 +160,11 @@ class FlowLimits(Aggregate):
         fl = self.tables.flow_limits
         stamp = self._stamp(now)
         none = {"interval_ms": None, "tau_ms": None, "tat_ms": None, "rate": None}
+        changed: list[str] = []
         with self.driver.writing() as conn:
             if replace:
+                dropped = fl.c.name.notin_(list(checked)) & fl.c.interval_ms.isnot(None)
+                changed += [r.name for r in conn.execute(select(fl.c.name).where(dropped))]
                 conn.execute(fl.update().where(fl.c.name.notin_(list(checked))).values(**none))
             current = {
                 r.name: r.interval_ms
@@ -183,7 +186,12 @@ class FlowLimits(Aggregate):
                         "updated_at_ms": stamp,
                     },
                 )
+                changed.append(name)
             conn.execute(delete(fl).where(fl.c.concurrency.is_(None), fl.c.interval_ms.is_(None)))
+        # Messages given their turn under a rate that changed are due again: the next sweep
+        # gives them their turn under the new one.
+        if changed:
+            self.driver.execute(self.driver.rate_release(changed, self._now(now)))
 
     @transient
     def remove_limit(self, name: str) -> bool:
@@ -193,6 +201,7 @@ class FlowLimits(Aggregate):
             removed = bool(conn.execute(delete(fl).where(fl.c.name == name)).rowcount)
         if removed:  # its gate has no limit now: every message parked there goes
             promote_gates(self.driver, [name], None)
+            self.driver.execute(self.driver.rate_release([name], None))
         return removed
 
     @transient

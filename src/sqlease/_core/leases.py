@@ -66,8 +66,13 @@ def promote_owed(driver: Driver, acked: Acked, now: int | None) -> Acked:
     return acked
 
 
-#: How many of a queue's first ready messages a sweep looks at.
+#: How many of a queue's first ready messages a sweep's statement looks at, and how many
+#: statements one sweep may run on a queue while each parks all it looked at.
 PARK_SCAN = 2000
+PARK_ROUNDS = 50
+#: A message whose rate limit lets it through within this many milliseconds stays due (a
+#: claim reads past it until then); a later one gets its turn as its due time.
+RATE_HORIZON_MS = 2000
 
 
 def _check_lease(lease_ms: int) -> None:
@@ -133,13 +138,26 @@ class Leases(Aggregate):
         self, queues: Iterable[str], *, scan: int = PARK_SCAN, now: int | None = None
     ) -> list[int]:
         """The sweep: of the first ``scan`` ready messages of each queue, those whose gate is
-        full are parked at it, out of the claim's way (a claim steps over every one of them
-        otherwise); the ids parked. A worker runs it about once a second while it claims."""
+        full are parked at it, and those a rate limit holds for more than
+        ``RATE_HORIZON_MS`` get the time it lets them through as their due time: out of the
+        claim's way (a claim steps over every one of them otherwise). The ids. A worker runs
+        it about once a second while it claims."""
         at = self._now(now)
         parked: list[int] = []
         for queue in dict.fromkeys(queues):
-            ids: list[int] = self.driver.execute(self.driver.gate_park(queue, scan, at))
-            parked += ids
+            # A scan that was all parked may have more behind it: a deep backlog goes in one
+            # sweep, a statement of ``scan`` rows at a time.
+            for _ in range(PARK_ROUNDS):
+                ids: list[int] = self.driver.execute(self.driver.gate_park(queue, scan, at))
+                parked += ids
+                if len(ids) < scan:
+                    break
+            for _ in range(PARK_ROUNDS):
+                op = self.driver.rate_project(queue, scan, RATE_HORIZON_MS, at)
+                timed: list[int] = self.driver.execute(op)
+                parked += timed
+                if len(timed) < scan:
+                    break
         return parked
 
     @transient

@@ -275,6 +275,18 @@ class Driver(ABC):
         """Of the first ``scan`` ready messages of ``queue``, those whose gate is full
         parked at it (out of the claim's way, their order kept); the ids."""
 
+    @abstractmethod
+    def rate_project(
+        self, queue: str, scan: int, horizon_ms: int, now: int | None
+    ) -> Op[list[int]]:
+        """Of the first ``scan`` ready messages of ``queue``, those a rate limit holds for
+        more than ``horizon_ms`` given the time it lets them through as their due time
+        (reason ``rate``); the ids."""
+
+    @abstractmethod
+    def rate_release(self, rates: Sequence[str], now: int | None) -> Op[list[int]]:
+        """The messages given a due time by the rates ``rates``, due now again."""
+
     # ---- operations: results ---------------------------------------------------------
 
     @abstractmethod

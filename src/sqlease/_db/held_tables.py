@@ -33,6 +33,7 @@ def held_indexes(messages: Table, prefix: str) -> list[Index]:
     the ready rows."""
     parked = (messages.c.state == "parked") & (messages.c.reason == "run")
     at_gate = (messages.c.state == "parked") & (messages.c.reason == "gate")
+    at_rate = (messages.c.state == "ready") & (messages.c.reason == "rate")
     return [
         Index(
             f"{prefix}messages_run_wait_ix",
@@ -51,6 +52,15 @@ def held_indexes(messages: Table, prefix: str) -> list[Index]:
             messages.c.id,
             postgresql_where=at_gate,
             sqlite_where=at_gate,
+        ),
+        # The messages a sweep gave the due time their rate limit lets them through
+        # (migration 13): the last of a rate is where the next ones queue behind.
+        Index(
+            f"{prefix}messages_rate_wait_ix",
+            messages.c.rate_gate,
+            messages.c.available_at_ms,
+            postgresql_where=at_rate,
+            sqlite_where=at_rate,
         ),
     ]
 

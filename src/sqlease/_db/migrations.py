@@ -175,10 +175,14 @@ def _migration_12(conn: Connection, tables: Tables) -> None:
 
 
 def _migration_13(conn: Connection, tables: Tables) -> None:
-    # Held work at a full gate: the index of the messages parked there. The messages that
+    # Held work at a full gate and behind a rate limit: the indexes of the messages parked
+    # at a gate and of those given their rate's due time. The messages that
     # wait at a full gate today stay ready until a worker's sweep parks them.
     for index in tables.messages.indexes:
-        if index.name == f"{tables.prefix}messages_gate_wait_ix":
+        if index.name in (
+            f"{tables.prefix}messages_gate_wait_ix",
+            f"{tables.prefix}messages_rate_wait_ix",
+        ):
             ensure_index(conn, index)
 
 

@@ -107,8 +107,8 @@ def state_of(message: Message, now: int) -> str:
         return PARKED.get(message.reason or "", "paused")
     if message.lease_expires_at_ms is not None and message.lease_expires_at_ms > now:
         return "running"
-    if message.available_at_ms > now:
-        return "scheduled"
+    if message.available_at_ms > now and message.reason != "rate":
+        return "scheduled"  # (a rate limit's turn is no schedule: queued)
     return "queued"
 
 

@@ -37,7 +37,9 @@ HELD_BY_RUN = "held_by_run"
 #: Queued tasks parked at a full concurrency gate (their key's, task's or queue's limit),
 #: counted in ``queued`` too.
 HELD_BY_GATE = "held_by_gate"
-HELD = (HELD_BY_RUN, HELD_BY_GATE)
+#: Queued tasks a rate limit holds until their turn (counted in ``queued`` too).
+HELD_BY_RATE = "held_by_rate"
+HELD = (HELD_BY_RUN, HELD_BY_GATE, HELD_BY_RATE)
 #: The timeline event kinds ``event_totals()`` counts by default.
 COUNTED_EVENTS = (
     "enqueued",
@@ -86,7 +88,10 @@ class StatsAdmin:
             m.c.state == "ready",
             or_(m.c.lease_expires_at_ms.is_(None), m.c.lease_expires_at_ms <= now),
         )
-        ready = and_(unleased, m.c.available_at_ms <= now)
+        # A message a rate limit holds, given its turn as its due time (reason "rate"), is
+        # queued, not scheduled.
+        timed = m.c.reason == "rate"
+        ready = and_(unleased, or_(m.c.available_at_ms <= now, timed))
         parked = m.c.state == "parked"
         asking = m.c.reason.in_(("waiting_input", "waiting_approval"))
         owner = case((live, m.c.lease_owner), else_=None).label("owner")
@@ -94,7 +99,9 @@ class StatsAdmin:
             m.c.queue,
             owner,
             func.count().filter(ready),
-            func.count().filter(and_(unleased, m.c.available_at_ms > now)),
+            func.count().filter(
+                and_(unleased, m.c.available_at_ms > now, or_(m.c.reason.is_(None), ~timed))
+            ),
             func.count().filter(live),
             func.count().filter(and_(parked, m.c.reason == "waiting_input")),
             func.count().filter(and_(parked, m.c.reason == "waiting_approval")),
@@ -110,6 +117,7 @@ class StatsAdmin:
             func.count().filter(and_(m.c.state == "dead", m.c.reason == "cancelled")),
             func.count().filter(and_(parked, m.c.reason == "run")),
             func.count().filter(and_(parked, m.c.reason == "gate")),
+            func.count().filter(and_(unleased, timed)),
             func.min(m.c.available_at_ms).filter(ready),
             func.min(m.c.lease_expires_at_ms).filter(live),
             func.max(m.c.lease_expires_at_ms).filter(live),
@@ -146,7 +154,8 @@ class StatsAdmin:
         """Per queue, every declared queue included: the number of tasks in each state of
         ``QUEUE_STATES``, ``held_by_run`` (of the queued, those parked behind an unfinished
         earlier task of their run), ``held_by_gate`` (of the queued, those parked at a full
-        concurrency gate), and ``ready`` (= queued), ``leased`` (= running), ``waiting``
+        concurrency gate), ``held_by_rate`` (of the queued, those a rate limit holds until
+        their turn), and ``ready`` (= queued), ``leased`` (= running), ``waiting``
         (input + approval), ``dead`` (failed + cancelled), and ``oldest_ready_age_s``, the
         seconds since the oldest ready message became due (None when none is ready)."""
         return self.overview()[0]
@@ -226,7 +235,7 @@ def _stats(rows: list[Any], now: int) -> dict[str, dict[str, Any]]:
         if state is None:
             continue  # a declared queue
         entry[state] += int(count)
-        if state in HELD:  # queued, parked behind its run or at its gate
+        if state in (HELD_BY_RUN, HELD_BY_GATE):  # queued: parked behind its run, at its gate
             entry["queued"] += int(count)
         if state == "queued" and oldest is not None:
             age = round(max(0, now - int(oldest)) / 1000, 3)

@@ -52,6 +52,9 @@ class PgStatements(Statements):
     #: A sweep's park of the messages at a full gate, and a gate's promotion.
     park_gates: TextClause
     promote_gates: TextClause
+    #: A sweep's due times for the messages a rate limit holds, and their release.
+    project_rates: TextClause
+    release_rates: TextClause
 
 
 def statements(t: Tables) -> PgStatements:
@@ -107,4 +110,6 @@ def statements(t: Tables) -> PgStatements:
         promote_runs=held.promote_runs(t),
         park_gates=gates.park(t),
         promote_gates=gates.promote(t),
+        project_rates=gates.project_rates(t),
+        release_rates=gates.release_rates(t),
     )

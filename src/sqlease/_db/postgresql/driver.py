@@ -276,6 +276,21 @@ class PostgresDriver(Driver):
 
         return Op(Lane.DEFAULT, body=body, statements=2)
 
+    def rate_project(
+        self, queue: str, scan: int, horizon_ms: int, now: int | None
+    ) -> Op[list[int]]:
+        params = {"queue": queue, "scan": int(scan), "horizon": int(horizon_ms), "now": now}
+
+        def body(conn: Connection) -> list[int]:
+            conn.execute(text(LOCK_TIMEOUT))
+            return [int(r.id) for r in conn.execute(self.sql.project_rates, params)]
+
+        return Op(Lane.DEFAULT, body=body, statements=2)
+
+    def rate_release(self, rates: Sequence[str], now: int | None) -> Op[list[int]]:
+        params = {"rates": sorted(set(rates)), "now": now}
+        return Op(Lane.DEFAULT, self.sql.release_rates, params, lambda r: [int(x["id"]) for x in r])
+
     def message_take(self, queues: Sequence[str], limit: int, now: int | None) -> Op[list[Message]]:
         params = {"queues": list(queues), "limit": int(limit), "now": now}
         return Op(Lane.PLANNED, self.sql.take, params, messages_of)

@@ -45,8 +45,9 @@ def park(t: Tables) -> TextClause:
     """Park the first ``:scan`` ready messages of ``:queue`` whose gate is full; the ids."""
     m = t.messages.name
     first = (
-        f"SELECT y.id, y.gate FROM {c.ready_priorities(t, ':queue')} pp CROSS JOIN LATERAL "
-        f"(SELECT m.id, {c.GATE} AS gate, m.priority, m.available_at_ms FROM {m} m "
+        f"SELECT y.id, y.state, y.gate FROM {c.ready_priorities(t, ':queue')} pp "
+        "CROSS JOIN LATERAL "
+        f"(SELECT m.id, m.state, {c.GATE} AS gate, m.priority, m.available_at_ms FROM {m} m "
         f"{c.gate_joins(t)} WHERE m.state = 'ready' AND m.queue = :queue "
         f"AND m.priority = pp.pr AND m.available_at_ms <= {NOW} "
         f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
@@ -57,12 +58,12 @@ def park(t: Tables) -> TextClause:
         f"WITH full_gates AS (SELECT s.gate {_live_slots(t)} GROUP BY s.gate "
         "HAVING count(*) >= min(s.lim)), "
         f"front AS ({first}), "
-        "held AS MATERIALIZED (SELECT f.id, f.gate FROM front f "
+        "held AS MATERIALIZED (SELECT f.id, f.state, f.gate FROM front f "
         "WHERE f.gate IN (SELECT gate FROM full_gates)), "
         # The rows first (a claim's order of locks: messages, then slots), then the slots.
-        f"mine AS MATERIALIZED (SELECT m.id FROM {m} m "
+        f"mine AS MATERIALIZED (SELECT m.id FROM {m} m JOIN held h ON h.id = m.id "
         f"WHERE {one_of_ids('m.id', 'SELECT id FROM held')} "
-        f"AND m.state = 'ready' AND (m.lease_expires_at_ms IS NULL "
+        f"AND m.state = h.state AND (m.lease_expires_at_ms IS NULL "
         f"OR m.lease_expires_at_ms <= {NOW}) FOR UPDATE OF m SKIP LOCKED), "
         f"locked AS (SELECT s.gate, s.lim {_live_slots(t)} AND s.gate IN "
         "(SELECT DISTINCT h.gate FROM held h JOIN mine USING (id)) "
@@ -72,6 +73,17 @@ def park(t: Tables) -> TextClause:
         f"FROM held h WHERE m.id = h.id AND {one_of_ids('m.id', 'SELECT id FROM mine')} "
         "AND h.gate IN (SELECT gate FROM still) RETURNING m.id) "
         "SELECT id FROM pk"
+    )
+
+
+def release_rates(t: Tables) -> TextClause:
+    """The messages a sweep gave a due time for the rates ``:rates``, due now again (a rate
+    changed or removed: the next sweep gives them the new rate's times)."""
+    m = t.messages.name
+    return text(
+        f"UPDATE {m} m SET available_at_ms = LEAST(m.available_at_ms, {NOW}), reason = NULL "
+        "WHERE m.state = 'ready' AND m.reason = 'rate' "
+        "AND m.rate_gate = ANY(CAST(:rates AS TEXT[])) RETURNING m.id"
     )
 
 
@@ -98,16 +110,61 @@ def promote(t: Tables) -> TextClause:
         "ELSE GREATEST(0, k.lim - "
         f"(SELECT count(*) {_live_slots(t)} AND s.gate = k.gate) - {waiting}) END AS n "
         "FROM k), "
-        "pick AS MATERIALIZED (SELECT x.id FROM room CROSS JOIN LATERAL (SELECT p.id FROM "
-        f"{m} p WHERE p.state = 'parked' AND p.reason = 'gate' AND p.gate = room.gate "
-        "ORDER BY p.priority DESC, p.available_at_ms, p.id LIMIT room.n) x), "
-        f"up AS (UPDATE {m} p SET state = 'ready', reason = NULL "
-        f"WHERE {one_of_ids('p.id', 'SELECT id FROM pick')} "
-        "AND p.state = 'parked' AND p.reason = 'gate' "
+        "pick AS MATERIALIZED (SELECT x.* FROM room CROSS JOIN LATERAL (SELECT p.id, p.state, "
+        f"p.reason FROM {m} p WHERE p.state = 'parked' AND p.reason = 'gate' "
+        "AND p.gate = room.gate ORDER BY p.priority DESC, p.available_at_ms, p.id "
+        "LIMIT room.n) x), "
+        # The picked rows by id, their state re-checked against the pick's own, not against
+        # constants that would match the parked index and scan all of it (as the claim's
+        # UPDATE does, sqlease._db.postgresql.leases).
+        f"up AS (UPDATE {m} p SET state = 'ready', reason = NULL FROM pick "
+        f"WHERE p.id = pick.id AND {one_of_ids('p.id', 'SELECT id FROM pick')} "
+        "AND p.state = pick.state AND p.reason = pick.reason "
         "RETURNING p.id, p.queue), "
         "n AS (SELECT pg_notify(CAST(:channel AS TEXT), q.queue) "
         "FROM (SELECT DISTINCT queue FROM up) q) "
         "SELECT id FROM up WHERE (SELECT count(*) FROM n) >= 0"
+    )
+
+
+def project_rates(t: Tables) -> TextClause:
+    """Of the first ``:scan`` ready messages of ``:queue``, each held by a rate limit gets the
+    time its rate will let it through (the GCRA's next openings, one interval apart, in
+    delivery order) as its due time, with reason ``rate``, when that is more than
+    ``:horizon`` ms away: a claim reads only due messages, so it no longer steps over them,
+    and a worker wakes for them as for a countdown. The ids."""
+    m = t.messages.name
+    first = (
+        f"SELECT y.* FROM {c.ready_priorities(t, ':queue')} pp CROSS JOIN LATERAL "
+        f"(SELECT m.id, m.state, m.priority, m.available_at_ms, {c.RATE} AS rate, "
+        f"{c.RATE_INTERVAL} AS ivl, {c.RATE_TAU} AS tau, {c.RATE_TAT} AS tat FROM {m} m "
+        f"{c.gate_joins(t)} WHERE m.state = 'ready' AND m.queue = :queue "
+        f"AND m.priority = pp.pr AND m.available_at_ms <= {NOW} "
+        f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
+        "ORDER BY m.available_at_ms, m.id LIMIT :scan) y "
+        "ORDER BY y.priority DESC, y.available_at_ms, y.id LIMIT :scan"
+    )
+    return text(
+        f"WITH front AS MATERIALIZED ({first}), "
+        # Behind the ones a sweep gave a due time before (their last, by the index of them).
+        "last AS MATERIALIZED (SELECT r.rate, (SELECT max(w.available_at_ms) FROM "
+        f"{m} w WHERE w.state = 'ready' AND w.reason = 'rate' AND w.rate_gate = r.rate) AS due "
+        "FROM (SELECT DISTINCT rate FROM front WHERE rate IS NOT NULL) r), "
+        # Each one's turn as the rate's arrival times go, from its next opening on.
+        f"turns AS MATERIALIZED (SELECT f.id, f.state, f.rate, f.ivl, "
+        f"GREATEST(COALESCE(f.tat, 0), "
+        f"{NOW}) - f.tau + (row_number() OVER (PARTITION BY f.rate ORDER BY f.priority DESC, "
+        "f.available_at_ms, f.id) - 1) * f.ivl AS turn FROM front f WHERE f.rate IS NOT NULL), "
+        # Those beyond the horizon, behind the turns given before (a sweep's earlier ones).
+        "later AS MATERIALIZED (SELECT x.id, x.state, x.rate, GREATEST(x.turn, COALESCE(l.due + "
+        "row_number() OVER (PARTITION BY x.rate ORDER BY x.turn) * x.ivl, 0)) AS due "
+        f"FROM turns x JOIN last l ON l.rate = x.rate WHERE x.turn > {NOW} + :horizon), "
+        f"pk AS (UPDATE {m} m SET available_at_ms = GREATEST(m.available_at_ms, l.due), "
+        "reason = 'rate', rate_gate = l.rate FROM later l WHERE m.id = l.id "
+        f"AND {one_of_ids('m.id', 'SELECT id FROM later')} AND m.state = l.state "
+        f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
+        "RETURNING m.id) "
+        "SELECT id FROM pk"
     )
 
 

@@ -52,6 +52,10 @@ class SqliteStatements(Statements):
     park_set: TextClause
     gate_limit: TextClause
     promote_gate: TextClause
+    #: A sweep's due times for the messages a rate limit holds, and their release.
+    project_find: TextClause
+    project_set: TextClause
+    release_rates: TextClause
 
 
 def statements(t: Tables) -> SqliteStatements:
@@ -105,4 +109,7 @@ def statements(t: Tables) -> SqliteStatements:
         park_set=gates.park_set(t),
         gate_limit=gates.gate_limit(t),
         promote_gate=gates.promote(t),
+        project_find=gates.project_find(t),
+        project_set=gates.project_set(t),
+        release_rates=gates.release_rates(t),
     )

@@ -257,6 +257,28 @@ class SqliteDriver(Driver):
 
         return Op(Lane.DEFAULT, body=body)
 
+    def rate_project(
+        self, queue: str, scan: int, horizon_ms: int, now: int | None
+    ) -> Op[list[int]]:
+        def body(conn: Connection) -> list[int]:
+            params = {"queue": queue, "scan": int(scan), "horizon": int(horizon_ms), "now": now}
+            later = [
+                {"id": r.id, "rate": r.rate, "due": r.due}
+                for r in conn.execute(self.sql.project_find, params)
+            ]
+            if later:
+                conn.execute(self.sql.project_set, later)
+            return [int(x["id"]) for x in later]
+
+        return Op(Lane.DEFAULT, body=body)
+
+    def rate_release(self, rates: Sequence[str], now: int | None) -> Op[list[int]]:
+        params = {"rates": json.dumps(sorted(set(rates))), "now": now}
+        return Op(
+            Lane.DEFAULT,
+            body=lambda conn: [int(r.id) for r in conn.execute(self.sql.release_rates, params)],
+        )
+
     def message_take(self, queues: Sequence[str], limit: int, now: int | None) -> Op[list[Message]]:
         params = {"queues": self.queues_param(queues), "limit": int(limit), "now": now}
 

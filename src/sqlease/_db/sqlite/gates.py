@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
-from sqlease._db.sqlite.dialect import NOW
+from sqlease._db.sqlite.dialect import GREATEST, NOW
 from sqlease._db.tables import Tables
 
 
@@ -67,4 +67,51 @@ def promote(t: Tables) -> TextClause:
         f"UPDATE {m} SET state = 'ready', reason = NULL WHERE id IN (SELECT p.id FROM {m} p "
         "WHERE p.state = 'parked' AND p.reason = 'gate' AND p.gate = :gate "
         "ORDER BY p.priority DESC, p.available_at_ms, p.id LIMIT :n) RETURNING id"
+    )
+
+
+def project_find(t: Tables) -> TextClause:
+    """Of the first ``:scan`` ready messages of ``:queue``, those held by a rate limit whose
+    turn (see sqlease._db.postgresql.gates.project_rates) is more than ``:horizon`` ms away,
+    with that time and their rate (given it by ``project_set``)."""
+    m = t.messages.name
+    first = (
+        f"SELECT m.id, m.priority, m.available_at_ms, {c.RATE} AS rate, "
+        f"{c.RATE_INTERVAL} AS ivl, {c.RATE_TAU} AS tau, {c.RATE_TAT} AS tat "
+        f"FROM {m} m {c.gate_joins(t)} WHERE m.state = 'ready' AND m.queue = :queue "
+        f"AND m.priority IN {c.ready_priorities(t, ':queue')} AND m.available_at_ms <= {NOW} "
+        f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
+        f"{c.ORDER} LIMIT :scan"
+    )
+    last = (
+        f"(SELECT max(w.available_at_ms) FROM {m} w WHERE w.state = 'ready' "
+        "AND w.reason = 'rate' AND w.rate_gate = x.rate)"
+    )
+    turns = (
+        f"SELECT f.id, f.rate, f.ivl, {GREATEST}(COALESCE(f.tat, 0), {NOW}) - f.tau + "
+        "(row_number() OVER (PARTITION BY f.rate ORDER BY f.priority DESC, "
+        "f.available_at_ms, f.id) - 1) * f.ivl AS turn "
+        f"FROM ({first}) f WHERE f.rate IS NOT NULL"
+    )
+    later = (
+        f"SELECT x.id, x.rate, {GREATEST}(x.turn, COALESCE({last} + row_number() OVER "
+        "(PARTITION BY x.rate ORDER BY x.turn) * x.ivl, 0)) AS due "
+        f"FROM ({turns}) x WHERE x.turn > {NOW} + :horizon"
+    )
+    return text(f"SELECT s.id, s.rate, s.due FROM ({later}) s")
+
+
+def project_set(t: Tables) -> TextClause:
+    return text(
+        f"UPDATE {t.messages.name} SET available_at_ms = {GREATEST}(available_at_ms, :due), "
+        "reason = 'rate', rate_gate = :rate WHERE id = :id AND state = 'ready'"
+    )
+
+
+def release_rates(t: Tables) -> TextClause:
+    m = t.messages.name
+    return text(
+        f"UPDATE {m} SET available_at_ms = min(available_at_ms, {NOW}), reason = NULL "
+        "WHERE state = 'ready' AND reason = 'rate' "
+        "AND rate_gate IN (SELECT value FROM json_each(:rates)) RETURNING id"
     )

@@ -106,7 +106,7 @@ def claim(t: Tables, *, single_queue: bool) -> TextClause:
         f"lease_expires_at_ms = CASE WHEN {x} THEN NULL "
         f"ELSE {NOW} + :lease_ms END, "
         f"state = CASE WHEN {x} THEN 'dead' ELSE 'ready' END, "
-        f"reason = CASE WHEN {x} THEN 'attempts_exhausted' ELSE reason END, "
+        f"reason = CASE WHEN {x} THEN 'attempts_exhausted' ELSE NULLIF(reason, 'rate') END, "
         f"gate = CASE WHEN {x} THEN gate ELSE y.cgate END, "
         f"rate_gate = CASE WHEN {x} THEN rate_gate ELSE y.crate END, "
         f"attempt = CASE WHEN {x} THEN attempt ELSE attempt + 1 END "

@@ -162,11 +162,13 @@ class AdminViews:
         )
         return {
             "queued": or_(
-                and_(idle, m.c.available_at_ms <= now),
+                and_(idle, or_(m.c.available_at_ms <= now, m.c.reason == "rate")),
                 # behind its run, or at its full gate
                 and_(m.c.state == "parked", m.c.reason.in_(("run", "gate"))),
             ),
-            "scheduled": and_(idle, m.c.available_at_ms > now),
+            "scheduled": and_(
+                idle, m.c.available_at_ms > now, or_(m.c.reason.is_(None), m.c.reason != "rate")
+            ),
             "running": live,
             "waiting_input": and_(m.c.state == "parked", m.c.reason == "waiting_input"),
             "waiting_approval": and_(m.c.state == "parked", m.c.reason == "waiting_approval"),
