@@ -24,7 +24,6 @@ from typing import Any
 from urllib.parse import urlencode
 
 from asgiref.sync import async_to_sync
-from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, RawPostDataException
 from django.middleware.csrf import get_token
@@ -134,6 +133,9 @@ def _forward(app: Any, scope: dict[str, Any], body: bytes) -> HttpResponse:
 @csrf_protect
 def dashboard(request: HttpRequest, path: str = "") -> HttpResponse:
     """Every page and action of the dashboard, for staff who are signed in."""
+    # Imported here: Django's auth models load only once the project's apps are ready.
+    from django.contrib.auth.views import redirect_to_login
+
     user = request.user
     if not user.is_authenticated:
         return redirect_to_login(request.get_full_path())
