@@ -176,3 +176,30 @@ def test_read_only_and_bad_settings(store: Store, admin: Admin) -> None:
     for name, value in bad.items():
         with override_settings(**{name: value}), pytest.raises(ConfigurationError, match=name):
             staff.get(f"{ROOT}/")
+
+
+def test_under_django_asgi(store: Store, admin: Admin) -> None:
+    """Served by Django's ASGI handler (the view runs in Django's sync thread and forwards
+    to the dashboard's own event loop): pages and a CSRF-checked action."""
+    import asyncio
+
+    from django.test import AsyncClient
+
+    store.enqueue("celery", "{}", task_id="a1", task_name="shop.ship")
+    user = _user(staff=True)
+
+    async def visit() -> tuple[Any, Any]:
+        client = AsyncClient(enforce_csrf_checks=True)
+        await client.aforce_login(user)
+        listed = await client.get(f"{ROOT}/tasks")
+        confirm = await client.get(f"{ROOT}/task/do", {"id": "a1", "action": "cancel"})
+        html = confirm.content.decode()
+        fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', html))
+        done = await client.post(f"{ROOT}/task/do", fields)
+        return listed, done
+
+    listed, done = asyncio.run(visit())
+    assert listed.status_code == 200 and _rows(listed.content.decode()) == ["a1"]
+    assert done.status_code == 303
+    assert admin.task("a1").state == "cancelled"
+    assert admin.task("a1").events[-1]["kind"] == "cancelled"
