@@ -266,7 +266,7 @@ class TaskReads:
         if state is not None and state not in TASK_STATES:
             raise ValueError(f"unknown state {state!r}; one of {', '.join(TASK_STATES)}")
         if state is None and queue is None and run_id is None:
-            return self._recent(limit, before)
+            return self.recent(limit, before)
         if before is not None:
             raise ValueError("a page cursor (before) pages the unfiltered list only")
         if state == "succeeded":
@@ -306,9 +306,11 @@ class TaskReads:
                     break
         return found
 
-    def _recent(self, limit: int, before: str | None) -> list[TaskSnapshot]:
+    def recent(self, limit: int, before: str | None, **filters: Any) -> list[TaskSnapshot]:
+        """A page of task records (``sqlease.admin._recent.read_page``'s filters), each
+        with the state its latest message or its result says."""
         now = self._now()
-        page = read_page(self.store, self.t, limit, before)
+        page = read_page(self.store, self.t, limit, before, **filters)
         found = []
         for row in page.rows:
             message = page.messages.get(row.task_id)
