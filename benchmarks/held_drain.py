@@ -14,6 +14,11 @@ start to the last's, counted by UDP datagrams as in ``celery_bench.py``).
   running heads are in the claim index, as every running task is.
 - **runs_waiting**: the same, with each head then waiting for a person (parked, as
   ``ctx.wait_for_input`` leaves it): nothing of ``held`` is in the claim index.
+- **gate**: ``--held`` messages (default 20,000) on ``held`` behind a queue concurrency
+  limit of 1 whose place another worker holds (a lease of an hour): the worker's sweep
+  parks them at the full gate, within a second of its first claim.
+- **rate**: the same behind a queue rate limit of 1/h whose one delivery is spent: the
+  sweep gives each its turn as its due time.
 
 Reported: drain/s per scenario and round, and the median over rounds of each round's ratio
 to ``none`` (target 0.8). JSON in ``benchmarks/results/held-drain-<date>.json``.
@@ -68,6 +73,23 @@ def fill_runs(store: Store, runs: int, waiting: int, *, heads_wait: bool = False
                     store.park(message.fence, "waiting_input")
 
 
+def fill_held(store: Store, held: int, by: str) -> None:
+    for start in range(0, held, BATCH):
+        store.enqueue_many(
+            [
+                NewMessage("held", "{}", task_id=str(uuid.uuid4()))
+                for _ in range(min(BATCH, held - start))
+            ]
+        )
+    if by == "rate":
+        store.set_rate_limits({"queue:held": "1/h"})
+    else:
+        store.set_limits({"queue:held": 1})
+    first = store.claim(["held"], "holder", lease_ms=3_600_000, limit=5)
+    if len(first) != 1:
+        raise RuntimeError(f"the {by} limit let {len(first)} messages through, not 1")
+
+
 def drain(url: str, prefix: str, tasks: int, counter: Counter, log: Path) -> float:
     env = dict(
         os.environ,
@@ -105,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=2_222)
     parser.add_argument("--waiting", type=int, default=9)
+    parser.add_argument("--held", type=int, default=20_000)
     parser.add_argument("--scenarios", default="none,runs")
     parser.add_argument("--pg", default=DEFAULT_PG)
     parser.add_argument("--output", type=Path, default=None)
@@ -124,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                     if scenario in ("runs", "runs_waiting"):
                         heads_wait = scenario == "runs_waiting"
                         fill_runs(store, args.runs, args.waiting, heads_wait=heads_wait)
+                    elif scenario in ("gate", "rate"):
+                        fill_held(store, args.held, scenario)
                     store.engine.dispose()
                     print(f"[{rnd + 1}/{args.rounds}] {backend} {scenario}", file=sys.stderr)
                     rate = drain(url, prefix, args.tasks, counter, Path(tmp) / "worker.log")
