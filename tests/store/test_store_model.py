@@ -51,6 +51,8 @@ CLAIM_ARGS = {
 _prefixes = itertools.count()
 
 
+#: The sweep's scan and the rate's horizon (sqlease._core.leases).
+PARK_SCAN, HORIZON = 2000, 2000
 #: Concurrency keys and their limits (None: no key).
 KEYS = (None, None, None, ("k1", 1), ("k2", 2))
 NewSpec = tuple[str, str | None, int, int, int | None, tuple[str, int] | None]
@@ -88,6 +90,10 @@ class ModelMessage:
     owner: str | None = None
     expires: int | None = None
     attempt: int = 0
+    #: The gate it was last claimed under or parked at, and the rate that gave it its turn
+    #: (the ``gate`` and ``rate_gate`` columns: promotion and the sweep read them).
+    gate: str | None = None
+    rate_gate: str | None = None
 
     def row(self) -> tuple[Any, ...]:
         return (
@@ -310,6 +316,82 @@ class StoreMachine(RuleBasedStateMachine):
         )
         self.expected_events.append((mid, 0, "enqueued"))
 
+    def _gates_go_on(self, gates: Iterable[str | None]) -> None:
+        """Places of these gates were freed: the best messages parked at each are made
+        ready, as many as it has room for (its limit, less its live leases and its ready
+        messages already claimed or parked under it and not yet taken)."""
+        now = self.now
+        for gate in sorted({g for g in gates if g is not None}):
+            waiting = sorted(
+                (
+                    m
+                    for m in self.msgs.values()
+                    if (m.state, m.reason, m.gate) == ("parked", "gate", gate)
+                ),
+                key=ModelMessage.order,
+            )
+            if not waiting:
+                continue
+            key = waiting[0].key
+            assert key is not None
+            ready = sum(
+                1
+                for m in self.msgs.values()
+                if m.gate == gate
+                and m.state == "ready"
+                and m.available_at <= now
+                and (m.expires is None or m.expires <= now)
+            )
+            room = max(0, key[1] - self.running(key[0]) - ready)
+            for m in waiting[:room]:
+                m.state, m.reason = "ready", None
+
+    def _sweep_queue(self, queue: str) -> None:
+        now = self.now
+
+        def front() -> list[ModelMessage]:
+            return sorted(
+                (
+                    m
+                    for m in self.msgs.values()
+                    if m.queue == queue
+                    and m.state == "ready"
+                    and m.available_at <= now
+                    and (m.expires is None or m.expires <= now)
+                ),
+                key=ModelMessage.order,
+            )[:PARK_SCAN]
+
+        for m in front():  # at a full gate: parked there
+            if m.key is not None and self.running(m.key[0]) >= m.key[1]:
+                m.state, m.reason, m.gate = "parked", "gate", f"key:{m.key[0]}"
+        ivl = self.rate_interval
+        if queue != RATE_QUEUE or ivl is None:
+            return
+        rate = f"queue:{RATE_QUEUE}"
+        given = [
+            m.available_at
+            for m in self.msgs.values()
+            if (m.state, m.reason, m.rate_gate) == ("ready", "rate", rate)
+        ]
+        last = max(given) if given else None
+        start = max(self.rate_tat or 0, now)
+        later = [
+            (m, start + k * ivl) for k, m in enumerate(front()) if start + k * ivl > now + HORIZON
+        ]
+        for rank, (m, turn) in enumerate(later, start=1):
+            due = max(turn, 0 if last is None else last + rank * ivl)
+            m.available_at = max(m.available_at, due)
+            m.reason, m.rate_gate = "rate", rate
+
+    @rule(queues=CLAIM_ARGS["queues"])
+    def sweep(self, queues: tuple[str, ...]) -> None:
+        """A worker's sweep: the messages at the front of its queues whose gate is full are
+        parked there; those queue c's rate holds beyond the horizon get their turn."""
+        for queue in dict.fromkeys(queues):
+            self._sweep_queue(queue)
+        self.store.park_held(list(queues))
+
     def _run_goes_on(self, run_id: str | None) -> None:
         """A message left its run: the run's head, if it waits parked, is made ready."""
         if run_id is None:
@@ -374,6 +456,10 @@ class StoreMachine(RuleBasedStateMachine):
                 else:
                     m.attempt += 1
                     m.owner, m.expires = worker, now + lease_ms
+                    m.gate = None if m.key is None else f"key:{m.key[0]}"
+                    m.rate_gate = f"queue:{RATE_QUEUE}" if m.queue == RATE_QUEUE else None
+                    if m.reason == "rate":  # a claim clears a rate's turn
+                        m.reason = None
                     expected.append(m)
                     self.expected_events.append((m.id, m.attempt, "claimed"))
             if rated and self.rate_interval is not None:
@@ -472,11 +558,14 @@ class StoreMachine(RuleBasedStateMachine):
         assert got == {f.message_id for f in live}
         if not live:
             assert got == set()
+        freed = []
         for f in live:
             m = self.msgs.pop(f.message_id)
             self._run_goes_on(m.run_id)
             self.acked.add(m.id)
             self.expected_events.append((m.id, m.attempt, "acked"))
+            freed.append(m.gate)
+        self._gates_go_on(freed)
         self.forget(fs)
         assert self.snapshot(watch) == before
 
@@ -506,6 +595,7 @@ class StoreMachine(RuleBasedStateMachine):
                 m.available_at = self.now + delay_ms
             m.max_attempts += int(refund)
             self.expected_events.append((m.id, m.attempt, "released"))
+        self._gates_go_on(self.msgs[f.message_id].gate for f in live)
         self.forget(fs)
         assert self.snapshot(watch) == before
 
@@ -599,6 +689,10 @@ class StoreMachine(RuleBasedStateMachine):
             self.store.set_rate_limits({f"queue:{RATE_QUEUE}": rate})
         if RATES[rate] != self.rate_interval:
             self.rate_interval, self.rate_tat = RATES[rate], None
+            # The turns it gave are void: due again (now, or their own later due time).
+            for m in self.msgs.values():
+                if (m.state, m.reason) == ("ready", "rate"):
+                    m.available_at, m.reason = min(m.available_at, self.now), None
 
     @rule(ms=st.sampled_from([1, 250, 999, 1_000, 1_001, 2_500, 5_000]))
     def advance_clock(self, ms: int) -> None:
@@ -644,7 +738,9 @@ class StoreMachine(RuleBasedStateMachine):
         assert {m["state"] for m in messages} <= {"ready", "parked", "dead"}
         # Parked only behind its run, and never a run's head: nothing waits with room to run.
         for m in messages:
-            if m["state"] == "parked":
+            if m["state"] == "parked" and m["reason"] == "gate":
+                assert m["gate_key"] is not None, m  # only a key's gate is full here
+            elif m["state"] == "parked":
                 assert m["reason"] == "run", m
                 assert any(
                     o["run_id"] == m["run_id"]
