@@ -76,6 +76,47 @@ def publish_each(
     return ids
 
 
+#: At most this many rows in one statement of a batch publish (``publish_batch``). The
+#: statements bind each column as one array (PostgreSQL) or the rows as one JSON text
+#: (SQLite), so no batch meets a bind-parameter limit (SQLite's 32,766, PostgreSQL's 65,535);
+#: a larger batch is split into several statements in the same transaction all the same, so
+#: that one statement's text and plan stay of a bounded size.
+BATCH_ROWS = 5000
+
+
+def batch_row(row: Mapping[str, Any]) -> bool:
+    """A checked row the batch statement inserts: one with no run (its parking reads the
+    run's earlier members, row by row), no uniqueness key (admitted one by one under the
+    key's lock) and no concurrency key. Any other row is published by the single publish's
+    statement, in its place in the same transaction."""
+    return row["run_id"] is None and row["unique_key"] is None and row["gate_key"] is None
+
+
+def publish_batch(
+    rows: Sequence[Mapping[str, Any]],
+    bulk: Callable[[Sequence[Mapping[str, Any]]], list[int]],
+    one: Callable[[Mapping[str, Any]], int],
+) -> list[int]:
+    """The ids of ``rows`` published in order, in the caller's transaction: runs of
+    consecutive batch rows (``batch_row``, at most ``BATCH_ROWS`` each) by ``bulk``, each
+    other row by ``one`` where it stands, so ids (the enqueue order) follow the list."""
+    ids: list[int] = []
+    plain: list[Mapping[str, Any]] = []
+    for row in rows:
+        if batch_row(row):
+            plain.append(row)
+            if len(plain) < BATCH_ROWS:
+                continue
+        if plain:
+            ids.extend(bulk(plain))
+            plain = []
+        if not batch_row(row):
+            ids.append(one(row))
+    if plain:
+        ids.extend(bulk(plain))
+    return ids
+
+
 class Lane(enum.Enum):
     """Which pool, and so which commit level, an op runs on. A one-statement op runs in
     autocommit on its lane; a transaction on ``DEFAULT`` runs through SQLAlchemy (it may

@@ -46,6 +46,7 @@ from sqlease._db.postgresql.dialect import (
 from sqlease._db.postgresql.direct import NONBLOCKING, DirectLane
 from sqlease._db.postgresql.lanes import KeptLine, LaneRunner, build_lanes
 from sqlease._db.postgresql.listener import PostgresListener
+from sqlease._db.postgresql.messages import BATCH_COLUMNS
 from sqlease._db.postgresql.results import result_params
 from sqlease._db.rows import (
     Acked,
@@ -241,6 +242,13 @@ class PostgresDriver(Driver):
 
         # A unique task's admission is a few statements more: never in autocommit.
         return Op(Lane.PUBLISH, body=body, statements=len(rows) + (2 if admit else 0))
+
+    def publish_bulk(
+        self, conn: Connection, rows: Sequence[Mapping[str, Any]], now: int | None
+    ) -> list[int]:
+        params: dict[str, Any] = {name: [r[name] for r in rows] for name in BATCH_COLUMNS}
+        params.update(now=now, channel=self.wakeup_channel)
+        return [int(row[0]) for row in conn.execute(self.sql.enqueue_batch, params)]
 
     def _publish_statement(self, row: Mapping[str, Any]) -> Any:
         """The publish with the handoff lookup only for a message an idle worker's offer could

@@ -123,6 +123,47 @@ def enqueue(t: Tables) -> TextClause:
     )
 
 
+#: The columns of a batch publish, each bound as one array (``enqueue_batch``).
+BATCH_COLUMNS = {
+    "queue": "TEXT",
+    "payload": "TEXT",
+    "priority": "SMALLINT",
+    "delay_ms": "BIGINT",
+    "task_id": "TEXT",
+    "max_attempts": "INTEGER",
+    "task_name": "TEXT",
+    "group_id": "TEXT",
+    "record": "BOOLEAN",
+}
+
+
+def enqueue_batch(t: Tables) -> TextClause:
+    """Publish many messages (no run, no uniqueness or concurrency key: ``ops.batch_row``)
+    in one statement, their ``enqueued`` events and task rows with them; their ids in the
+    order given. Each column is one array (no bind-parameter limit). The ids are drawn first
+    and numbered in their own order, so the enqueue order follows the list whatever order
+    the sequence gives them in. No handoff (one offer takes one message; the rest would wait
+    for the claim anyway); each queue is notified once, at commit."""
+    m = t.messages.name
+    arrays = ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in BATCH_COLUMNS.items())
+    names = ", ".join(BATCH_COLUMNS)
+    return text(
+        f"WITH src AS (SELECT * FROM unnest({arrays}) WITH ORDINALITY AS s({names}, n)), "
+        "ids AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM "
+        f"(SELECT nextval(pg_get_serial_sequence('{m}', 'id')) AS id FROM src) x), "
+        "r AS (SELECT ids.id, src.* FROM src JOIN ids ON ids.n = src.n), "
+        f"ins AS (INSERT INTO {m} (id, {c.INSERT_COLS}) SELECT id, queue, payload, priority, "
+        f"{NOW} + GREATEST(delay_ms, 0), {NOW}, NULL, task_id, 'ready', 0, max_attempts, "
+        "task_name, NULL, NULL FROM r ORDER BY id), "
+        f"e AS (INSERT INTO {t.events.name} (task_id, message_id, attempt, kind, data, at_ms) "
+        f"SELECT task_id, id, 0, 'enqueued', NULL, {NOW} FROM r WHERE record ORDER BY id), "
+        f"{task_rows.publish_batch_cte(t, NOW, 'r')}, "
+        "wake AS (SELECT count(pg_notify(CAST(:channel AS TEXT), q.queue)) AS woken "
+        "FROM (SELECT DISTINCT queue FROM src) q) "
+        "SELECT r.id FROM r CROSS JOIN wake ORDER BY r.n"
+    )
+
+
 def take(t: Tables) -> TextClause:
     """As the claim: each queue read in index order, then the best ``:limit`` of them (a
     backlog of events in one queue must not make each fetch sort it)."""

@@ -23,6 +23,26 @@ def enqueue(t: Tables) -> TextClause:
     )
 
 
+#: The fields of each row of a batch publish, in order (``enqueue_batch``'s JSON arrays).
+BATCH_FIELDS = ("queue", "payload", "priority", "delay_ms", "task_id", "max_attempts", "task_name")
+
+
+def enqueue_batch(t: Tables) -> TextClause:
+    """Publish many messages (no run, no uniqueness or concurrency key: ``ops.batch_row``)
+    in one statement, from one JSON array of rows (no bind-parameter limit), in the order
+    given: under the one write lock their ids grow in that order. Their events and task rows
+    are the caller's, in the same transaction."""
+    fields = ", ".join(
+        f"json_extract(value, '$[{i}]') AS {name}" for i, name in enumerate(BATCH_FIELDS)
+    )
+    return text(
+        f"INSERT INTO {t.messages.name} ({c.INSERT_COLS}) "
+        f"SELECT queue, payload, priority, {NOW} + max(delay_ms, 0), {NOW}, NULL, task_id, "
+        "'ready', 0, max_attempts, task_name, NULL, NULL "
+        f"FROM (SELECT {fields}, key FROM json_each(:rows)) ORDER BY key RETURNING id"
+    )
+
+
 def take(t: Tables) -> TextClause:
     return c.take(
         t,
