@@ -36,6 +36,7 @@ from sqlease._db.driver import (
     by_owner,
     publish_each,
 )
+from sqlease._db.ops import batch_json
 from sqlease._db.postgresql import PgStatements, pooler, statements
 from sqlease._db.postgresql.dialect import (
     DEAD_OFFER_AFTER_MS,
@@ -46,7 +47,6 @@ from sqlease._db.postgresql.dialect import (
 from sqlease._db.postgresql.direct import NONBLOCKING, DirectLane
 from sqlease._db.postgresql.lanes import KeptLine, LaneRunner, build_lanes
 from sqlease._db.postgresql.listener import PostgresListener
-from sqlease._db.postgresql.messages import BATCH_COLUMNS
 from sqlease._db.postgresql.results import result_params
 from sqlease._db.rows import (
     Acked,
@@ -246,8 +246,7 @@ class PostgresDriver(Driver):
     def publish_bulk(
         self, conn: Connection, rows: Sequence[Mapping[str, Any]], now: int | None
     ) -> list[int]:
-        params: dict[str, Any] = {name: [r[name] for r in rows] for name in BATCH_COLUMNS}
-        params.update(now=now, channel=self.wakeup_channel)
+        params = {"rows": batch_json(rows), "now": now, "channel": self.wakeup_channel}
         return [int(row[0]) for row in conn.execute(self.sql.enqueue_batch, params)]
 
     def _publish_statement(self, row: Mapping[str, Any]) -> Any:

@@ -6,6 +6,7 @@ from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
 from sqlease._db import task_rows
+from sqlease._db.ops import BATCH_FIELDS
 from sqlease._db.postgresql import held
 from sqlease._db.postgresql.dialect import NOW, each_queue, one_of_ids
 from sqlease._db.tables import Tables
@@ -123,32 +124,22 @@ def enqueue(t: Tables) -> TextClause:
     )
 
 
-#: The columns of a batch publish, each bound as one array (``enqueue_batch``).
-BATCH_COLUMNS = {
-    "queue": "TEXT",
-    "payload": "TEXT",
-    "priority": "SMALLINT",
-    "delay_ms": "BIGINT",
-    "task_id": "TEXT",
-    "max_attempts": "INTEGER",
-    "task_name": "TEXT",
-    "group_id": "TEXT",
-    "record": "BOOLEAN",
-}
-
-
 def enqueue_batch(t: Tables) -> TextClause:
     """Publish many messages (no run, no uniqueness or concurrency key: ``ops.batch_row``)
     in one statement, their ``enqueued`` events and task rows with them; their ids in the
-    order given. Each column is one array (no bind-parameter limit). The ids are drawn first
+    order given. The rows are one JSON parameter (``ops.batch_json``). The ids are drawn first
     and numbered in their own order, so the enqueue order follows the list whatever order
     the sequence gives them in. No handoff (one offer takes one message; the rest would wait
     for the claim anyway); each queue is notified once, at commit."""
     m = t.messages.name
-    arrays = ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in BATCH_COLUMNS.items())
-    names = ", ".join(BATCH_COLUMNS)
+    types = ("TEXT", "TEXT", "SMALLINT", "BIGINT", "TEXT", "INTEGER", "TEXT", "TEXT", "BOOLEAN")
+    fields = ", ".join(
+        f"CAST(v ->> {i} AS {kind}) AS {name}"
+        for i, (name, kind) in enumerate(zip(BATCH_FIELDS, types, strict=True))
+    )
     return text(
-        f"WITH src AS (SELECT * FROM unnest({arrays}) WITH ORDINALITY AS s({names}, n)), "
+        f"WITH src AS (SELECT {fields}, n FROM "
+        "jsonb_array_elements(CAST(:rows AS JSONB)) WITH ORDINALITY AS s(v, n)), "
         "ids AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM "
         f"(SELECT nextval(pg_get_serial_sequence('{m}', 'id')) AS id FROM src) x), "
         "r AS (SELECT ids.id, src.* FROM src JOIN ids ON ids.n = src.n), "

@@ -32,12 +32,12 @@ from sqlease._db.driver import (
     event_params,
     publish_each,
 )
+from sqlease._db.ops import batch_json
 from sqlease._db.rows import Acked, row_to_message
 from sqlease._db.sqlite import SqliteStatements, statements
 from sqlease._db.sqlite.dialect import CAPABILITIES
 from sqlease._db.sqlite.direct import DirectTransactions
 from sqlease._db.sqlite.fork_guard import sqlite_section
-from sqlease._db.sqlite.messages import BATCH_FIELDS
 from sqlease._db.sqlite.watcher import SqliteWatcher
 from sqlease._db.tables import Tables
 from sqlease._db.wakeup import Waker
@@ -230,7 +230,7 @@ class SqliteDriver(Driver):
     def publish_bulk(
         self, conn: Connection, rows: Sequence[Mapping[str, Any]], now: int | None
     ) -> list[int]:
-        params = {"rows": json.dumps([[r[f] for f in BATCH_FIELDS] for r in rows]), "now": now}
+        params = {"rows": batch_json(rows), "now": now}
         # One writer, the rows inserted in the list's order: the ids, sorted, are the list's.
         ids = sorted(int(row[0]) for row in conn.execute(self.sql.enqueue_batch, params))
         pairs = zip(rows, ids, strict=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
+from sqlease._db.ops import BATCH_FIELDS
 from sqlease._db.sqlite import held
 from sqlease._db.sqlite.dialect import NOW, QUEUES_IN
 from sqlease._db.tables import Tables
@@ -23,17 +24,13 @@ def enqueue(t: Tables) -> TextClause:
     )
 
 
-#: The fields of each row of a batch publish, in order (``enqueue_batch``'s JSON arrays).
-BATCH_FIELDS = ("queue", "payload", "priority", "delay_ms", "task_id", "max_attempts", "task_name")
-
-
 def enqueue_batch(t: Tables) -> TextClause:
     """Publish many messages (no run, no uniqueness or concurrency key: ``ops.batch_row``)
-    in one statement, from one JSON array of rows (no bind-parameter limit), in the order
+    in one statement, from one JSON array of rows (``ops.batch_json``), in the order
     given: under the one write lock their ids grow in that order. Their events and task rows
     are the caller's, in the same transaction."""
     fields = ", ".join(
-        f"json_extract(value, '$[{i}]') AS {name}" for i, name in enumerate(BATCH_FIELDS)
+        f"json_extract(value, '$[{i}]') AS {name}" for i, name in enumerate(BATCH_FIELDS[:7])
     )
     return text(
         f"INSERT INTO {t.messages.name} ({c.INSERT_COLS}) "
