@@ -8,7 +8,9 @@ Brokers:
   then a single publish, one commit each, the single publish's unchanged path);
 - ``redis``; ``rabbitmq``; ``rabbitmq-confirm`` (publisher confirms:
   ``broker_transport_options={"confirm_publish": True}``, each publish waits for the broker's
-  confirmation, as each sqlease publish waits for its commit).
+  confirmation, as each sqlease publish waits for its commit);
+- ``memory``: Kombu's in-memory transport, no broker at all: what Celery itself costs to
+  build and publish the group's messages, the floor under every broker's time.
 
 Each round runs every broker once, in a rotated order (rounds alternate), each in a process of
 its own, on a fresh database (PostgreSQL: a new database per measurement; SQLite: a new file;
@@ -47,6 +49,7 @@ BROKERS = [
     "redis",
     "rabbitmq",
     "rabbitmq-confirm",
+    "memory",
 ]
 
 #: (ratio name, numerator: the slower one's time, denominator: sqlease's time)
@@ -59,6 +62,10 @@ RATIOS = [
     ("sqlite_vs_redis", "redis", "sqlease-sqlite"),
     ("sqlite_vs_rabbitmq", "rabbitmq", "sqlease-sqlite"),
     ("sqlite_vs_rabbitmq_confirm", "rabbitmq-confirm", "sqlease-sqlite"),
+    # Below 1: how close to Celery's own cost (the memory transport's time) sqlease comes.
+    ("floor_vs_pg", "memory", "sqlease-pg"),
+    ("floor_vs_sqlite", "memory", "sqlease-sqlite"),
+    ("floor_vs_redis", "memory", "redis"),
 ]
 
 
@@ -133,6 +140,8 @@ def fresh(name: str, tmp: Path, round_no: int) -> tuple[str, str, Any]:
     if name.startswith("sqlease-sqlite"):
         path = tmp / f"{name}-{round_no}-{uuid.uuid4().hex[:6]}.db"
         return f"sqlease+sqlite:///{path}", queue, lambda: None
+    if name == "memory":
+        return "memory://", queue, lambda: None
     if name == "redis":
         import redis
 
