@@ -44,10 +44,26 @@ def _configure(sqlite_file: Path, pg_url: str | None) -> None:
             "PORT": str(url.port or ""),
         }
     settings.configure(
-        INSTALLED_APPS=["django.contrib.contenttypes", "django_tasks", "sqlease.contrib.django"],
+        INSTALLED_APPS=[
+            "django.contrib.contenttypes",
+            "django.contrib.auth",
+            "django_tasks",
+            "sqlease.contrib.django",
+        ],
         DATABASES=databases,
         USE_TZ=True,
         SQLEASE_DATABASE="sqlite",
+        # The dashboard's tests (test_dashboard.py): sign-in, sessions in signed cookies (no
+        # table), CSRF, and a URLconf that includes sqlease.contrib.django.urls.
+        SECRET_KEY="tests-only",
+        SESSION_ENGINE="django.contrib.sessions.backends.signed_cookies",
+        MIDDLEWARE=[
+            "django.contrib.sessions.middleware.SessionMiddleware",
+            "django.middleware.csrf.CsrfViewMiddleware",
+            "django.contrib.auth.middleware.AuthenticationMiddleware",
+        ],
+        ROOT_URLCONF="contrib_django.dashboard_urls",
+        ALLOWED_HOSTS=["testserver", "127.0.0.1"],
     )
     django.setup()
 

@@ -251,6 +251,8 @@ def test_the_flow_migration_upgrades_the_schema_before_it(
     version = MIGRATIONS.index(_migration_flow_control)  # the schema before flow control
     with old.engine.begin() as conn:
         conn.execute(text(f"DROP INDEX {old.tables.prefix}messages_gate_ix"))
+        conn.execute(text(f"DROP INDEX {old.tables.prefix}messages_gate_wait_ix"))  # v13
+        conn.execute(text(f"DROP INDEX {old.tables.prefix}messages_rate_wait_ix"))  # v13
         for column in ("task_name", "gate_key", "gate_limit", "gate", "rate_gate"):
             conn.execute(text(f"ALTER TABLE {m} DROP COLUMN {column}"))
         conn.execute(text(f"DROP TABLE {old.tables.slots.name}"))

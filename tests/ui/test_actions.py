@@ -288,3 +288,39 @@ def test_metrics_without_and_with_sqlease_metrics(
     assert page.status_code == 200 and "sqlease_test_value 7.0" in page.text
     assert page.headers["content-type"].startswith("text/plain")
     assert seen == [admin]
+
+
+def test_a_host_sign_in_in_the_scope_counts_only_for_an_app_built_for_a_host(
+    store: Store, admin: Admin
+) -> None:
+    """The Django dashboard tells the app in the ASGI scope that Django signed the user in
+    and checked CSRF; a standalone dashboard ignores that key, so nothing can borrow it."""
+    from sqlease.ui._app import build
+    from sqlease.ui._auth import HOST_KEY, HostAuth
+
+    enqueue(store, "t")
+    host = HostAuth(user="boss", csrf_field="csrfmiddlewaretoken", csrf="c" * 32)
+
+    def claiming(app: Any) -> Any:
+        async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+            await app(scope | {HOST_KEY: host}, receive, send)
+
+        return wrapped
+
+    options: dict[str, Any] = dict(read_only=False, root_path="", redact_args=False)
+    standalone = build(admin, token=TOKEN, lease_seconds=60, **options)
+    with TestClient(claiming(standalone)) as c:
+        assert "log in to act" in c.get("/task?id=t").text
+        refused = c.post("/task/do", data={"id": "t", "action": "pause"})
+        assert refused.status_code == 403 and admin.task("t").state == "queued"
+    hosted = build(admin, token=None, lease_seconds=60, host_auth=True, **options)
+    with TestClient(hosted) as c:  # no host word: no CSRF check was made, nobody signed in
+        assert c.post("/task/do", data={"id": "t", "action": "pause"}).status_code == 403
+        assert c.get("/task/do?id=t&action=pause", follow_redirects=False).status_code == 303
+        assert admin.task("t").state == "queued"
+    with TestClient(claiming(hosted)) as c:
+        page = c.get("/task/do?id=t&action=pause").text
+        assert 'name="csrfmiddlewaretoken" value="' + "c" * 32 in page and "boss" in page
+        done = c.post("/task/do", data={"id": "t", "action": "pause"}, follow_redirects=False)
+        assert done.status_code == 303 and admin.task("t").state == "paused"
+        assert c.get("/login").status_code == 404

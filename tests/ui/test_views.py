@@ -131,17 +131,81 @@ def test_tasks_page_links_to_the_next_page(store: Store, client: TestClient) -> 
         enqueue(store, f"t{i:02}")
     html = client.get("/tasks").text
     assert html.count('data-task="') == 50
+    link = re.search(r'href="(/tasks\?[^"]*before=\d+%3At\d+)"', html)
+    assert link, "the list of every task pages by a record cursor"
+    rest = client.get(link.group(1).replace("&amp;", "&")).text
+    assert rest.count('data-task="') == 5 and "Older tasks" not in rest
+    # a state's list pages by message id
+    html = client.get("/tasks?state=queued").text
     link = re.search(r'href="(/tasks\?[^"]*before=\d+)"', html)
     assert link
     rest = client.get(link.group(1).replace("&amp;", "&")).text
-    assert rest.count('data-task="') == 5 and "Older tasks" not in rest
+    assert rest.count('data-task="') == 5
+    assert client.get("/tasks?before=12").status_code == 400
+    assert client.get("/tasks?state=queued&before=1%3At").status_code == 400
+
+
+def test_with_no_filter_every_recent_task_is_listed_newest_first(
+    store: Store, admin: Admin, client: TestClient, clock: FakeClock
+) -> None:
+    """Finished tasks have no message: the unfiltered list comes from the task records, so
+    succeeded, failed, cancelled, parked, running and queued tasks are all on it."""
+    results = ResultStore(store)
+    for task_id in ("ok", "boom", "gone", "held", "busy", "new"):
+        enqueue(store, task_id, name=f"shop.{task_id}")
+        clock.advance(1000)
+    for task_id, status in (("ok", "SUCCESS"), ("boom", "FAILURE")):
+        ctx = deliver(store)
+        assert ctx.task_id == task_id
+        meta = json.dumps({"status": status, "result": 1, "task_id": task_id}).encode()
+        results.put(f"celery-task-meta-{task_id}", meta, state=status, task_id=task_id)
+        store.ack([ctx.fence])
+    admin.cancel("gone")
+    admin.pause("held")
+    busy = deliver(store)
+    assert busy.task_id == "busy"
+    views = AdminViews(admin)
+    expected = [
+        ("new", "queued"),
+        ("busy", "running"),
+        ("held", "paused"),
+        ("gone", "cancelled"),
+        ("boom", "failed"),
+        ("ok", "succeeded"),
+    ]
+    page = views.task_page()
+    assert [(r.task_id, r.state) for r in page.rows] == expected
+    assert page.rows[1].lease_owner == "host-a:1:aa" and page.rows[5].name == "shop.ok"
+    # keyset pages by the record cursor, the same rows in the same order
+    walked, before = [], None
+    while True:
+        part = views.task_page(limit=4, before=before)
+        walked += [(r.task_id, r.state) for r in part.rows]
+        if part.next_before is None:
+            break
+        before = part.next_before
+    assert walked == expected
+    # the filters the task record answers
+    assert [r.task_id for r in views.task_page(name="shop.ok").rows] == ["ok"]
+    assert [r.task_id for r in views.task_page(search="boom").rows] == ["boom"]
+    # and a state filter still lists that state only
+    assert [r.task_id for r in views.task_page(state="paused").rows] == ["held"]
+    assert [r.task_id for r in views.task_page(state="succeeded").rows] == ["ok"]
+    html = client.get("/tasks").text
+    assert [re.findall(r'<tr data-task="([^"]+)">', html)] == [[t for t, _ in expected]]
+    assert 'class="state succeeded"' in html and 'class="state running"' in html
+    listed = client.get("/tasks?state=cancelled").text
+    assert re.findall(r'<tr data-task="([^"]+)">', listed) == ["gone"]
 
 
 def test_search_finds_a_finished_task(store: Store, client: TestClient) -> None:
     enqueue(store, "gone")
     ctx = deliver(store)
     store.ack([ctx.fence])
-    html = client.get("/tasks?q=gone").text
+    html = client.get("/tasks?q=gone").text  # on the list of every task, from its record
+    assert re.findall(r'<tr data-task="([^"]+)">', html) == ["gone"]
+    assert 'class="state succeeded"' in html
+    html = client.get("/tasks?state=queued&q=gone").text  # not queued: found elsewhere
     assert "has finished (succeeded)" in html and "/task?id=gone" in html
 
 
@@ -310,7 +374,7 @@ def test_a_failing_database_is_a_clear_page(tmp_path: Path) -> None:
         assert c.get("/").status_code == 200
         with store.engine.begin() as conn:
             conn.exec_driver_sql(f"DROP TABLE {store.tables.messages.name}")
-        page = c.get("/tasks")
+        page = c.get("/tasks?state=queued")
     assert page.status_code == 503
     assert "the database did not answer: no such table" in page.text
 

@@ -67,6 +67,8 @@ ADAPTER_EDGES = {
     ("cli", "metrics"),
     # ``manage.py sqlease …`` runs the command line on the Django project's database
     ("contrib", "cli"),
+    # the Django project serves the dashboard behind its own sign-in (contrib.django.dashboard)
+    ("contrib", "ui"),
 }
 FOREIGN = ("kombu", "celery", "billiard", "vine")
 

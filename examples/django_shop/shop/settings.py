@@ -9,7 +9,40 @@ HERE = Path(__file__).resolve().parent.parent
 SECRET_KEY = "example-only"
 DEBUG = False
 USE_TZ = True
-INSTALLED_APPS = ["sqlease.contrib.django", "shop"]
+ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+INSTALLED_APPS = [
+    # Django's admin and sign-in: the sqlease dashboard (shop/urls.py) is for signed-in staff
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "sqlease.contrib.django",
+    "shop",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "shop.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+# The dashboard sends visitors who are not signed in here (the admin's sign-in page).
+LOGIN_URL = "/admin/login/"
 try:
     import django.tasks  # noqa: F401  (Django 6: built in)
 except ImportError:

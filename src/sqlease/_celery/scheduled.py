@@ -68,6 +68,8 @@ def _from_database(consumer: Any, known: set[str]) -> list[dict[str, Any]]:
             m.c.queue.in_(queues),
             m.c.available_at_ms > now,
             or_(m.c.lease_expires_at_ms.is_(None), m.c.lease_expires_at_ms <= now),
+            # a rate limit's turn is no ETA (Celery keeps rate-limited tasks out of it too)
+            or_(m.c.reason.is_(None), m.c.reason != "rate"),
         )
         .order_by(m.c.available_at_ms, m.c.id)
         .limit(LIMIT)

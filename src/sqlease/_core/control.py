@@ -59,6 +59,7 @@ class Control:
         with self.store.driver.writing() as conn:
             rows = conn.execute(update(m).where(where).values(**values).returning(m)).fetchall()
             changed = [row_to_message(row) for row in rows]
+            gates = {row._mapping["gate"] for row in rows} - {None}
             if changed:  # their gate slots (PostgreSQL's; none on SQLite)
                 slots = self.t.slots
                 conn.execute(delete(slots).where(slots.c.message_id.in_([c.id for c in changed])))
@@ -72,13 +73,17 @@ class Control:
                     extra(conn, message)
         # A message that failed (cancelled) left its run: the run's next one goes on.
         self.store.promote_runs(m.run_id for m in changed if m.state == "dead" and m.run_id)
+        # A message that held a gate's place gave it up: the next ones parked there go on.
+        if gates:
+            self.store.promote_gates(gates)
         return changed
 
     def pause(self, task_id: str | None = None, *, run_id: str | None = None) -> list[Message]:
         m = self.t.messages
-        # A run's messages parked behind it are paused with it (resumed, they are ready
-        # again: the claim's head check keeps the run in order).
-        waiting = and_(m.c.state == "parked", m.c.reason == "run")
+        # A run's messages parked behind it, and messages parked at a full gate, are paused
+        # with it (resumed, they are ready again: the claim's head and gate checks keep the
+        # order and the limit; a sweep parks them again while the gate is full).
+        waiting = and_(m.c.state == "parked", m.c.reason.in_(("run", "gate")))
         return self.change(
             and_(self.targets(task_id, run_id), or_(m.c.state == "ready", waiting)),
             {

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import delete, select
 
 from sqlease._core.base import Aggregate
+from sqlease._core.leases import promote_gates
 from sqlease._db.retry import transient
 from sqlease.errors import ConfigurationError
 
@@ -135,14 +136,19 @@ class FlowLimits(Aggregate):
         checked = check_limits(limits)
         fl = self.tables.flow_limits
         stamp = self._stamp(now)
+        changed = list(checked)
         with self.driver.writing() as conn:
             if replace:
+                dropped = fl.c.name.notin_(list(checked)) & fl.c.concurrency.isnot(None)
+                changed += [r.name for r in conn.execute(select(fl.c.name).where(dropped))]
                 conn.execute(
                     fl.update().where(fl.c.name.notin_(list(checked))).values(concurrency=None)
                 )
             for name, limit in checked.items():
                 self._upsert(conn, name, {"concurrency": limit, "updated_at_ms": stamp})
             conn.execute(delete(fl).where(fl.c.concurrency.is_(None), fl.c.interval_ms.is_(None)))
+        # A limit raised or removed makes room at once for the messages parked at its gate.
+        promote_gates(self.driver, changed, self._now(now))
 
     @transient
     def set_rate_limits(
@@ -154,8 +160,11 @@ class FlowLimits(Aggregate):
         fl = self.tables.flow_limits
         stamp = self._stamp(now)
         none = {"interval_ms": None, "tau_ms": None, "tat_ms": None, "rate": None}
+        changed: list[str] = []
         with self.driver.writing() as conn:
             if replace:
+                dropped = fl.c.name.notin_(list(checked)) & fl.c.interval_ms.isnot(None)
+                changed += [r.name for r in conn.execute(select(fl.c.name).where(dropped))]
                 conn.execute(fl.update().where(fl.c.name.notin_(list(checked))).values(**none))
             current = {
                 r.name: r.interval_ms
@@ -177,14 +186,23 @@ class FlowLimits(Aggregate):
                         "updated_at_ms": stamp,
                     },
                 )
+                changed.append(name)
             conn.execute(delete(fl).where(fl.c.concurrency.is_(None), fl.c.interval_ms.is_(None)))
+        # Messages given their turn under a rate that changed are due again: the next sweep
+        # gives them their turn under the new one.
+        if changed:
+            self.driver.execute(self.driver.rate_release(changed, self._now(now)))
 
     @transient
     def remove_limit(self, name: str) -> bool:
         """Drop the concurrency and the rate limit named ``name``."""
         fl = self.tables.flow_limits
         with self.driver.writing() as conn:
-            return bool(conn.execute(delete(fl).where(fl.c.name == name)).rowcount)
+            removed = bool(conn.execute(delete(fl).where(fl.c.name == name)).rowcount)
+        if removed:  # its gate has no limit now: every message parked there goes
+            promote_gates(self.driver, [name], None)
+            self.driver.execute(self.driver.rate_release([name], None))
+        return removed
 
     @transient
     def limits(self) -> dict[str, int]:

@@ -72,9 +72,15 @@ def record_waits(conn: Connection, store: Store, now: int) -> int:
             m.c.id, m.c.task_id, m.c.attempt, m.c.queue, m.c.task_name, m.c.gate_key, m.c.gate_limit
         )
         .where(
-            m.c.state == "ready",
-            m.c.available_at_ms <= now,
-            or_(m.c.lease_expires_at_ms.is_(None), m.c.lease_expires_at_ms <= now),
+            or_(
+                and_(
+                    m.c.state == "ready",
+                    or_(m.c.available_at_ms <= now, m.c.reason == "rate"),
+                    or_(m.c.lease_expires_at_ms.is_(None), m.c.lease_expires_at_ms <= now),
+                ),
+                # parked at its full gate by a worker's sweep (sqlease._core.leases)
+                and_(m.c.state == "parked", m.c.reason == "gate"),
+            ),
             m.c.task_id.isnot(None),
             or_(*gated),
             ~told,

@@ -51,10 +51,28 @@ def promote_runs(driver: Driver, run_ids: Iterable[str], now: int | None) -> lis
     return driver.execute(driver.run_promote(runs, now)) if runs else []
 
 
+def promote_gates(driver: Driver, gates: Iterable[str | None], now: int | None) -> list[int]:
+    """Of each gate, as many messages parked there made ready as it has room for (its own
+    transaction, after the one that freed a place of it)."""
+    named = sorted({g for g in gates if g is not None})
+    return driver.execute(driver.gate_promote(named, now)) if named else []
+
+
 def promote_owed(driver: Driver, acked: Acked, now: int | None) -> Acked:
-    """The runs an ack or a transition could not judge get their heads made ready."""
+    """The runs an ack or a transition could not judge get their heads made ready; the
+    gates whose places it freed, their parked messages."""
     promote_runs(driver, acked.owed_runs, now)
+    promote_gates(driver, acked.owed_gates, now)
     return acked
+
+
+#: How many of a queue's first ready messages a sweep's statement looks at, and how many
+#: statements one sweep may run on a queue while each parks all it looked at.
+PARK_SCAN = 2000
+PARK_ROUNDS = 50
+#: A message whose rate limit lets it through within this many milliseconds stays due (a
+#: claim reads past it until then); a later one gets its turn as its due time.
+RATE_HORIZON_MS = 2000
 
 
 def _check_lease(lease_ms: int) -> None:
@@ -107,6 +125,40 @@ class Leases(Aggregate):
         runs = runs_left(exhausted)
         if runs:
             self.promote_runs(runs, now=now)
+
+    @transient
+    def promote_gates(self, gates: Iterable[str], *, now: int | None = None) -> list[int]:
+        """Of each gate, as many messages parked there made ready as it has room for (a
+        place freed by a statement that could not do it: ``Acked.owed_gates``, a limit
+        raised or removed, the maintenance pass's repair); the ids made ready."""
+        return promote_gates(self.driver, gates, self._now(now))
+
+    @transient
+    def park_held(
+        self, queues: Iterable[str], *, scan: int = PARK_SCAN, now: int | None = None
+    ) -> list[int]:
+        """The sweep: of the first ``scan`` ready messages of each queue, those whose gate is
+        full are parked at it, and those a rate limit holds for more than
+        ``RATE_HORIZON_MS`` get the time it lets them through as their due time: out of the
+        claim's way (a claim steps over every one of them otherwise). The ids. A worker runs
+        it about once a second while it claims."""
+        at = self._now(now)
+        parked: list[int] = []
+        for queue in dict.fromkeys(queues):
+            # A scan that was all parked may have more behind it: a deep backlog goes in one
+            # sweep, a statement of ``scan`` rows at a time.
+            for _ in range(PARK_ROUNDS):
+                ids: list[int] = self.driver.execute(self.driver.gate_park(queue, scan, at))
+                parked += ids
+                if len(ids) < scan:
+                    break
+            for _ in range(PARK_ROUNDS):
+                op = self.driver.rate_project(queue, scan, RATE_HORIZON_MS, at)
+                timed: list[int] = self.driver.execute(op)
+                parked += timed
+                if len(timed) < scan:
+                    break
+        return parked
 
     @transient
     def promote_runs(self, run_ids: Iterable[str], *, now: int | None = None) -> list[int]:

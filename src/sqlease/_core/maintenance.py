@@ -87,18 +87,27 @@ def run_pass(
 
 def _runs(store: Store, now: int) -> dict[str, int]:
     """Repair: a run whose head waits parked behind its run (a promotion lost, a database
-    migrated while older workers ran) goes on; the order rows of runs with no message left
+    migrated while older workers ran) goes on, and so do messages parked at a gate that has
+    room (a process died between an ack and its promotion, a lease expired on a message
+    whose attempts were spent); the order rows of runs with no message left
     go, a batch per pass."""
     t = store.tables
     m, ro = t.messages, t.run_order
     with store.driver.reading() as conn:
         stuck = [r.run_id for r in conn.execute(store.sql.stuck_runs)]
     promoted = store.promote_runs(stuck, now=now) if stuck else []
+    with store.driver.reading() as conn:
+        gates = [r.gate for r in conn.execute(store.sql.parked_gates)]
+    at_gates = store.promote_gates(gates, now=now) if gates else []
     member = exists().where(m.c.run_id == ro.c.run_id, m.c.state.in_(("ready", "parked")))
     empty = select(ro.c.run_id).where(not_(member)).limit(retention.PRUNE_BATCH)
     with store.driver.writing() as conn:
         gone = _count(conn.execute(delete(ro).where(ro.c.run_id.in_(empty.scalar_subquery()))))
-    return {"runs_promoted": len(promoted), "run_order_rows_removed": gone}
+    return {
+        "runs_promoted": len(promoted),
+        "run_order_rows_removed": gone,
+        "gates_promoted": len(at_gates),
+    }
 
 
 def _count(result: Any) -> int:

@@ -132,6 +132,8 @@ class Store:
     ack = delegate("leases", Leases.ack)
     ack_op = delegate("leases", Leases.ack_op)
     promote_runs = delegate("leases", Leases.promote_runs)
+    promote_gates = delegate("leases", Leases.promote_gates)
+    park_held = delegate("leases", Leases.park_held)
     holds_on = delegate("leases", Leases.holds_on)
     is_held = delegate("leases", Leases.is_held)
     # ---- transitions ----

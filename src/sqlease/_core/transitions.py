@@ -75,6 +75,7 @@ class Transitions(Aggregate):
         never started (warm shutdown, prefetched messages). The attempt number itself never
         goes back, so the old fence stays stale.
         """
+        now = self._now(now)
         op = self.release_op(fences, delay_ms=delay_ms, refund=refund, error=error, now=now)
         return promote_owed(self.driver, self.driver.execute(op), now)
 

@@ -296,6 +296,28 @@ class Driver(ABC):
         """The heads of the runs ``run_ids`` made ready where they wait parked behind their
         run, safe against an enqueue into them at the same time; the ids made ready."""
 
+    @abstractmethod
+    def gate_promote(self, gates: Sequence[str], now: int | None) -> Op[list[int]]:
+        """Of each gate of ``gates``, as many messages parked there made ready as it has
+        room for (all of a task's or queue's gate whose limit is gone); the ids."""
+
+    @abstractmethod
+    def gate_park(self, queue: str, scan: int, now: int | None) -> Op[list[int]]:
+        """Of the first ``scan`` ready messages of ``queue``, those whose gate is full
+        parked at it (out of the claim's way, their order kept); the ids."""
+
+    @abstractmethod
+    def rate_project(
+        self, queue: str, scan: int, horizon_ms: int, now: int | None
+    ) -> Op[list[int]]:
+        """Of the first ``scan`` ready messages of ``queue``, those a rate limit holds for
+        more than ``horizon_ms`` given the time it lets them through as their due time
+        (reason ``rate``); the ids."""
+
+    @abstractmethod
+    def rate_release(self, rates: Sequence[str], now: int | None) -> Op[list[int]]:
+        """The messages given a due time by the rates ``rates``, due now again."""
+
     # ---- operations: results ---------------------------------------------------------
 
     @abstractmethod

@@ -1,4 +1,4 @@
-"""Held work's table, index and repair read (migration 12): the run order row that an
+"""Held work's table, indexes and repair reads (migrations 12 and 13): the run order row that an
 enqueue into a run and the statement that frees a run's place both write, the index that
 finds the messages parked behind their run, and the maintenance pass's read of the runs whose
 head waits there.
@@ -32,6 +32,8 @@ def held_indexes(messages: Table, prefix: str) -> list[Index]:
     the runs whose head waits there (none, unless a promotion was lost) without reading
     the ready rows."""
     parked = (messages.c.state == "parked") & (messages.c.reason == "run")
+    at_gate = (messages.c.state == "parked") & (messages.c.reason == "gate")
+    at_rate = (messages.c.state == "ready") & (messages.c.reason == "rate")
     return [
         Index(
             f"{prefix}messages_run_wait_ix",
@@ -39,8 +41,41 @@ def held_indexes(messages: Table, prefix: str) -> list[Index]:
             messages.c.id,
             postgresql_where=parked,
             sqlite_where=parked,
-        )
+        ),
+        # The messages parked at a full gate, by gate in the order the gate lets them go
+        # (migration 13): a promotion reads the first few of one gate.
+        Index(
+            f"{prefix}messages_gate_wait_ix",
+            messages.c.gate,
+            messages.c.priority.desc(),
+            messages.c.available_at_ms,
+            messages.c.id,
+            postgresql_where=at_gate,
+            sqlite_where=at_gate,
+        ),
+        # The messages a sweep gave the due time their rate limit lets them through
+        # (migration 13): the last of a rate is where the next ones queue behind.
+        Index(
+            f"{prefix}messages_rate_wait_ix",
+            messages.c.rate_gate,
+            messages.c.available_at_ms,
+            postgresql_where=at_rate,
+            sqlite_where=at_rate,
+        ),
     ]
+
+
+def parked_gates(messages: str) -> TextClause:
+    """The gates that have messages parked at them (the maintenance pass promotes those with
+    room: none, unless a promotion was lost): a skip scan of their index, one probe per
+    gate, however many wait at each."""
+    m = messages
+    return text(
+        f"WITH RECURSIVE g(gate) AS (SELECT min(gate) FROM {m} WHERE state = 'parked' "
+        f"AND reason = 'gate' UNION ALL SELECT (SELECT min(x.gate) FROM {m} x "
+        "WHERE x.state = 'parked' AND x.reason = 'gate' AND x.gate > g.gate) "
+        "FROM g WHERE g.gate IS NOT NULL) SELECT gate FROM g WHERE gate IS NOT NULL"
+    )
 
 
 def stuck_runs(messages: str) -> TextClause:

@@ -174,6 +174,18 @@ def _migration_12(conn: Connection, tables: Tables) -> None:
     )
 
 
+def _migration_13(conn: Connection, tables: Tables) -> None:
+    # Held work at a full gate and behind a rate limit: the indexes of the messages parked
+    # at a gate and of those given their rate's due time. The messages that
+    # wait at a full gate today stay ready until a worker's sweep parks them.
+    for index in tables.messages.indexes:
+        if index.name in (
+            f"{tables.prefix}messages_gate_wait_ix",
+            f"{tables.prefix}messages_rate_wait_ix",
+        ):
+            ensure_index(conn, index)
+
+
 # Each entry moves the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_1,
@@ -188,6 +200,7 @@ MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_10,
     _migration_11,
     _migration_12,
+    _migration_13,
 ]
 CURRENT_VERSION = len(MIGRATIONS)
 

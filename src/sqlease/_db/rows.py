@@ -72,10 +72,14 @@ class Acked(set[int]):
     (``Store.promote_runs``)."""
 
     owed_runs: tuple[str, ...]
+    #: The gates whose places the statement freed (PostgreSQL), whose parked messages the
+    #: caller makes ready (``Store.promote_gates``, sqlease._db.postgresql.gates).
+    owed_gates: tuple[str, ...]
 
-    def __init__(self, ids: Any = (), owed_runs: Any = ()) -> None:
+    def __init__(self, ids: Any = (), owed_runs: Any = (), owed_gates: Any = ()) -> None:
         super().__init__(ids)
         self.owed_runs = tuple(owed_runs or ())
+        self.owed_gates = tuple(owed_gates or ())
 
 
 def owed_of(rows: list[dict[str, Any]]) -> tuple[str, ...]:
@@ -83,9 +87,14 @@ def owed_of(rows: list[dict[str, Any]]) -> tuple[str, ...]:
     return tuple(rows[0].get("owed_runs") or ()) if rows else ()
 
 
+def gates_of(rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The ``owed_gates`` array of a statement's first row (none: no column, or NULL)."""
+    return tuple(rows[0].get("owed_gates") or ()) if rows else ()
+
+
 def acked_of(rows: list[dict[str, Any]]) -> Acked:
     """One row per id changed (a NULL id when none was), each with the ``owed_runs``."""
-    return Acked((int(r["id"]) for r in rows if r["id"] is not None), owed_of(rows))
+    return Acked((int(r["id"]) for r in rows if r["id"] is not None), owed_of(rows), gates_of(rows))
 
 
 def due_of(rows: list[dict[str, Any]]) -> int | None:
@@ -104,7 +113,7 @@ def acked_ids_of(rows: list[dict[str, Any]]) -> Acked:
     """The ``acked_ids`` array of a combined statement's first row (and its owed runs)."""
     if not rows:
         return Acked()
-    return Acked((int(i) for i in (rows[0]["acked_ids"] or [])), owed_of(rows))
+    return Acked((int(i) for i in (rows[0]["acked_ids"] or [])), owed_of(rows), gates_of(rows))
 
 
 def expiries_of(rows: list[dict[str, Any]]) -> dict[int, int]:

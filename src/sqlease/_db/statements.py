@@ -80,6 +80,8 @@ class Statements:
     # ---- held work ----
     #: The runs whose head waits parked behind its run (the maintenance pass's repair).
     stuck_runs: TextClause
+    #: The gates that have messages parked at them (the maintenance pass's repair).
+    parked_gates: TextClause
     # ---- unique tasks' publish (sqlease._core.uniques) ----
     unique: UniqueStatements
     # ---- leader leases (the beat's, sqlease._core.leaders) ----

@@ -40,6 +40,8 @@ PARKED = {
     "paused": "paused",
     # parked behind an unfinished earlier task of its run: queued, with reason "run"
     "run": "queued",
+    # parked at its full concurrency gate (key, task or queue limit): queued, reason "gate"
+    "gate": "queued",
 }
 RESULT_STATES = {"SUCCESS": "succeeded", "FAILURE": "failed", "REVOKED": "cancelled"}
 _FINISHED_EVENTS = ("acked", "purged")
@@ -105,8 +107,8 @@ def state_of(message: Message, now: int) -> str:
         return PARKED.get(message.reason or "", "paused")
     if message.lease_expires_at_ms is not None and message.lease_expires_at_ms > now:
         return "running"
-    if message.available_at_ms > now:
-        return "scheduled"
+    if message.available_at_ms > now and message.reason != "rate":
+        return "scheduled"  # (a rate limit's turn is no schedule: queued)
     return "queued"
 
 
@@ -264,7 +266,7 @@ class TaskReads:
         if state is not None and state not in TASK_STATES:
             raise ValueError(f"unknown state {state!r}; one of {', '.join(TASK_STATES)}")
         if state is None and queue is None and run_id is None:
-            return self._recent(limit, before)
+            return self.recent(limit, before)
         if before is not None:
             raise ValueError("a page cursor (before) pages the unfiltered list only")
         if state == "succeeded":
@@ -282,8 +284,8 @@ class TaskReads:
             query = query.where(m.c.run_id == run_id)
         if state in ("failed", "cancelled"):
             query = query.where(m.c.state == "dead")
-        elif state == "queued":  # ready, or parked behind its run
-            query = query.where(or_(m.c.state == "ready", m.c.reason == "run"))
+        elif state == "queued":  # ready, or parked behind its run or at its gate
+            query = query.where(or_(m.c.state == "ready", m.c.reason.in_(("run", "gate"))))
         elif state in PARKED:
             query = query.where(m.c.state == "parked")
         elif state in ("scheduled", "running"):
@@ -304,9 +306,11 @@ class TaskReads:
                     break
         return found
 
-    def _recent(self, limit: int, before: str | None) -> list[TaskSnapshot]:
+    def recent(self, limit: int, before: str | None, **filters: Any) -> list[TaskSnapshot]:
+        """A page of task records (``sqlease.admin._recent.read_page``'s filters), each
+        with the state its latest message or its result says."""
         now = self._now()
-        page = read_page(self.store, self.t, limit, before)
+        page = read_page(self.store, self.t, limit, before, **filters)
         found = []
         for row in page.rows:
             message = page.messages.get(row.task_id)

@@ -46,10 +46,35 @@ class Page:
     results: dict[str, Any] = field(default_factory=dict)
 
 
-def read_page(store: Store, tables: Tables, limit: int, before: str | None) -> Page:
-    """Up to ``limit`` task records older than the cursor ``before``, newest first."""
+def read_page(
+    store: Store,
+    tables: Tables,
+    limit: int,
+    before: str | None,
+    *,
+    queue: str | None = None,
+    name: str | None = None,
+    run_id: str | None = None,
+    task_id: str | None = None,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+) -> Page:
+    """Up to ``limit`` task records older than the cursor ``before``, newest first.
+
+    The filters are columns of the task record. A time range narrows the index range itself;
+    queue, name and run id are checked on the records the range walks, so a rare value costs
+    the records walked past to find a page (docs/performance.md has the figures)."""
     k, m, r = tables.tasks, tables.messages, tables.results
     query = select(k).order_by(k.c.created_at_ms.desc(), k.c.task_id.desc()).limit(limit)
+    for column, value in (("queue", queue), ("task_name", name), ("run_id", run_id)):
+        if value is not None:
+            query = query.where(k.c[column] == value)
+    if task_id is not None:
+        query = query.where(k.c.task_id == task_id)
+    if since_ms is not None:
+        query = query.where(k.c.created_at_ms >= since_ms)
+    if until_ms is not None:
+        query = query.where(k.c.created_at_ms < until_ms)
     if before is not None:
         created, task_id = parse_cursor(before)
         # ``created <= c`` first: a range on the index the planner takes (an OR alone made

@@ -34,6 +34,12 @@ QUEUE_STATES = (
 #: Queued tasks parked behind an unfinished earlier task of their run (counted in ``queued``
 #: too).
 HELD_BY_RUN = "held_by_run"
+#: Queued tasks parked at a full concurrency gate (their key's, task's or queue's limit),
+#: counted in ``queued`` too.
+HELD_BY_GATE = "held_by_gate"
+#: Queued tasks a rate limit holds until their turn (counted in ``queued`` too).
+HELD_BY_RATE = "held_by_rate"
+HELD = (HELD_BY_RUN, HELD_BY_GATE, HELD_BY_RATE)
 #: The timeline event kinds ``event_totals()`` counts by default.
 COUNTED_EVENTS = (
     "enqueued",
@@ -58,7 +64,7 @@ def _internal(queue: str) -> bool:
 def _empty() -> dict[str, Any]:
     row: dict[str, Any] = dict.fromkeys(QUEUE_STATES, 0)
     row.update(ready=0, leased=0, waiting=0, dead=0, oldest_ready_age_s=None)
-    row[HELD_BY_RUN] = 0
+    row.update(dict.fromkeys(HELD, 0))
     return row
 
 
@@ -82,7 +88,10 @@ class StatsAdmin:
             m.c.state == "ready",
             or_(m.c.lease_expires_at_ms.is_(None), m.c.lease_expires_at_ms <= now),
         )
-        ready = and_(unleased, m.c.available_at_ms <= now)
+        # A message a rate limit holds, given its turn as its due time (reason "rate"), is
+        # queued, not scheduled.
+        timed = m.c.reason == "rate"
+        ready = and_(unleased, or_(m.c.available_at_ms <= now, timed))
         parked = m.c.state == "parked"
         asking = m.c.reason.in_(("waiting_input", "waiting_approval"))
         owner = case((live, m.c.lease_owner), else_=None).label("owner")
@@ -90,18 +99,25 @@ class StatsAdmin:
             m.c.queue,
             owner,
             func.count().filter(ready),
-            func.count().filter(and_(unleased, m.c.available_at_ms > now)),
+            func.count().filter(
+                and_(unleased, m.c.available_at_ms > now, or_(m.c.reason.is_(None), ~timed))
+            ),
             func.count().filter(live),
             func.count().filter(and_(parked, m.c.reason == "waiting_input")),
             func.count().filter(and_(parked, m.c.reason == "waiting_approval")),
             func.count().filter(
-                and_(parked, or_(m.c.reason.is_(None), and_(~asking, m.c.reason != "run")))
+                and_(
+                    parked,
+                    or_(m.c.reason.is_(None), and_(~asking, m.c.reason.not_in(("run", "gate")))),
+                )
             ),
             func.count().filter(
                 and_(m.c.state == "dead", or_(m.c.reason.is_(None), m.c.reason != "cancelled"))
             ),
             func.count().filter(and_(m.c.state == "dead", m.c.reason == "cancelled")),
             func.count().filter(and_(parked, m.c.reason == "run")),
+            func.count().filter(and_(parked, m.c.reason == "gate")),
+            func.count().filter(and_(unleased, timed)),
             func.min(m.c.available_at_ms).filter(ready),
             func.min(m.c.lease_expires_at_ms).filter(live),
             func.max(m.c.lease_expires_at_ms).filter(live),
@@ -112,7 +128,7 @@ class StatsAdmin:
             declared = [r[0] for r in conn.execute(select(q.c.name)) if not _internal(r[0])]
         rows: list[Any] = [(name, None, None, 0, None, None, None) for name in declared]
         for queue, holder, *counts, oldest, low, high in found:
-            for state, count in zip((*QUEUE_STATES, HELD_BY_RUN), counts, strict=True):
+            for state, count in zip((*QUEUE_STATES, *HELD), counts, strict=True):
                 if count:
                     running = state == "running"
                     rows.append(
@@ -137,7 +153,9 @@ class StatsAdmin:
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per queue, every declared queue included: the number of tasks in each state of
         ``QUEUE_STATES``, ``held_by_run`` (of the queued, those parked behind an unfinished
-        earlier task of their run), and ``ready`` (= queued), ``leased`` (= running), ``waiting``
+        earlier task of their run), ``held_by_gate`` (of the queued, those parked at a full
+        concurrency gate), ``held_by_rate`` (of the queued, those a rate limit holds until
+        their turn), and ``ready`` (= queued), ``leased`` (= running), ``waiting``
         (input + approval), ``dead`` (failed + cancelled), and ``oldest_ready_age_s``, the
         seconds since the oldest ready message became due (None when none is ready)."""
         return self.overview()[0]
@@ -217,7 +235,7 @@ def _stats(rows: list[Any], now: int) -> dict[str, dict[str, Any]]:
         if state is None:
             continue  # a declared queue
         entry[state] += int(count)
-        if state == HELD_BY_RUN:  # queued, parked behind its run
+        if state in (HELD_BY_RUN, HELD_BY_GATE):  # queued: parked behind its run, at its gate
             entry["queued"] += int(count)
         if state == "queued" and oldest is not None:
             age = round(max(0, now - int(oldest)) / 1000, 3)

@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 CLAIM_BATCH = 128
 #: Most messages one delete-on-fetch statement takes for consumers that never ack.
 TAKE_BATCH = 64
+#: Seconds between a worker's sweeps of its queues for messages at a full gate.
+SWEEP_INTERVAL = 1.0
 
 
 class Fetcher:
@@ -100,6 +102,7 @@ class Fetcher:
         self._closing = False
         self._delivering = False
         self._again = False
+        self._swept_at = 0.0
 
     # ---- the runner ---------------------------------------------------------------------
 
@@ -173,12 +176,32 @@ class Fetcher:
         """A claim for the channel: the acks waiting go with it (those of the tasks whose
         completion freed the credit), in one statement."""
         channel.look.claim_started()
+        self._sweep(queues)
         fences = self.acks.take()
         # The lease clock of what it brings counts from here (no later than it is sent).
         sent_at = time.monotonic()
         return self._submit(
             Kind.CLAIM, channel=channel, queues=queues, limit=limit, fences=fences, sent_at=sent_at
         )
+
+    def _sweep(self, queues: list[str]) -> None:
+        """About once a second while it claims, a worker parks the messages at the front of
+        its queues whose gate is full (``Store.park_held``): otherwise every claim steps
+        over each of them. Best effort, off the loop: a sweep that meets a lock gives up,
+        and the next one parks what it left."""
+        at = time.monotonic()
+        if at - self._swept_at < SWEEP_INTERVAL:
+            return
+        self._swept_at = at
+        store = self._store()
+
+        def sweep() -> None:
+            try:
+                store.park_held(queues)
+            except Exception as exc:  # a lock timeout, a lost connection: try next time
+                logger.debug("sqlease: a sweep of held messages gave up: %s", exc)
+
+        self.side.run(sweep)
 
     def take_noack(self, channel: Consumer) -> int:
         """One delete-on-fetch batch of the channel's no-ack queues (remote control, events)
@@ -356,6 +379,11 @@ class Fetcher:
         if owed:
             acked.owed_runs = ()
             self._promote(list(owed))
+        gates = getattr(acked, "owed_gates", ())
+        if gates:
+            acked.owed_gates = ()
+            store = self._store()
+            self.side.run(lambda: store.promote_gates(gates))
 
     def _promote(self, runs: list[str]) -> None:
         store = self._store()

@@ -23,7 +23,7 @@ from sqlease.errors import (
     UnknownSchedule,
     UnknownTask,
 )
-from sqlease.ui._auth import CSRF_FIELD, SESSION_COOKIE, csrf_ok
+from sqlease.ui._auth import CSRF_FIELD, SESSION_COOKIE
 from sqlease.ui._context import Ui
 
 TASK_ACTIONS = {
@@ -47,7 +47,7 @@ async def _checked_form(ui: Ui, request: Request) -> tuple[Any, Response | None]
     if not ui.guard.actions_enabled:
         return form, _refused(ui, request, 403, _off_reason(ui))
     submitted = form.get(CSRF_FIELD)
-    if not csrf_ok(request, submitted if isinstance(submitted, str) else None):
+    if not ui.guard.csrf_ok(request, submitted if isinstance(submitted, str) else None):
         return form, _refused(
             ui, request, 403, "the form's CSRF check failed: reload the page and try again"
         )
@@ -231,7 +231,16 @@ def _safe_next(ui: Ui, target: str | None) -> str:
     return ui.url("/")
 
 
+def _host_signs_in(ui: Ui, request: Request) -> Response | None:
+    """Served by a host framework, signing in and out is the host's."""
+    if ui.guard.host_auth:
+        return _refused(ui, request, 404, "signing in and out is the host application's")
+    return None
+
+
 async def login_page(ui: Ui, request: Request) -> Response:
+    if (refused := _host_signs_in(ui, request)) is not None:
+        return refused
     if not ui.guard.actions_enabled:
         return _refused(ui, request, 403, _off_reason(ui))
     target = _safe_next(ui, request.query_params.get("next"))
@@ -239,11 +248,13 @@ async def login_page(ui: Ui, request: Request) -> Response:
 
 
 async def login(ui: Ui, request: Request) -> Response:
+    if (refused := _host_signs_in(ui, request)) is not None:
+        return refused
     form = await request.form()
     if not ui.guard.actions_enabled:
         return _refused(ui, request, 403, _off_reason(ui))
     submitted = form.get(CSRF_FIELD)
-    if not csrf_ok(request, submitted if isinstance(submitted, str) else None):
+    if not ui.guard.csrf_ok(request, submitted if isinstance(submitted, str) else None):
         return _refused(ui, request, 403, "the form's CSRF check failed: reload and try again")
     target = _safe_next(ui, str(form.get("next", "")))
     if not ui.guard.token_matches(str(form.get("token", ""))):
@@ -265,9 +276,11 @@ async def login(ui: Ui, request: Request) -> Response:
 
 
 async def logout(ui: Ui, request: Request) -> Response:
+    if (refused := _host_signs_in(ui, request)) is not None:
+        return refused
     form = await request.form()
     submitted = form.get(CSRF_FIELD)
-    if not csrf_ok(request, submitted if isinstance(submitted, str) else None):
+    if not ui.guard.csrf_ok(request, submitted if isinstance(submitted, str) else None):
         return _refused(ui, request, 403, "the form's CSRF check failed: reload and try again")
     response = RedirectResponse(ui.url("/"), 303)
     response.delete_cookie(SESSION_COOKIE, path=ui.cookie_path())

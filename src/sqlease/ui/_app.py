@@ -116,12 +116,15 @@ def build(
     root_path: str,
     redact_args: bool,
     lease_seconds: float,
+    host_auth: bool = False,
 ) -> ASGIApp:
+    """The app (``create_app``'s). ``host_auth``: served by a host framework that signs
+    people in and checks CSRF itself (sqlease.ui._auth; the Django dashboard)."""
     admin = admin_or_url if isinstance(admin_or_url, Admin) else Admin(admin_or_url)
     root = _normal_root(root_path)
     ui = Ui(
         views=AdminViews(admin),
-        guard=Guard(token=token or None, read_only=read_only),
+        guard=Guard(token=token or None, read_only=read_only, host_auth=host_auth),
         root=root,
         redact_args=redact_args,
         lease_seconds=lease_seconds,

@@ -5,6 +5,12 @@ read it).
 
 The session cookie holds an HMAC of the token, never the token itself, so a copied cookie
 stops working when the token changes and the token appears in no cookie, page or log.
+
+Served by a host framework (``host_auth``: the Django dashboard, sqlease.contrib.django.
+dashboard), the host signs people in and checks every POST's CSRF token before the request
+reaches the dashboard; it says so in the ASGI scope (``HOST_KEY``: who, and the CSRF field
+and value its forms must carry), which a client cannot set. An app built without
+``host_auth`` ignores that key.
 """
 
 from __future__ import annotations
@@ -21,17 +27,51 @@ SESSION_COOKIE = "sqlease_ui_session"
 CSRF_COOKIE = "sqlease_ui_csrf"
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "x-csrf-token"
+#: The ASGI scope key a host framework sets on a request it signed in and checked.
+HOST_KEY = "sqlease.host"
+
+
+@dataclass(frozen=True)
+class HostAuth:
+    """What the host framework says of one request: who is signed in (already allowed to
+    see and act), and the CSRF field and value the host checks on the forms' POSTs."""
+
+    user: str
+    csrf_field: str
+    csrf: str
 
 
 @dataclass(frozen=True)
 class Guard:
     token: str | None
     read_only: bool
+    #: Sign-in and CSRF are the host framework's (``HOST_KEY``), not the token's.
+    host_auth: bool = False
 
     @property
     def actions_enabled(self) -> bool:
-        """Actions need a token; without one the dashboard only shows."""
-        return not self.read_only and bool(self.token)
+        """Actions need a token (or the host's sign-in); without one the dashboard only
+        shows."""
+        return not self.read_only and (self.host_auth or bool(self.token))
+
+    def host(self, request: Request) -> HostAuth | None:
+        """The host's word on this request (None unless this app was built for a host)."""
+        found = request.scope.get(HOST_KEY) if self.host_auth else None
+        return found if isinstance(found, HostAuth) else None
+
+    def csrf(self, request: Request) -> tuple[str, str, bool]:
+        """The forms' CSRF field and value, and whether the value is new (a cookie to set)."""
+        host = self.host(request)
+        if host is not None:
+            return host.csrf_field, host.csrf, False
+        value, new = csrf_token(request)
+        return CSRF_FIELD, value, new
+
+    def csrf_ok(self, request: Request, submitted: str | None) -> bool:
+        """A host checked the POST before it arrived; else the double-submit check."""
+        if self.host_auth:
+            return self.host(request) is not None
+        return csrf_ok(request, submitted)
 
     def session_value(self) -> str:
         assert self.token
@@ -43,6 +83,8 @@ class Guard:
     def authenticated(self, request: Request) -> bool:
         if not self.actions_enabled:
             return False
+        if self.host_auth:
+            return self.host(request) is not None
         header = request.headers.get("authorization", "")
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and value:

@@ -12,7 +12,7 @@ from jinja2 import Environment
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from sqlease.ui._auth import CSRF_COOKIE, CSRF_FIELD, Guard, csrf_token
+from sqlease.ui._auth import CSRF_COOKIE, Guard
 from sqlease.ui._read.views import AdminViews
 from sqlease.ui._render import environment
 
@@ -57,15 +57,18 @@ class Ui:
     def render(
         self, request: Request, name: str, data: dict[str, Any], status: int = 200
     ) -> Response:
-        csrf, new = csrf_token(request)
+        csrf_field, csrf, new = self.guard.csrf(request)
+        host = self.guard.host(request)
         context = {
             "root": self.root,
             "url": self.url,
             "request": request,
             "csrf": csrf,
-            "csrf_field": CSRF_FIELD,
+            "csrf_field": csrf_field,
             "actions": self.guard.actions_enabled,
             "logged_in": self.guard.authenticated(request),
+            # signed in by the host framework: its name, and no log-out form of ours
+            "host_user": None if host is None else host.user,
             "read_only": self.guard.read_only,
             "database": self.database,
             "path": request.url.path,

@@ -35,6 +35,11 @@ def _time_param(value: str | None, what: str) -> int | None:
     return int(moment.timestamp() * 1000)
 
 
+def _is_cursor(value: str) -> bool:
+    created, _, task_id = value.partition(":")
+    return created.isdigit() and bool(task_id)
+
+
 def _filters(request: Request) -> dict[str, Any]:
     q = request.query_params
     return {
@@ -72,8 +77,10 @@ async def tasks(ui: Ui, request: Request, fragment: bool = False) -> Response:
     page = None
     if filters["state"] not in (None, *LIST_STATES):
         error = f"unknown state {filters['state']!r}; one of {', '.join(LIST_STATES)}"
-    elif before is not None and not before.isdigit():
+    elif filters["state"] is not None and before is not None and not before.isdigit():
         error = f"before must be a message id, not {before!r}"
+    elif filters["state"] is None and before is not None and not _is_cursor(before):
+        error = f"before must be a page cursor (CREATED_MS:TASK_ID), not {before!r}"
     else:
         try:
             since = _time_param(filters["since"], "since")
@@ -82,6 +89,8 @@ async def tasks(ui: Ui, request: Request, fragment: bool = False) -> Response:
             error = str(exc)
     if error is None:
         views = ui.views
+        # A state's list pages by message id, the list of every task by a record cursor.
+        cursor = int(before) if before is not None and filters["state"] else before
         page = await run_in_threadpool(
             lambda: views.task_page(
                 state=filters["state"],
@@ -91,7 +100,7 @@ async def tasks(ui: Ui, request: Request, fragment: bool = False) -> Response:
                 since_ms=since,
                 until_ms=until,
                 search=filters["q"],
-                before=None if before is None else int(before),
+                before=cursor,
             )
         )
     found_elsewhere = None

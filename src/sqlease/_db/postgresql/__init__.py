@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from sqlalchemy import TextClause
 
 from sqlease._db import sql_common as c
-from sqlease._db.held_tables import stuck_runs
+from sqlease._db.held_tables import parked_gates, stuck_runs
 from sqlease._db.leaders import leader_statements
-from sqlease._db.postgresql import events, held, leases, messages, offers, results
+from sqlease._db.postgresql import events, gates, held, leases, messages, offers, results
 from sqlease._db.postgresql.dialect import GREATEST, NOW
 from sqlease._db.statements import Statements
 from sqlease._db.tables import Tables
@@ -51,6 +51,12 @@ class PgStatements(Statements):
     #: The runs' order rows, then their heads made ready if parked (``run_promote``).
     bump_runs: TextClause
     promote_runs: TextClause
+    #: A sweep's park of the messages at a full gate, and a gate's promotion.
+    park_gates: TextClause
+    promote_gates: TextClause
+    #: A sweep's due times for the messages a rate limit holds, and their release.
+    project_rates: TextClause
+    release_rates: TextClause
 
 
 def statements(t: Tables) -> PgStatements:
@@ -82,6 +88,7 @@ def statements(t: Tables) -> PgStatements:
         delete_queue_bindings=c.delete_queue_bindings(t),
         delete_queue_messages=c.delete_queue_messages(t, NOW),
         stuck_runs=stuck_runs(t.messages.name),
+        parked_gates=parked_gates(t.messages.name),
         # Two publishes of one new key both insert; the key's row lock decides.
         unique=unique_statements(t, row_locks=True),
         leaders=leader_statements(t, NOW, GREATEST),
@@ -104,4 +111,8 @@ def statements(t: Tables) -> PgStatements:
         result_put_offer=results.result_put(t, offer=True),
         bump_runs=held.bump_runs(t),
         promote_runs=held.promote_runs(t),
+        park_gates=gates.park(t),
+        promote_gates=gates.promote(t),
+        project_rates=gates.project_rates(t),
+        release_rates=gates.release_rates(t),
     )

@@ -45,6 +45,7 @@ from sqlease._db.postgresql.dialect import (
     fence_params,
 )
 from sqlease._db.postgresql.direct import NONBLOCKING, DirectLane
+from sqlease._db.postgresql.gates import LOCK_TIMEOUT
 from sqlease._db.postgresql.lanes import KeptLine, LaneRunner, build_lanes
 from sqlease._db.postgresql.listener import PostgresListener
 from sqlease._db.postgresql.results import result_params
@@ -269,6 +270,34 @@ class PostgresDriver(Driver):
 
         return Op(Lane.DEFAULT, body=body, statements=2)
 
+    def gate_promote(self, gates: Sequence[str], now: int | None) -> Op[list[int]]:
+        params = {"gates": sorted(set(gates)), "now": now, "channel": self.wakeup_channel}
+        return Op(Lane.DEFAULT, self.sql.promote_gates, params, lambda r: [int(x["id"]) for x in r])
+
+    def gate_park(self, queue: str, scan: int, now: int | None) -> Op[list[int]]:
+        params = {"queue": queue, "scan": int(scan), "now": now}
+
+        def body(conn: Connection) -> list[int]:
+            conn.execute(text(LOCK_TIMEOUT))
+            return [int(r.id) for r in conn.execute(self.sql.park_gates, params)]
+
+        return Op(Lane.DEFAULT, body=body, statements=2)
+
+    def rate_project(
+        self, queue: str, scan: int, horizon_ms: int, now: int | None
+    ) -> Op[list[int]]:
+        params = {"queue": queue, "scan": int(scan), "horizon": int(horizon_ms), "now": now}
+
+        def body(conn: Connection) -> list[int]:
+            conn.execute(text(LOCK_TIMEOUT))
+            return [int(r.id) for r in conn.execute(self.sql.project_rates, params)]
+
+        return Op(Lane.DEFAULT, body=body, statements=2)
+
+    def rate_release(self, rates: Sequence[str], now: int | None) -> Op[list[int]]:
+        params = {"rates": sorted(set(rates)), "now": now}
+        return Op(Lane.DEFAULT, self.sql.release_rates, params, lambda r: [int(x["id"]) for x in r])
+
     def message_take(self, queues: Sequence[str], limit: int, now: int | None) -> Op[list[Message]]:
         params = {"queues": list(queues), "limit": int(limit), "now": now}
         return Op(Lane.PLANNED, self.sql.take, params, messages_of)
@@ -300,12 +329,14 @@ class PostgresDriver(Driver):
         """``statement`` once per owner's fences: the ids changed, the runs owed."""
         ids: set[int] = set()
         owed: list[str] = []
+        gates: list[str] = []
         for owner, group in groups.items():
             params = {**fence_params(group), "owner": owner, **terms}
             done = acked_of([dict(r._mapping) for r in conn.execute(statement, params)])
             ids.update(done)
             owed.extend(done.owed_runs)
-        return Acked(ids, owed)
+            gates.extend(done.owed_gates)
+        return Acked(ids, owed, gates)
 
     def _ack_all(
         self, conn: Connection, groups: Mapping[str, list[Fence]], now: int | None

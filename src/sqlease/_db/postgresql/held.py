@@ -82,8 +82,13 @@ def promote_ctes(t: Tables, source: str, removed: str) -> str:
 
 #: The final SELECT's condition that makes the notifications' CTE run.
 NOTIFIED = "(SELECT count(*) FROM hn) >= 0"
-#: The runs owed a promotion, as an array (NULL when none).
-OWED = "(SELECT array_agg(run_id) FROM ho) AS owed_runs"
+#: The runs owed a promotion, as an array (NULL when none); and the gates whose places the
+#: statement freed (its CTE ``ds``, the slots it deleted), which the caller promotes in a
+#: statement of its own (sqlease._db.postgresql.gates).
+OWED = (
+    "(SELECT array_agg(run_id) FROM ho) AS owed_runs, "
+    "(SELECT array_agg(DISTINCT gate) FROM ds) AS owed_gates"
+)
 
 
 def bump_runs(t: Tables) -> TextClause:

@@ -10,9 +10,9 @@ from sqlalchemy import TextClause
 
 from sqlease._db import sql_common as c
 from sqlease._db import task_rows
-from sqlease._db.held_tables import stuck_runs
+from sqlease._db.held_tables import parked_gates, stuck_runs
 from sqlease._db.leaders import leader_statements
-from sqlease._db.sqlite import events, held, leases, messages
+from sqlease._db.sqlite import events, gates, held, leases, messages
 from sqlease._db.sqlite.dialect import GREATEST, NOW, ROW_PREFIX
 from sqlease._db.statements import Statements
 from sqlease._db.tables import Tables
@@ -49,6 +49,15 @@ class SqliteStatements(Statements):
     #: The runs' order rows, then their heads made ready if parked (``run_promote``).
     bump_runs: TextClause
     promote_runs: TextClause
+    #: A sweep's park of the messages at a full gate, and a gate's promotion.
+    park_find: TextClause
+    park_set: TextClause
+    gate_limit: TextClause
+    promote_gate: TextClause
+    #: A sweep's due times for the messages a rate limit holds, and their release.
+    project_find: TextClause
+    project_set: TextClause
+    release_rates: TextClause
 
 
 def statements(t: Tables) -> SqliteStatements:
@@ -80,6 +89,7 @@ def statements(t: Tables) -> SqliteStatements:
         delete_queue_bindings=c.delete_queue_bindings(t),
         delete_queue_messages=c.delete_queue_messages(t, NOW),
         stuck_runs=stuck_runs(t.messages.name),
+        parked_gates=parked_gates(t.messages.name),
         # One writer holds the whole file from the publish's first write: no row lock needed.
         unique=unique_statements(t, row_locks=False),
         leaders=leader_statements(t, NOW, GREATEST),
@@ -98,4 +108,11 @@ def statements(t: Tables) -> SqliteStatements:
         task_attempts=task_rows.attempts(t),
         bump_runs=held.bump_runs(t),
         promote_runs=held.promote_runs(t),
+        park_find=gates.park_find(t),
+        park_set=gates.park_set(t),
+        gate_limit=gates.gate_limit(t),
+        promote_gate=gates.promote(t),
+        project_find=gates.project_find(t),
+        project_set=gates.project_set(t),
+        release_rates=gates.release_rates(t),
     )

@@ -142,6 +142,20 @@ class SqliteDriver(Driver):
         conn.execute(self.sql.bump_runs, params)
         return [int(r.id) for r in conn.execute(self.sql.promote_runs, params)]
 
+    def _promote_gates_on(
+        self, conn: Connection, gates: Iterable[str | None], now: int | None
+    ) -> list[int]:
+        """Of each gate, as many messages parked there made ready as it has room for (in
+        the caller's transaction: no sweep can park between the two)."""
+        promoted: list[int] = []
+        for gate in sorted({g for g in gates if g is not None}):
+            [room] = conn.execute(self.sql.gate_limit, {"gate": gate, "now": now}).fetchall()
+            n = -1 if room.lim is None else max(0, room.lim - room.running - room.waiting)
+            if n:
+                params = {"gate": gate, "n": n, "now": now}
+                promoted += [int(r.id) for r in conn.execute(self.sql.promote_gate, params)]
+        return promoted
+
     def _after_transitions(
         self,
         conn: Connection,
@@ -161,6 +175,7 @@ class SqliteDriver(Driver):
             conn.execute(self.sql.release_run, runs)
             if left:
                 self._promote_on(conn, (r["run_id"] for r in runs), now)
+        self._promote_gates_on(conn, (m["gate"] for m in rows), now)
         self._events(
             conn,
             [event_params(m["task_id"], m["id"], m["attempt"], kind, data, now) for m in rows],
@@ -249,6 +264,41 @@ class SqliteDriver(Driver):
 
     def run_promote(self, run_ids: Sequence[str], now: int | None) -> Op[list[int]]:
         return Op(Lane.DEFAULT, body=lambda conn: self._promote_on(conn, run_ids, now))
+
+    def gate_promote(self, gates: Sequence[str], now: int | None) -> Op[list[int]]:
+        return Op(Lane.DEFAULT, body=lambda conn: self._promote_gates_on(conn, gates, now))
+
+    def gate_park(self, queue: str, scan: int, now: int | None) -> Op[list[int]]:
+        def body(conn: Connection) -> list[int]:
+            params = {"queue": queue, "scan": int(scan), "now": now}
+            held = [{"id": r.id, "gate": r.gate} for r in conn.execute(self.sql.park_find, params)]
+            if held:
+                conn.execute(self.sql.park_set, held)
+            return [int(h["id"]) for h in held]
+
+        return Op(Lane.DEFAULT, body=body)
+
+    def rate_project(
+        self, queue: str, scan: int, horizon_ms: int, now: int | None
+    ) -> Op[list[int]]:
+        def body(conn: Connection) -> list[int]:
+            params = {"queue": queue, "scan": int(scan), "horizon": int(horizon_ms), "now": now}
+            later = [
+                {"id": r.id, "rate": r.rate, "due": r.due}
+                for r in conn.execute(self.sql.project_find, params)
+            ]
+            if later:
+                conn.execute(self.sql.project_set, later)
+            return [int(x["id"]) for x in later]
+
+        return Op(Lane.DEFAULT, body=body)
+
+    def rate_release(self, rates: Sequence[str], now: int | None) -> Op[list[int]]:
+        params = {"rates": json.dumps(sorted(set(rates))), "now": now}
+        return Op(
+            Lane.DEFAULT,
+            body=lambda conn: [int(r.id) for r in conn.execute(self.sql.release_rates, params)],
+        )
 
     def message_take(self, queues: Sequence[str], limit: int, now: int | None) -> Op[list[Message]]:
         params = {"queues": self.queues_param(queues), "limit": int(limit), "now": now}

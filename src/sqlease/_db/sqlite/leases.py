@@ -106,7 +106,7 @@ def claim(t: Tables, *, single_queue: bool) -> TextClause:
         f"lease_expires_at_ms = CASE WHEN {x} THEN NULL "
         f"ELSE {NOW} + :lease_ms END, "
         f"state = CASE WHEN {x} THEN 'dead' ELSE 'ready' END, "
-        f"reason = CASE WHEN {x} THEN 'attempts_exhausted' ELSE reason END, "
+        f"reason = CASE WHEN {x} THEN 'attempts_exhausted' ELSE NULLIF(reason, 'rate') END, "
         f"gate = CASE WHEN {x} THEN gate ELSE y.cgate END, "
         f"rate_gate = CASE WHEN {x} THEN rate_gate ELSE y.crate END, "
         f"attempt = CASE WHEN {x} THEN attempt ELSE attempt + 1 END "
@@ -149,7 +149,7 @@ def renew(t: Tables) -> TextClause:
 def ack(t: Tables) -> TextClause:
     return text(
         f"DELETE FROM {t.messages.name} WHERE id IN ({_fenced_ids(t)}) "
-        "RETURNING id, task_id, attempt, run_id"
+        "RETURNING id, task_id, attempt, run_id, gate"
     )
 
 
@@ -157,5 +157,5 @@ def transition(t: Tables) -> TextClause:
     """Release, park or fail fenced deliveries."""
     return text(
         f"UPDATE {t.messages.name} AS m SET {c.transition_set(NOW)} "
-        f"WHERE m.id IN ({_fenced_ids(t)}) RETURNING id, task_id, attempt, run_id"
+        f"WHERE m.id IN ({_fenced_ids(t)}) RETURNING id, task_id, attempt, run_id, gate"
     )

@@ -12,6 +12,10 @@ Settings:
   it unless told otherwise).
 - ``SQLEASE_TABLE_PREFIX`` (``"sqlease_"``): the prefix of those tables; the broker's
   ``table_prefix`` transport option must be the same.
+- ``SQLEASE_DASHBOARD_READ_ONLY`` (False), ``SQLEASE_DASHBOARD_REDACT_ARGS`` (False) and
+  ``SQLEASE_DASHBOARD_LEASE_SECONDS`` (60.0): the dashboard served under
+  ``sqlease.contrib.django.urls`` shows without actions, hides task arguments, and takes
+  the workers' lease to be that long (to tell a last heartbeat from an expiry).
 """
 
 from __future__ import annotations
@@ -51,6 +55,27 @@ def table_prefix() -> str:
     if not isinstance(prefix, str) or not prefix:
         raise ConfigurationError(f"SQLEASE_TABLE_PREFIX must be a non-empty string, not {prefix!r}")
     return prefix
+
+
+def dashboard_options() -> dict[str, Any]:
+    """The ``SQLEASE_DASHBOARD_*`` settings, checked, as the dashboard's options."""
+    from django.conf import settings
+
+    found: dict[str, Any] = {}
+    for name, option in (("READ_ONLY", "read_only"), ("REDACT_ARGS", "redact_args")):
+        value = getattr(settings, f"SQLEASE_DASHBOARD_{name}", False)
+        if not isinstance(value, bool):
+            raise ConfigurationError(
+                f"SQLEASE_DASHBOARD_{name} must be True or False, not {value!r}"
+            )
+        found[option] = value
+    lease = getattr(settings, "SQLEASE_DASHBOARD_LEASE_SECONDS", 60.0)
+    if isinstance(lease, bool) or not isinstance(lease, int | float) or lease <= 0:
+        raise ConfigurationError(
+            f"SQLEASE_DASHBOARD_LEASE_SECONDS must be a number of seconds above 0, not {lease!r}"
+        )
+    found["lease_seconds"] = float(lease)
+    return found
 
 
 def url_of_alias(alias: str) -> URL:

@@ -1,5 +1,7 @@
-"""The rows of the dashboard's task list, and its page of succeeded tasks (which have no
-message left, so they come from their results and task rows)."""
+"""The rows of the dashboard's task list: with no state filter every recent task, finished
+ones included, from the task records (keyset pages on their creation time, as ``sqlease
+tasks`` lists them); and the page of succeeded tasks (which have no message left, so they come
+from their results and task rows)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sqlease.admin import Admin
+    from sqlease.admin import Admin, TaskSnapshot
 
 
 @dataclass
@@ -34,8 +36,63 @@ class TaskRow:
 @dataclass
 class TaskPage:
     rows: list[TaskRow]
-    #: The ``before`` of the next (older) page, None on the last one.
-    next_before: int | None
+    #: The ``before`` of the next (older) page, None on the last one: a message id on a
+    #: page filtered by state, a ``CREATED_MS:TASK_ID`` cursor on the list of task records.
+    next_before: int | str | None
+
+
+def recent_page(
+    admin: Admin,
+    *,
+    queue: str | None,
+    name: str | None,
+    run_id: str | None,
+    since_ms: int | None,
+    until_ms: int | None,
+    search: str | None,
+    before: str | None,
+    limit: int,
+) -> TaskPage:
+    """Every recent task newest first, whatever its state, from the task records: a keyset
+    page after the cursor ``before`` (``Admin.tasks`` with no filter, plus the filters the
+    task record can answer)."""
+    if not 1 <= limit <= 500:
+        raise ValueError(f"limit must be 1 to 500, not {limit}")
+    found = admin.reads.recent(
+        limit + 1,
+        before,
+        queue=queue,
+        name=name,
+        run_id=run_id,
+        task_id=search,
+        since_ms=since_ms,
+        until_ms=until_ms,
+    )
+    more = len(found) > limit
+    rows = [_row_of(snap) for snap in found[:limit]]
+    last = rows[-1] if rows else None
+    return TaskPage(rows, f"{last.created_at_ms}:{last.task_id}" if more and last else None)
+
+
+def _row_of(snap: TaskSnapshot) -> TaskRow:
+    created = snap.created_at_ms or 0
+    return TaskRow(
+        task_id=snap.task_id,
+        message_id=snap.message_id or 0,
+        state=snap.state,
+        reason=snap.reason,
+        queue=snap.queue or "",
+        name=snap.task_name,
+        run_id=snap.run_id,
+        attempt=snap.attempt,
+        max_attempts=snap.max_attempts or snap.attempt,
+        priority=snap.priority or 0,
+        created_at_ms=created,
+        available_at_ms=snap.available_at_ms or created,
+        lease_owner=snap.lease_owner,
+        lease_expires_at_ms=snap.lease_expires_at_ms,
+        last_error=snap.last_error,
+    )
 
 
 def succeeded_page(
@@ -58,24 +115,5 @@ def succeeded_page(
             continue
         if search and snap.task_id != search:
             continue
-        created = snap.created_at_ms or 0
-        rows.append(
-            TaskRow(
-                task_id=snap.task_id,
-                message_id=snap.message_id or 0,
-                state="succeeded",
-                reason=None,
-                queue=snap.queue or "",
-                name=snap.task_name,
-                run_id=snap.run_id,
-                attempt=snap.attempt,
-                max_attempts=snap.max_attempts or snap.attempt,
-                priority=snap.priority or 0,
-                created_at_ms=created,
-                available_at_ms=created,
-                lease_owner=None,
-                lease_expires_at_ms=None,
-                last_error=None,
-            )
-        )
+        rows.append(_row_of(snap))
     return TaskPage(rows, None)

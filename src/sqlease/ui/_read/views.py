@@ -2,9 +2,10 @@
 tasks, runs, a task's message payload, result and history. Reads only, each one short
 read transaction; every statement is SQLAlchemy Core on the existing tables (both dialects).
 
-Pages are keyset pages on ``messages.id`` (the primary key, newest first): a page costs the
-rows it returns plus those its filters skip, never an OFFSET over the table (docs/howto/ui.md
-has the numbers at 1,000,000 messages).
+Pages are keyset pages, never an OFFSET over a table: with no state filter on the task
+records' creation time (every task, finished ones included), filtered by state on
+``messages.id`` (the primary key, newest first). A page costs the rows it returns plus those
+its filters skip (docs/performance.md has the numbers at 1,000,000 tasks and messages).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlease.admin import TASK_STATES, Admin
 from sqlease.admin._reads import state_of as _state_of
 from sqlease.store import Message
 from sqlease.ui._read.history import host_of, parse_payload
-from sqlease.ui._read.task_list import TaskPage, TaskRow, succeeded_page
+from sqlease.ui._read.task_list import TaskPage, TaskRow, recent_page, succeeded_page
 
 #: Throughput counts these event kinds: a finished delivery, and a failed one.
 DONE_KINDS = ("acked",)
@@ -162,10 +163,13 @@ class AdminViews:
         )
         return {
             "queued": or_(
-                and_(idle, m.c.available_at_ms <= now),
-                and_(m.c.state == "parked", m.c.reason == "run"),  # behind its run
+                and_(idle, or_(m.c.available_at_ms <= now, m.c.reason == "rate")),
+                # behind its run, or at its full gate
+                and_(m.c.state == "parked", m.c.reason.in_(("run", "gate"))),
             ),
-            "scheduled": and_(idle, m.c.available_at_ms > now),
+            "scheduled": and_(
+                idle, m.c.available_at_ms > now, or_(m.c.reason.is_(None), m.c.reason != "rate")
+            ),
             "running": live,
             "waiting_input": and_(m.c.state == "parked", m.c.reason == "waiting_input"),
             "waiting_approval": and_(m.c.state == "parked", m.c.reason == "waiting_approval"),
@@ -174,7 +178,10 @@ class AdminViews:
                 m.c.state == "parked",
                 or_(
                     m.c.reason.is_(None),
-                    and_(m.c.reason.not_like("waiting\\_%", escape="\\"), m.c.reason != "run"),
+                    and_(
+                        m.c.reason.not_like("waiting\\_%", escape="\\"),
+                        m.c.reason.not_in(("run", "gate")),
+                    ),
                 ),
             ),
             "failed": and_(
@@ -193,14 +200,30 @@ class AdminViews:
         since_ms: int | None = None,
         until_ms: int | None = None,
         search: str | None = None,
-        before: int | None = None,
+        before: int | str | None = None,
         limit: int = 50,
     ) -> TaskPage:
-        """Messages newest first (``before``: the page's upper message id, exclusive).
-        States are those of ``Admin``; ``waiting`` is both waiting states. Finished tasks
-        leave no message: ``state="succeeded"`` lists them from their results."""
+        """Tasks newest first. With no state, every recent task from the task records
+        (``before``: the cursor ``CREATED_MS:TASK_ID`` a page gave). With a state, the
+        messages in it (``before``: the page's upper message id, exclusive); ``waiting`` is
+        both waiting states; finished tasks leave no message, so ``state="succeeded"`` lists
+        them from their results. States are those of ``Admin``."""
         if state is not None and state not in (*TASK_STATES, "waiting"):
             raise ValueError(f"unknown state {state!r}; one of {', '.join(TASK_STATES)}")
+        if state is None:
+            return recent_page(
+                self.admin,
+                queue=queue,
+                name=name,
+                run_id=run_id,
+                since_ms=since_ms,
+                until_ms=until_ms,
+                search=search,
+                before=None if before is None else str(before),
+                limit=limit,
+            )
+        if isinstance(before, str):
+            raise ValueError(f"before must be a message id on a page filtered by state: {before!r}")
         if state == "succeeded":
             return succeeded_page(
                 self.admin, queue=queue, name=name, run_id=run_id, search=search, limit=limit
