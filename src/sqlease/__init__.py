@@ -20,6 +20,7 @@ for _alias in _ALIASES:  # "sqlease", and the full schemes for failover (see sql
 
 try:
     from sqlease._celery import defaults as _celery_defaults  # noqa: F401 (connects signals)
+    from sqlease._celery import groups as _celery_groups  # noqa: F401 (groups as batches)
 except ImportError:  # pragma: no cover - kombu without celery
     pass
 
@@ -59,6 +60,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "admin": ("Admin", "TaskSnapshot"),
     "task_context": ("TaskContext", "context"),
     "transactions": ("transaction",),
+    "batches": ("batch",),
 }
 
 _LAZY = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -71,6 +73,9 @@ if TYPE_CHECKING:  # what type checkers see; the same names as _EXPORTS (pinned 
     )
     from sqlease.admin import (
         TaskSnapshot as TaskSnapshot,
+    )
+    from sqlease.batches import (
+        batch as batch,
     )
     from sqlease.errors import (
         AttemptsExhausted as AttemptsExhausted,

@@ -107,3 +107,11 @@ def joined(url: URL) -> Iterator[Connection | None]:
             "the block, or put the broker on that database"
         )
     yield None
+
+
+def open_transactions() -> tuple[object, ...]:
+    """What a publish would join now, as a value to compare (``sqlease.batches``): the
+    ``sqlease.transaction()`` connection and the transactions the joiners find open."""
+    conn = _current.get()
+    found = tuple(t.name for joiner in _joiners for t in joiner())
+    return (None if conn is None else id(conn), found)

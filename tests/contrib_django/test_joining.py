@@ -184,3 +184,33 @@ def test_the_wake_up_is_sent_at_commit(prefix: str, alias: str, celery_app: Cele
             assert list(listener.notifies(timeout=0.3, stop_after=1)) == []
         heard = list(listener.notifies(timeout=5, stop_after=1))
     assert len(heard) == 1
+
+
+def test_a_batch_inside_a_block_joins_it(alias: str, prefix: str, celery_app: Celery) -> None:
+    """A batch (a group, or ``sqlease.batch()``) opened inside ``atomic()`` is written in
+    Django's transaction when it ends; one opened outside a block cannot hold a publish made
+    inside it (the batch would escape the block)."""
+    from django.db import transaction
+
+    import sqlease
+
+    ship = celery_app.tasks["orders.ship"]
+    store = store_of(alias, prefix)
+    with pytest.raises(RuntimeError), transaction.atomic(using=alias):
+        group(ship.s(i) for i in range(50)).apply_async()
+        raise RuntimeError
+    assert store.size("celery") == 0
+    with transaction.atomic(using=alias):
+        with sqlease.batch():
+            for i in range(10):
+                ship.delay(i)
+        group(ship.s(i) for i in range(50)).apply_async()
+        assert store.size("celery") == 0
+    assert store.size("celery") == 60
+    with (
+        pytest.raises(ConfigurationError, match="opened or closed inside"),
+        sqlease.batch(),
+        transaction.atomic(using=alias),
+    ):
+        ship.delay(1)
+    assert store.size("celery") == 60

@@ -38,23 +38,27 @@ def _sync(fast: DirectLane | NoFlushLane) -> str:
 
 
 def _commit_levels_of_publishes(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The ``synchronous_commit`` each publish that is a transaction runs under, as it runs."""
+    """The ``synchronous_commit`` each publish that is a transaction runs under, as it runs
+    (a single publish's, and a batch's: several rows)."""
     seen: list[str] = []
-    real = store.driver.message_publish
 
-    def publish(rows: Any, now: Any, **kw: Any) -> Op[Any]:
-        op = real(rows, now, **kw)
-        body = op.body
-        if body is None:
-            return op
+    def spy(real: Any) -> Any:
+        def publish(rows: Any, now: Any, **kw: Any) -> Op[Any]:
+            op = real(rows, now, **kw)
+            body = op.body
+            if body is None:
+                return op
 
-        def spied(conn: Any) -> Any:
-            seen.append(str(conn.execute(SHOW).scalar()))
-            return body(conn)
+            def spied(conn: Any) -> Any:
+                seen.append(str(conn.execute(SHOW).scalar()))
+                return body(conn)
 
-        return dataclasses.replace(op, body=spied)
+            return dataclasses.replace(op, body=spied)
 
-    monkeypatch.setattr(store.driver, "message_publish", publish)
+        return publish
+
+    for name in ("message_publish", "message_publish_batch"):
+        monkeypatch.setattr(store.driver, name, spy(getattr(store.driver, name)))
     return seen
 
 

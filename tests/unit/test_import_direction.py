@@ -43,7 +43,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "contrib",
         "pytest_plugin",
     ),
-    "facade": ("admin", "schedules", "store", "revokes", "transactions"),
+    "facade": ("admin", "schedules", "store", "revokes", "transactions", "batches"),
     "core": ("_core", "options"),
     "db": ("_db",),
     "base": ("errors", "types", "delivery", "urls", "testing", "_aliases"),

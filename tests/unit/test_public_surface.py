@@ -50,6 +50,7 @@ PUBLIC = [
     "UnknownTask",
     "WaitingForPerson",
     "__version__",
+    "batch",
     "context",
     "transaction",
 ]

@@ -19,6 +19,13 @@ from sqlease.errors import ConfigurationError, PayloadTooLarge
 from sqlease.types import Message, NewMessage
 
 
+def describe_member(msg: NewMessage, index: int, count: int | None) -> str:
+    """How an error names the message at ``index`` of a batch of ``count`` (if known)."""
+    task = "" if msg.task_id is None else f", task {msg.task_name or '?'}[{msg.task_id}]"
+    of = "" if count is None else f" of {count}"
+    return f"message {index + 1}{of} in the batch (queue {msg.queue!r}{task})"
+
+
 def _delivery_key(message: Message) -> tuple[int, int, int]:
     return (-message.priority, message.available_at_ms, message.id)
 
@@ -50,6 +57,24 @@ class Messages(Aggregate):
         except ConfigurationError as exc:
             raise ConfigurationError(
                 f"{exc}; the message for queue {msg.queue!r} was not enqueued"
+            ) from None
+
+    def check_member(self, msg: NewMessage, index: int) -> None:
+        """Refuse now a message that ``enqueue_many`` would refuse, named as the message at
+        ``index`` of a batch (``sqlease.batch()`` checks each when it is sent)."""
+        self._check_member(msg, index, None)
+
+    def _check_member(self, msg: NewMessage, index: int, count: int | None) -> dict[str, Any]:
+        """``_check_new`` of the message at ``index`` of ``count``: in a batch, a refused
+        message's error names it (its place, task id and name) and says that nothing of
+        the batch was enqueued."""
+        if count == 1:
+            return self._check_new(msg)
+        try:
+            return self._check_new(msg)
+        except (ConfigurationError, PayloadTooLarge, TypeError) as exc:
+            raise type(exc)(
+                f"{describe_member(msg, index, count)}: {exc}; nothing of the batch was enqueued"
             ) from None
 
     def _row(self, msg: NewMessage) -> dict[str, Any]:
@@ -136,21 +161,25 @@ class Messages(Aggregate):
         now: int | None = None,
         connection: Connection | None = None,
     ) -> list[int]:
-        """Add messages in one transaction; returns their ids in order. A unique task whose
+        """Add messages in one transaction, all or nothing; returns their ids in order.
+        Several go as a batch (``Driver.message_publish_batch``: statements of many rows,
+        never handed to an idle worker; a refused one's error names it). A unique task whose
         key holds enqueues nothing: its id in the list is the original's message, or 0 once
         that message is gone (``sqlease._core.uniques``). With ``connection`` the messages
         join that transaction (never handed to an idle worker: the offer's row would stay
         locked until it ends)."""
-        rows = [self._check_new(m) for m in messages]
+        rows = [self._check_member(m, i, len(messages)) for i, m in enumerate(messages)]
         if not rows:
             return []
         unique = any(r["unique_key"] is not None for r in rows)
-        op = self.driver.message_publish(
-            rows,
-            self._now(now),
-            handoff=connection is None,
-            admit=self._admit_id if unique else None,
-        )
+        admit = self._admit_id if unique else None
+        if len(rows) > 1:
+            # A batch: its plain messages in statements of many rows (sqlease._db.ops).
+            op = self.driver.message_publish_batch(rows, self._now(now), admit=admit)
+        else:
+            op = self.driver.message_publish(
+                rows, self._now(now), handoff=connection is None, admit=admit
+            )
         if connection is not None:
             return self.driver.run_on(connection, op)
         return self.driver.execute(op)

@@ -114,6 +114,7 @@ class Store:
     # ---- messages ----
     enqueue = delegate("messages", Messages.enqueue)
     enqueue_many = delegate("messages", Messages.enqueue_many)
+    check_member = delegate("messages", Messages.check_member)
     take = delegate("messages", Messages.take)
     take_op = delegate("messages", Messages.take_op)
     next_due_op = delegate("messages", Messages.next_due_op)

@@ -41,6 +41,7 @@ from sqlease._db.ops import (
     ResultWrite,
     by_owner,
     event_params,
+    publish_batch,
     publish_each,
 )
 from sqlease._db.rows import Acked
@@ -207,6 +208,36 @@ class Driver(ABC):
         message an idle worker's offer can take is leased to it (never inside a caller's
         transaction). ``admit``: a unique task's row is admitted first (its duplicate's id
         stands in the list instead)."""
+
+    def message_publish_batch(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        now: int | None,
+        *,
+        admit: Admit | None = None,
+    ) -> Op[list[int]]:
+        """Insert checked message rows as one batch, all or nothing, in one transaction; their
+        ids in order (a unique duplicate's: its original's, as ``message_publish``). The rows
+        with no run and no uniqueness or concurrency key go in statements of up to
+        ``BATCH_ROWS`` rows (``publish_bulk``); each other row by the single publish's
+        statement, in its place, so its run's parking and its key's admission are the single
+        publish's. Never handed to an idle worker's offer; each queue is woken at commit."""
+
+        def body(conn: Connection) -> list[int]:
+            def one(row: Mapping[str, Any]) -> int:
+                single = self.message_publish([row], now, handoff=False, admit=admit)
+                return self.run_on(conn, single)[0]
+
+            return publish_batch(rows, lambda chunk: self.publish_bulk(conn, chunk, now), one)
+
+        return Op(Lane.PUBLISH, body=body)
+
+    @abstractmethod
+    def publish_bulk(
+        self, conn: Connection, rows: Sequence[Mapping[str, Any]], now: int | None
+    ) -> list[int]:
+        """Insert batch rows (``ops.batch_row``), with their ``enqueued`` events and task
+        rows, in the caller's transaction ``conn``; their ids in order."""
 
     @abstractmethod
     def message_take(self, queues: Sequence[str], limit: int, now: int | None) -> Op[list[Message]]:

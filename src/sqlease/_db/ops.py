@@ -5,6 +5,7 @@ built without I/O), the lane it runs on, its parameters (``Claim``, ``Change``,
 from __future__ import annotations
 
 import enum
+import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,6 +74,68 @@ def publish_each(
                 ids.append(duplicate)
                 continue
         ids.append(insert(row))
+    return ids
+
+
+#: At most this many rows in one statement of a batch publish (``publish_batch``). The rows
+#: are bound as one JSON text (``batch_json``), so no batch meets a bind-parameter limit
+#: (SQLite's 32,766, PostgreSQL's 65,535); a larger batch is split into several statements in
+#: the same transaction all the same, so that one statement's parameter stays of a bounded
+#: size.
+BATCH_ROWS = 5000
+
+
+#: The fields of each row of a batch statement, in order: the rows travel as one JSON array
+#: of arrays (one bind parameter; parsed by the database, far cheaper for the client than
+#: binding a list per column).
+BATCH_FIELDS = (
+    "queue",
+    "payload",
+    "priority",
+    "delay_ms",
+    "task_id",
+    "max_attempts",
+    "task_name",
+    "group_id",
+    "record",
+)
+
+
+def batch_json(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The rows of a batch statement as its one parameter (``BATCH_FIELDS``)."""
+    return json.dumps([[row[name] for name in BATCH_FIELDS] for row in rows])
+
+
+def batch_row(row: Mapping[str, Any]) -> bool:
+    """A checked row the batch statement inserts: one with no run (its parking reads the
+    run's earlier members, row by row), no uniqueness key (admitted one by one under the
+    key's lock) and no concurrency key. Any other row is published by the single publish's
+    statement, in its place in the same transaction."""
+    return row["run_id"] is None and row["unique_key"] is None and row["gate_key"] is None
+
+
+def publish_batch(
+    rows: Sequence[Mapping[str, Any]],
+    bulk: Callable[[Sequence[Mapping[str, Any]]], list[int]],
+    one: Callable[[Mapping[str, Any]], int],
+) -> list[int]:
+    """The ids of ``rows`` published in order, in the caller's transaction: runs of
+    consecutive batch rows (``batch_row``, at most ``BATCH_ROWS`` each) by ``bulk``, each
+    other row by ``one`` where it stands, so ids (the enqueue order) follow the list."""
+    ids: list[int] = []
+    plain: list[Mapping[str, Any]] = []
+    for row in rows:
+        if batch_row(row):
+            plain.append(row)
+            if len(plain) < BATCH_ROWS:
+                continue
+        if plain:
+            ids.extend(bulk(plain))
+            plain = []
+        if not batch_row(row):
+            ids.append(one(row))
+    if plain:
+        ids.extend(bulk(plain))
     return ids
 
 

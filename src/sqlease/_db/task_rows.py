@@ -50,6 +50,20 @@ def publish_cte(t: Tables, now: str) -> str:
     )
 
 
+def publish_batch_cte(t: Tables, now: str, source: str) -> str:
+    """PostgreSQL: CTE ``k``, the task rows of a batch's messages ``source`` (a CTE with
+    ``id``, ``task_id``, ``task_name``, ``queue`` and ``group_id``; no run). A task id
+    published twice in one batch (a topic routed to two queues) is one row, as if published
+    one after the other: the newest message's queue (one statement cannot update a row
+    twice)."""
+    return (
+        f"k AS (INSERT INTO {t.tasks.name} ({_COLS}) "
+        "SELECT DISTINCT ON (task_id) task_id, task_name, queue, 0, CAST(NULL AS TEXT), NULL, "
+        f"'{{}}', 0, {now}, {now}, group_id FROM {source} WHERE task_id IS NOT NULL "
+        f"ORDER BY task_id, id DESC {_on_conflict(t)})"
+    )
+
+
 def claim_cte(t: Tables) -> str:
     """PostgreSQL: CTE ``ka``, the attempts of the deliveries ``claimed`` (not of the
     messages the claim found exhausted: their attempt did not change)."""

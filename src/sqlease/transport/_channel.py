@@ -59,7 +59,9 @@ class ChannelHost(Protocol):
     store: Store
     fetcher: Fetcher
 
-    def publish(self, items: Iterable[tuple[str, dict[str, Any]]]) -> None: ...
+    def publish(
+        self, items: Iterable[tuple[str, dict[str, Any]]], *, hold: bool = True
+    ) -> None: ...
 
     def declare_queue(
         self, queue: str, *, auto_delete: bool = False, arguments: Any = None
@@ -153,7 +155,8 @@ class Channel(virtual.Channel):
             durable_revoke(self.connection.store, message)
         queues = sorted({queue for _, _, queue in self.get_table(exchange)})
         if queues:
-            self.connection.publish([(queue, message) for queue in queues])
+            # A broadcast (remote control, events) is no task: never held by a batch.
+            self.connection.publish([(queue, message) for queue in queues], hold=False)
 
     # ---- consuming ---------------------------------------------------------------------
 

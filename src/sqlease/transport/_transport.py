@@ -10,7 +10,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from queue import Empty
 from typing import Any
@@ -27,6 +27,7 @@ from sqlease._core.heartbeat import heartbeat
 from sqlease._core.results import ResultStore
 from sqlease._db.dialects import CONNECTION_ERRORS, capabilities_of
 from sqlease._db.wakeup import Waker
+from sqlease.batches import open_batch
 from sqlease.errors import ConfigurationError, DatabaseUnavailable
 from sqlease.options import TransportOptions
 from sqlease.store import Store
@@ -36,6 +37,7 @@ from sqlease.transport._fetcher import Fetcher
 from sqlease.transport._handoff import Handoffs
 from sqlease.transport._loop import EventLoop
 from sqlease.transport._wakeups import Wakeups
+from sqlease.types import NewMessage
 from sqlease.urls import client_url, display_url, to_sqlalchemy_url
 
 logger = logging.getLogger(__name__)
@@ -169,9 +171,19 @@ class Transport(virtual.Transport):
         self.store  # noqa: B018  (connects, checks or migrates the schema: fails fast)
         return super().establish_connection()
 
-    def publish(self, items: Iterable[tuple[str, dict[str, Any]]]) -> None:
-        """Store Kombu messages (one transaction)."""
+    def publish(self, items: Iterable[tuple[str, dict[str, Any]]], *, hold: bool = True) -> None:
+        """Store Kombu messages (one transaction); inside ``sqlease.batch()`` (and ``hold``),
+        checked now and written with the batch when its block ends."""
         batch = [new_message(queue, message) for queue, message in items]
+        scope = open_batch() if hold else None
+        if scope is not None:
+            store = self.store
+            scope.add(store, batch, self.publish_batch, store.check_member)
+            return
+        self.publish_batch(batch)
+
+    def publish_batch(self, batch: Sequence[NewMessage]) -> None:
+        """Write ``batch`` in one transaction: the caller's, if one is open."""
         with self.caller_transaction() as connection:  # before the store is touched
             self.store.enqueue_many(batch, connection=connection)
 

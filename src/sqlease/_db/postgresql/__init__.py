@@ -29,6 +29,8 @@ class PgStatements(Statements):
     #: Publish without the handoff lookup: inside a caller's transaction (the offer's row
     #: would stay locked until it ends), and for a message no offer could take.
     enqueue_plain: TextClause
+    #: Publish a batch's plain messages in one statement (``message_publish_batch``).
+    enqueue_batch: TextClause
     #: Delete and return ready messages (consumers that never ack).
     take: TextClause
     claim: TextClause
@@ -92,6 +94,7 @@ def statements(t: Tables) -> PgStatements:
         leaders=leader_statements(t, NOW, GREATEST),
         enqueue=messages.enqueue(t),
         enqueue_plain=messages.enqueue_plain(t),
+        enqueue_batch=messages.enqueue_batch(t),
         take=messages.take(t),
         claim=leases.claim(t, single_queue=False),
         claim_single=leases.claim(t, single_queue=True),

@@ -36,6 +36,7 @@ from sqlease._db.driver import (
     by_owner,
     publish_each,
 )
+from sqlease._db.ops import batch_json
 from sqlease._db.postgresql import PgStatements, pooler, statements
 from sqlease._db.postgresql.dialect import (
     DEAD_OFFER_AFTER_MS,
@@ -242,6 +243,12 @@ class PostgresDriver(Driver):
 
         # A unique task's admission is a few statements more: never in autocommit.
         return Op(Lane.PUBLISH, body=body, statements=len(rows) + (2 if admit else 0))
+
+    def publish_bulk(
+        self, conn: Connection, rows: Sequence[Mapping[str, Any]], now: int | None
+    ) -> list[int]:
+        params = {"rows": batch_json(rows), "now": now, "channel": self.wakeup_channel}
+        return [int(row[0]) for row in conn.execute(self.sql.enqueue_batch, params)]
 
     def _publish_statement(self, row: Mapping[str, Any]) -> Any:
         """The publish with the handoff lookup only for a message an idle worker's offer could

@@ -6,6 +6,7 @@ from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
 from sqlease._db import task_rows
+from sqlease._db.ops import BATCH_FIELDS
 from sqlease._db.postgresql import held
 from sqlease._db.postgresql.dialect import NOW, each_queue, one_of_ids
 from sqlease._db.tables import Tables
@@ -120,6 +121,37 @@ def enqueue(t: Tables) -> TextClause:
         "SELECT ins.id FROM ins CROSS JOIN "
         "(SELECT pg_notify(CAST(:channel AS TEXT), CASE WHEN i.lease_owner IS NULL "
         f"THEN i.queue ELSE {_handed_note()} END) FROM ins i LEFT JOIN o ON true) n"
+    )
+
+
+def enqueue_batch(t: Tables) -> TextClause:
+    """Publish many messages (no run, no uniqueness or concurrency key: ``ops.batch_row``)
+    in one statement, their ``enqueued`` events and task rows with them; their ids in the
+    order given. The rows are one JSON parameter (``ops.batch_json``). The ids are drawn first
+    and numbered in their own order, so the enqueue order follows the list whatever order
+    the sequence gives them in. No handoff (one offer takes one message; the rest would wait
+    for the claim anyway); each queue is notified once, at commit."""
+    m = t.messages.name
+    types = ("TEXT", "TEXT", "SMALLINT", "BIGINT", "TEXT", "INTEGER", "TEXT", "TEXT", "BOOLEAN")
+    fields = ", ".join(
+        f"CAST(v ->> {i} AS {kind}) AS {name}"
+        for i, (name, kind) in enumerate(zip(BATCH_FIELDS, types, strict=True))
+    )
+    return text(
+        f"WITH src AS (SELECT {fields}, n FROM "
+        "jsonb_array_elements(CAST(:rows AS JSONB)) WITH ORDINALITY AS s(v, n)), "
+        "ids AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM "
+        f"(SELECT nextval(pg_get_serial_sequence('{m}', 'id')) AS id FROM src) x), "
+        "r AS (SELECT ids.id, src.* FROM src JOIN ids ON ids.n = src.n), "
+        f"ins AS (INSERT INTO {m} (id, {c.INSERT_COLS}) SELECT id, queue, payload, priority, "
+        f"{NOW} + GREATEST(delay_ms, 0), {NOW}, NULL, task_id, 'ready', 0, max_attempts, "
+        "task_name, NULL, NULL FROM r ORDER BY id), "
+        f"e AS (INSERT INTO {t.events.name} (task_id, message_id, attempt, kind, data, at_ms) "
+        f"SELECT task_id, id, 0, 'enqueued', NULL, {NOW} FROM r WHERE record ORDER BY id), "
+        f"{task_rows.publish_batch_cte(t, NOW, 'r')}, "
+        "wake AS (SELECT count(pg_notify(CAST(:channel AS TEXT), q.queue)) AS woken "
+        "FROM (SELECT DISTINCT queue FROM src) q) "
+        "SELECT r.id FROM r CROSS JOIN wake ORDER BY r.n"
     )
 
 

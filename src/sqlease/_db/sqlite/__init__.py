@@ -28,6 +28,8 @@ class SqliteStatements(Statements):
     statements of their own here, run by the driver in the same transaction."""
 
     enqueue: TextClause
+    #: Publish a batch's plain messages in one statement (``message_publish_batch``).
+    enqueue_batch: TextClause
     take: TextClause
     claim: TextClause
     claim_single: TextClause
@@ -92,6 +94,7 @@ def statements(t: Tables) -> SqliteStatements:
         unique=unique_statements(t, row_locks=False),
         leaders=leader_statements(t, NOW, GREATEST),
         enqueue=messages.enqueue(t),
+        enqueue_batch=messages.enqueue_batch(t),
         take=messages.take(t),
         claim=leases.claim(t, single_queue=False),
         claim_single=leases.claim(t, single_queue=True),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
+from sqlease._db.ops import BATCH_FIELDS
 from sqlease._db.sqlite import held
 from sqlease._db.sqlite.dialect import NOW, QUEUES_IN
 from sqlease._db.tables import Tables
@@ -20,6 +21,22 @@ def enqueue(t: Tables) -> TextClause:
         f"INSERT INTO {t.messages.name} ({c.INSERT_COLS}, reason) "
         f"VALUES ({c.insert_values(NOW, state)}, CASE WHEN {parks} THEN 'run' END) "
         "RETURNING id"
+    )
+
+
+def enqueue_batch(t: Tables) -> TextClause:
+    """Publish many messages (no run, no uniqueness or concurrency key: ``ops.batch_row``)
+    in one statement, from one JSON array of rows (``ops.batch_json``), in the order
+    given: under the one write lock their ids grow in that order. Their events and task rows
+    are the caller's, in the same transaction."""
+    fields = ", ".join(
+        f"json_extract(value, '$[{i}]') AS {name}" for i, name in enumerate(BATCH_FIELDS[:7])
+    )
+    return text(
+        f"INSERT INTO {t.messages.name} ({c.INSERT_COLS}) "
+        f"SELECT queue, payload, priority, {NOW} + max(delay_ms, 0), {NOW}, NULL, task_id, "
+        "'ready', 0, max_attempts, task_name, NULL, NULL "
+        f"FROM (SELECT {fields}, key FROM json_each(:rows)) ORDER BY key RETURNING id"
     )
 
 
