@@ -212,10 +212,10 @@ def run(cfg: Config, chaos: Chaos, args: argparse.Namespace) -> int:
     from sqlease._db.engine import dispose_all
 
     dispose_all()
-    db_figures, problems, claims = check_database(store, cfg.steps, task_ids)
+    db_figures, problems, claims, fenced = check_database(store, cfg.steps, task_ids)
     executions, torn = load_records(chaos.records)
     record_figures, record_problems = check_records(
-        executions, chaos.faults, claims, cfg.lease, args.margin
+        executions, chaos.faults, claims, fenced, cfg.lease, args.margin
     )
     problems += record_problems
     if torn:
@@ -241,7 +241,8 @@ def run(cfg: Config, chaos: Chaos, args: argparse.Namespace) -> int:
             "connections_terminated": chaos.terminated,
             "postgresql_restarts": kinds["restart"],
         },
-        "partition_held_bytes_refused_after_heal": [f.get("held_bytes") for f in partitions],
+        # Bytes the workers sent into each partition, delivered when it healed.
+        "partition_held_bytes_delivered_at_heal": [f.get("held_bytes") for f in partitions],
         **db_figures,
         **record_figures,
         "lease_seconds": cfg.lease,

@@ -95,6 +95,7 @@ def check_records(
     executions: dict[tuple[str, int], dict[str, Any]],
     faults: list[dict[str, Any]],
     claims: dict[tuple[str, int], float],
+    fenced: dict[tuple[str, int], list[float]],
     lease: float,
     margin: float,
 ) -> tuple[dict[str, Any], list[str]]:
@@ -126,7 +127,7 @@ def check_records(
                 problems.append(f"{ex['task']}#{ex['attempt']} started from {start['value']}")
     takeovers: dict[str, list[float]] = defaultdict(list)
     learned: dict[str, list[float]] = defaultdict(list)
-    cut_off = late = 0
+    cut_off = late = late_writes = 0
     for fault in faults:
         if fault["kind"] not in ("kill", "stall", "partition"):
             continue
@@ -154,6 +155,12 @@ def check_records(
                     learned["after_sigcont"].append(ex["lost_at"] - fault["end"])
             if fault["kind"] == "partition":
                 cut_off += 1
+                # Its writes held by the partition reached the database when it healed: none
+                # was accepted (on the database's clock, none after the lease of the cut).
+                accepted = [s for s in fenced.get((ex["task"], ex["attempt"]), []) if s > t + lease]
+                if accepted:
+                    late_writes += len(accepted)
+                    problems.append(f"cut-off {ex['task']}#{ex['attempt']} wrote at {accepted}")
                 if ex["lost_at"] is None:
                     problems.append(f"cut-off {ex['task']}#{ex['attempt']} never learned")
                     continue
@@ -171,6 +178,7 @@ def check_records(
         "record_checkpoint_regressions": regressions,
         "partition_cut_off_executions": cut_off,
         "lease_lost_later_than_lease_plus_margin": late,
+        "cut_off_writes_accepted_after_the_lease": late_writes,
         "takeover_seconds_after_fault": {k: stats(v) for k, v in sorted(takeovers.items())},
         "lease_lost_seconds": {k: stats(v) for k, v in sorted(learned.items())},
     }
@@ -179,8 +187,14 @@ def check_records(
 
 def check_database(
     store: Any, steps: int, task_ids: dict[str, tuple[str | None, int, bool]]
-) -> tuple[dict[str, Any], list[str], dict[tuple[str, int], float]]:
-    """Every task's result and timeline, from the database alone; and the claims' times."""
+) -> tuple[
+    dict[str, Any],
+    list[str],
+    dict[tuple[str, int], float],
+    dict[tuple[str, int], list[float]],
+]:
+    """Every task's result and timeline, from the database alone; and, for the record checks,
+    when each delivery was claimed and when its fenced writes ran (the database's clock)."""
     from sqlalchemy import select
 
     from sqlease._core import exhausted_results
@@ -255,12 +269,14 @@ def check_database(
     for (tid, a), c in claims.items():
         claimed[tid].append((a, c))
     holders = 0
+    fenced: dict[tuple[str, int], list[float]] = {}
     for task_id, (run_id, _, _poison) in task_ids.items():
         per_attempt: dict[int, list[float]] = defaultdict(list)
         for e in by_task[task_id]:
             if e.kind in ("exec_start", "checkpoint", "exec_end") and e.attempt:
                 per_attempt[e.attempt].append(e.at_ms / 1000)
         for attempt, stamps in per_attempt.items():
+            fenced[(task_id, attempt)] = stamps
             later = [c for a, c in claimed[task_id] if a > attempt]
             if later and max(stamps) > min(later):
                 holders += 1
@@ -287,4 +303,4 @@ def check_database(
         "left_leased_or_ready": len(left),
         "lost": sum(1 for tid, v in task_ids.items() if not v[2] and tid not in results),
     }
-    return figures, problems, claims
+    return figures, problems, claims, fenced
