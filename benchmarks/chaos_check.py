@@ -128,6 +128,7 @@ def check_records(
     takeovers: dict[str, list[float]] = defaultdict(list)
     learned: dict[str, list[float]] = defaultdict(list)
     cut_off = late = late_writes = 0
+    slow: list[str] = []
     for fault in faults:
         if fault["kind"] not in ("kill", "stall", "partition"):
             continue
@@ -146,6 +147,13 @@ def check_records(
             taken = claims.get((ex["task"], ex["attempt"] + 1))
             if taken is not None and taken > t:
                 takeovers[fault["kind"]].append(taken - t)
+                if taken - t > 2 * lease:  # what else happened meanwhile
+                    others = [
+                        f"{f['kind']} +{f['t'] - t:.1f}s"
+                        for f in faults
+                        if f is not fault and t - lease <= f["t"] <= taken
+                    ]
+                    slow.append(f"{fault['kind']}: {taken - t:.2f} s, {', '.join(others)}")
             if fault["kind"] == "stall":
                 # Stopped past its lease: on waking, its clock has run out; its next call
                 # raises LeaseLost without asking the database.
@@ -181,6 +189,7 @@ def check_records(
         "cut_off_writes_accepted_after_the_lease": late_writes,
         "takeover_seconds_after_fault": {k: stats(v) for k, v in sorted(takeovers.items())},
         "lease_lost_seconds": {k: stats(v) for k, v in sorted(learned.items())},
+        "takeovers_longer_than_two_leases": slow,
     }
     return figures, problems
 
