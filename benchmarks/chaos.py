@@ -1,40 +1,50 @@
 """Chaos run: real prefork workers under faults, then a check that nothing was lost or done
-twice.
+twice, from the database and from what the tasks recorded.
 
-While the workers run, it SIGKILLs a random worker every few seconds (and starts a new one),
-SIGSTOPs one past its lease and SIGCONTs it, terminates the workers' PostgreSQL connections
-(``pg_terminate_backend``) and restarts PostgreSQL once. At the end it checks and prints:
-every task finished exactly once in its fenced result; no run ever had two tasks executing at
-once; checkpoints never went backwards; no task exceeded its attempt budget except the
-poisoned ones, which ended ``attempts_exhausted``; nothing left leased or ready; and how many
-kills, stalls, disconnects and restarts were survived.
+Tasks in runs (``run_id``: serialized) and alone, each checkpointing several times. While the
+workers run it SIGKILLs workers (and starts new ones), SIGSTOPs workers past their lease and
+SIGCONTs them, and, on PostgreSQL, terminates the connections to its database, restarts the
+server once and cuts single workers off from it (a TCP proxy per worker stops forwarding both
+ways, sockets open: a partition). PostgreSQL is a throwaway server of the run's own
+(tests/e2e/pg_clusters.py), never the machine's; ``--db pgbouncer`` puts a PgBouncer in
+transaction mode in front of it. The faults are scheduled by progress (share of tasks done),
+so a fast or a slow machine sees every one of them.
 
-    python benchmarks/chaos.py --db pg --short        # what CI runs (about a minute)
-    python benchmarks/chaos.py --db pg                # the long run (explanation/reliability.md)
-    python benchmarks/chaos.py --db sqlite --short    # one machine: worker kills only
+At the end it checks: every task has exactly one result (SUCCESS; the poisoned ones FAILURE
+after ``attempts_exhausted``); no two live holders of a task or of a run at once (from the
+database's fenced timeline and claims, and from the tasks' records); checkpoints never went
+backwards; every task cut off by a partition learned ``LeaseLost`` within the lease plus the
+margin of the cut, before the network healed, and its writes held by the partition were
+refused; every task stopped past its lease learned it on waking; nothing left leased or ready.
+
+    python benchmarks/chaos.py --db pg --short          # what CI runs (about a minute)
+    python benchmarks/chaos.py --db sqlite --short      # SQLite: worker kills and stalls
+    python benchmarks/chaos.py --db pg --scale 10 --out benchmarks/results/chaos-pg.json
+    python benchmarks/chaos.py --db pgbouncer --scale 10
+    python benchmarks/chaos.py --db sqlite --scale 10
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
+import platform
 import random
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections import defaultdict
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-PG = os.environ.get("CHAOS_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+sys.path.insert(0, str(HERE))
+
+from chaos_check import check_database, check_records, load_records  # noqa: E402
+from chaos_faults import Chaos  # noqa: E402
 
 
 @dataclass
@@ -42,355 +52,224 @@ class Config:
     db: str
     runs: int
     tasks_per_run: int
+    alone: int
     steps: int
     step_seconds: float
     workers: int
     lease: float
-    kill_every: float
+    kills: int
+    stalls: int
+    partitions: int
+    restarts: int
     disconnect_every: float
     poisoned: int
     timeout: float
-    restart_pg: bool
-    stall: bool
 
 
-def config(db: str, short: bool) -> Config:
+def config(db: str, short: bool, scale: int) -> Config:
+    pg = db != "sqlite"
     if short:
         return Config(
-            db,
-            runs=20,
-            tasks_per_run=8,
-            steps=3,
-            step_seconds=0.05,
-            workers=3,
-            lease=2.0,
-            kill_every=4.0,
-            disconnect_every=5.0,
-            poisoned=2,
-            timeout=240.0,
-            restart_pg=db == "pg",
-            stall=True,
-        )
+            db, runs=20, tasks_per_run=8, alone=40, steps=3, step_seconds=0.05, workers=3,
+            lease=2.0, kills=5, stalls=1, partitions=int(pg), restarts=int(pg),
+            disconnect_every=5.0, poisoned=2, timeout=240.0,
+        )  # fmt: skip
+    # --scale 1 is the earlier long run's size (3,000 tasks), 10 is 10,000 tasks: 60 % in
+    # runs of 15, 40 % alone; faults at least those the reliability page promises.
+    tasks = 1000 * scale if scale > 1 else 3000
+    runs = tasks * 6 // 10 // 15
     return Config(
-        db,
-        runs=200,
-        tasks_per_run=15,
-        steps=4,
-        step_seconds=0.05,
-        workers=4,
-        lease=2.0,
-        kill_every=5.0,
-        disconnect_every=7.0,
-        poisoned=5,
-        timeout=1800.0,
-        restart_pg=db == "pg",
-        stall=True,
-    )
+        db, runs=runs, tasks_per_run=15, alone=tasks - runs * 15, steps=3, step_seconds=0.03,
+        workers=4, lease=2.0, kills=max(20, 3 * scale + 6), stalls=max(1, scale // 2),
+        partitions=max(1, scale // 2) if pg else 0, restarts=int(pg), disconnect_every=7.0,
+        poisoned=5, timeout=600.0 * max(1, scale),
+    )  # fmt: skip
 
 
-@dataclass
-class Chaos:
-    cfg: Config
-    url: str
-    prefix: str
-    tmp: Path
-    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+def plan(cfg: Config) -> list[tuple[float, str]]:
+    """The faults, by the share of tasks done at which each is made: spread evenly over the
+    first nine tenths, the restart half-way."""
 
-    def env(self) -> dict[str, str]:
-        return dict(
-            os.environ,
-            CHAOS_URL=self.url,
-            CHAOS_PREFIX=self.prefix,
-            CHAOS_LEASE=str(self.cfg.lease),
-            PYTHONPATH=str(HERE),
-        )
+    def spread(n: int, kind: str, lo: float = 0.03, hi: float = 0.9) -> list[tuple[float, str]]:
+        return [(lo + (hi - lo) * (i + 0.5) / n, kind) for i in range(n)]
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
-        log = (self.tmp / "workers.log").open("ab")
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "chaos_app",
-                "worker",
-                "--pool",
-                "prefork",
-                "-c",
-                "2",
-                "-l",
-                "warning",
-                "-n",
-                f"chaos-{uuid.uuid4().hex[:6]}@%h",
-                "--without-mingle",
-                "--without-gossip",
-            ],
-            env=self.env(),
-            cwd=HERE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.workers.append(proc)
-        return proc
-
-    def kill_random(self) -> None:
-        alive = [w for w in self.workers if w.poll() is None]
-        if not alive:
-            return
-        victim = random.choice(alive)
-        try:
-            os.killpg(victim.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        victim.wait()
-        self.counts["kills"] += 1
-        self.start_worker()
-
-    def stall_one(self) -> None:
-        alive = [w for w in self.workers if w.poll() is None]
-        if not alive:
-            return
-        victim = random.choice(alive)
-        os.killpg(victim.pid, signal.SIGSTOP)
-        time.sleep(self.cfg.lease * 1.6)
-        os.killpg(victim.pid, signal.SIGCONT)
-        self.counts["stalls"] += 1
-
-    def disconnect(self) -> None:
-        import psycopg
-
-        with psycopg.connect(PG, autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name LIKE 'sqlease%%' AND pid <> pg_backend_pid() "
-                "AND datname = current_database()"
-            ).fetchall()
-        self.counts["disconnects"] += 1
-        self.counts["connections_terminated"] += len(rows)
-
-    def restart_pg(self) -> None:
-        version = sorted(os.listdir("/etc/postgresql"))[0]
-        subprocess.run(
-            [
-                "pg_ctlcluster",
-                "--skip-systemctl-redirect",
-                version,
-                "main",
-                "restart",
-                "-m",
-                "fast",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        self.counts["restarts"] += 1
-
-    def stop_all(self) -> None:
-        for proc in self.workers:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+    faults = spread(cfg.kills, "kill") + spread(cfg.stalls, "stall", 0.08, 0.85)
+    faults += spread(cfg.partitions, "partition", 0.1, 0.8)
+    faults += [(0.5, "restart")] * cfg.restarts
+    return sorted(faults)
 
 
-def check(store: Any, cfg: Config, task_ids: dict[str, tuple[str, int, bool]]) -> dict[str, Any]:
-    """Verify the guarantees from the database alone."""
-    from sqlalchemy import select
-
-    from sqlease._core import exhausted_results
-    from sqlease.admin import Admin
-    from sqlease.store import expand_event_rows
-
-    # A worker killed between marking a task exhausted and writing its FAILURE leaves the
-    # result to the next maintenance pass; run that repair now rather than wait a pass.
-    exhausted_results.write_missing(store)
-    t = store.tables
-    admin = Admin("x", store=store)
-    problems: list[str] = []
-    finished = exhausted = reexecuted = 0
-    with store.driver.reading() as conn:
-        results = {
-            r.task_id: r
-            for r in conn.execute(select(t.results.c.task_id, t.results.c.state, t.results.c.value))
-        }
-        leftovers = conn.execute(
-            select(t.messages.c.task_id, t.messages.c.state, t.messages.c.reason)
-        ).fetchall()
-        rows = conn.execute(select(t.events).order_by(t.events.c.id))
-        events = [SimpleNamespace(**e) for e in expand_event_rows(r._mapping for r in rows)]
-    by_task: dict[str, list[Any]] = defaultdict(list)
-    for event in events:
-        by_task[event.task_id].append(event)
-    for task_id, (_run_id, _seq, poison) in task_ids.items():
-        row = results.get(task_id)
-        if poison:
-            if row is None or row.state != "FAILURE":
-                problems.append(f"poisoned {task_id}: result {row and row.state}")
-            kinds = [e.kind for e in by_task[task_id]]
-            if "attempts_exhausted" not in kinds:
-                problems.append(f"poisoned {task_id} did not end attempts_exhausted")
-            exhausted += 1
-            continue
-        if row is None or row.state != "SUCCESS":
-            problems.append(f"task {task_id} has no SUCCESS result ({row and row.state})")
-            continue
-        value = json.loads(bytes(row.value))["result"]
-        if value["i"] != cfg.steps:
-            problems.append(f"task {task_id} finished at step {value['i']}")
-        finished += 1
-        checkpoints = [
-            json.loads(e.data)["checkpoint"]["i"]
-            for e in by_task[task_id]
-            if e.kind == "checkpoint"
-        ]
-        if checkpoints != sorted(checkpoints):
-            problems.append(f"task {task_id}: checkpoints went backwards {checkpoints}")
-        attempts = max((e.attempt or 0) for e in by_task[task_id])
-        if attempts > store.max_attempts:
-            problems.append(f"task {task_id} exceeded its budget: attempt {attempts}")
-        # The delivery that stored the result completed under its lease. A delivery that
-        # completed and then died before storing its result is re-run (at-least-once) and
-        # resumes from its last checkpoint: counted, not a failure.
-        ends = [e.attempt for e in by_task[task_id] if e.kind == "exec_end"]
-        if value["attempt"] not in ends:
-            problems.append(f"task {task_id}: its result's delivery recorded no completion")
-        if any(a > value["attempt"] for a in ends):
-            problems.append(f"task {task_id}: a delivery completed after the result was stored")
-        reexecuted += len(ends) - 1
-    # No run had two tasks executing at once: fenced activity intervals of different tasks of
-    # one run (first fenced write of a delivery .. its last) never overlap.
-    intervals: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
-    for task_id, (run_id, _, _poison) in task_ids.items():
-        per_attempt: dict[int, list[int]] = defaultdict(list)
-        for e in by_task[task_id]:
-            if e.kind in ("exec_start", "checkpoint", "exec_end") and e.attempt:
-                per_attempt[e.attempt].append(e.at_ms)
-        for stamps in per_attempt.values():
-            intervals[run_id].append((min(stamps), max(stamps), task_id))
-    overlaps = 0
-    for run_id, spans in intervals.items():
-        spans.sort()
-        for (_s1, e1, t1), (s2, _e2, t2) in itertools.pairwise(spans):
-            if t1 != t2 and s2 < e1:
-                overlaps += 1
-                problems.append(f"run {run_id}: {t1} and {t2} overlapped")
-    left = [r for r in leftovers if not (r.state == "dead" and r.reason == "attempts_exhausted")]
-    if left:
-        problems.append(f"{len(left)} messages left leased or ready: {left[:5]}")
-    return {
-        "finished_once": finished,
-        "reexecuted_after_crash_before_result": reexecuted,
-        "poisoned_exhausted": exhausted,
-        "run_overlaps": overlaps,
-        "lost": len([1 for tid, v in task_ids.items() if not v[2] and tid not in results]),
-        "problems": problems[:20],
-        "admin_stats": admin.stats(),
-    }
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--db", choices=("pg", "sqlite"), default="pg")
-    parser.add_argument("--short", action="store_true")
-    parser.add_argument("--seed", type=int, default=None)
-    args = parser.parse_args()
-    cfg = config(args.db, args.short)
-    random.seed(args.seed)
-    tmp = Path(tempfile.mkdtemp(prefix="sqlease-chaos-"))
-    prefix = f"chaos{os.getpid()}_"
-    url = f"sqlease+{PG}" if cfg.db == "pg" else f"sqlease+sqlite:///{tmp}/chaos.db"
-    os.environ.update(CHAOS_URL=url, CHAOS_PREFIX=prefix, CHAOS_LEASE=str(cfg.lease))
-    sys.path.insert(0, str(HERE))
-    import chaos_app
+def remaining(store: Any) -> int | None:
+    """Messages not yet acked and not dead (None while the database cannot be read)."""
     from sqlalchemy import func, select
     from sqlalchemy.exc import OperationalError
 
-    from sqlease import Store
-    from sqlease.urls import strip_prefix
+    m = store.tables.messages
+    try:
+        with store.driver.reading() as conn:
+            return int(
+                conn.execute(
+                    select(func.count()).select_from(m).where(m.c.state != "dead")
+                ).scalar_one()
+            )
+    except OperationalError:  # our own connection was terminated too, or a restart: again
+        return None
 
-    store = Store(strip_prefix(url), table_prefix=prefix, max_attempts=8)
-    chaos = Chaos(cfg, url, prefix, tmp)
-    started = time.monotonic()
-    task_ids: dict[str, tuple[str, int, bool]] = {}
+
+def enqueue(cfg: Config) -> dict[str, tuple[str | None, int, bool]]:
+    import chaos_app
+
+    task_ids: dict[str, tuple[str | None, int, bool]] = {}
     poison_at = set(random.sample(range(cfg.runs), cfg.poisoned))
+    args = (cfg.steps, cfg.step_seconds)
     for seq in range(cfg.tasks_per_run):  # interleaved across runs: claimers really race
         for run in range(cfg.runs):
             run_id = f"run-{run}"
             poison = run in poison_at and seq == cfg.tasks_per_run - 1
-            result = chaos_app.work.apply_async(
-                (run_id, seq, cfg.steps, cfg.step_seconds, poison),
-                headers={"run_id": run_id},
+            sent = chaos_app.work.apply_async(
+                (run_id, seq, *args, poison), headers={"run_id": run_id}
             )
-            task_ids[result.id] = (run_id, seq, poison)
+            task_ids[sent.id] = (run_id, seq, poison)
+        for n in range(
+            cfg.alone * seq // cfg.tasks_per_run, cfg.alone * (seq + 1) // cfg.tasks_per_run
+        ):
+            sent = chaos_app.work.apply_async((None, n, *args))
+            task_ids[sent.id] = (None, n, False)
+    return task_ids
+
+
+def drive(cfg: Config, chaos: Chaos, store: Any, total: int, started: float) -> str:
+    """Make the planned faults as the tasks get done; until none is left, or the timeout."""
+    schedule = plan(cfg)
+    last_disconnect = time.monotonic()
+    while time.monotonic() - started < cfg.timeout:
+        time.sleep(0.25)
+        chaos.tick()
+        left = remaining(store)
+        if left is None:
+            continue
+        if left == 0 and not schedule and not chaos.pending:
+            return "drained"
+        done = 1 - left / total
+        while schedule and schedule[0][0] <= done:
+            kind = schedule[0][1]
+            if not getattr(chaos, kind)():  # no worker free for it now: at the next look
+                break
+            schedule.pop(0)
+        now = time.monotonic()
+        if chaos.server is not None and now - last_disconnect >= cfg.disconnect_every:
+            chaos.disconnect()
+            last_disconnect = now
+    return "timeout"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--db", choices=("pg", "pgbouncer", "sqlite"), default="pg")
+    parser.add_argument("--short", action="store_true", help="what CI runs")
+    parser.add_argument("--scale", type=int, default=1, help="10: 10,000 tasks")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=0.5,
+        help="seconds past the lease a cut-off task may take to learn LeaseLost (a shared "
+        "machine's scheduling; the lease clock keeps its own margin inside the lease)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="write the figures here (JSON)")
+    args = parser.parse_args()
+    cfg = config(args.db, args.short, args.scale)
+    random.seed(args.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="sqlease-chaos-"))
+    prefix = f"chaos{os.getpid()}_"
+    chaos = Chaos(cfg.db, cfg.lease, prefix, tmp, sqlite_url=f"sqlite:///{tmp}/chaos.db")
+    try:
+        return run(cfg, chaos, args)
+    finally:
+        chaos.teardown()
+
+
+def run(cfg: Config, chaos: Chaos, args: argparse.Namespace) -> int:
+    url = chaos.setup()
+    # The producer publishes directly (not through a worker's proxy) to the run's database.
+    os.environ.update(
+        CHAOS_URL=f"sqlease+{url}", CHAOS_PREFIX=chaos.prefix, CHAOS_LEASE=str(cfg.lease)
+    )
+    sys.path.insert(0, str(HERE))
+    from sqlease import Store
+
+    store = Store(url, table_prefix=chaos.prefix, max_attempts=8)
+    task_ids = enqueue(cfg)
+    total = len(task_ids)
+    started = time.monotonic()
     for _ in range(cfg.workers):
         chaos.start_worker()
-    last_kill = last_disconnect = time.monotonic()
-    did_stall = did_restart = False
-    total = len(task_ids)
-    outcome = "timeout"
     try:
-        while time.monotonic() - started < cfg.timeout:
-            time.sleep(0.5)
-            try:
-                with store.driver.reading() as conn:
-                    remaining = conn.execute(
-                        select(func.count())
-                        .select_from(store.tables.messages)
-                        .where(store.tables.messages.c.state == "ready")
-                    ).scalar_one()
-            except OperationalError:  # our own connection was terminated too: look again
-                continue
-            elapsed = time.monotonic() - started
-            if remaining == 0:
-                outcome = "drained"
-                break
-            now = time.monotonic()
-            if now - last_kill >= cfg.kill_every:
-                chaos.kill_random()
-                last_kill = now
-            if cfg.db == "pg" and now - last_disconnect >= cfg.disconnect_every:
-                chaos.disconnect()
-                last_disconnect = now
-            # Faults are scheduled by time and by progress, whichever comes first, so a fast
-            # machine that drains the backlog early still sees every one of them.
-            if (
-                cfg.stall
-                and not did_stall
-                and (elapsed > cfg.kill_every * 1.5 or remaining <= total * 3 // 4)
-            ):
-                chaos.stall_one()
-                did_stall = True
-            if (
-                cfg.restart_pg
-                and not did_restart
-                and (elapsed > cfg.kill_every * 3 or remaining <= total // 2)
-            ):
-                chaos.restart_pg()
-                did_restart = True
+        outcome = drive(cfg, chaos, store, total, started)
+        seconds = time.monotonic() - started
     finally:
         chaos.stop_all()
     from sqlease._db.engine import dispose_all
 
     dispose_all()
-    report = check(store, cfg, task_ids)
-    report.update(
-        db=cfg.db,
-        tasks=total,
-        runs=cfg.runs,
-        outcome=outcome,
-        seconds=round(time.monotonic() - started, 1),
-        **dict(chaos.counts),
+    db_figures, problems, claims, fenced = check_database(store, cfg.steps, task_ids)
+    executions, torn = load_records(chaos.records)
+    record_figures, record_problems = check_records(
+        executions, chaos.faults, claims, fenced, cfg.lease, args.margin
     )
+    problems += record_problems
+    if torn:
+        problems.append(f"{torn} torn record lines")
+    kinds = Counter(f["kind"] for f in chaos.faults)
+    partitions = [f for f in chaos.faults if f["kind"] == "partition"]
+    if any(f.get("held_bytes", 0) == 0 for f in partitions):
+        problems.append("a partition held no write: nothing was cut off")
+    report: dict[str, Any] = {
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "db": cfg.db,
+        "tasks": total,
+        "tasks_in_runs": cfg.runs * cfg.tasks_per_run,
+        "tasks_alone": cfg.alone,
+        "outcome": outcome,
+        "seconds": round(seconds, 1),
+        "tasks_per_second": round(total / seconds, 1),
+        "faults_survived": {
+            "sigkills": kinds["kill"],
+            "sigstops_past_the_lease": kinds["stall"],
+            "partitions_of_one_worker": kinds["partition"],
+            "connection_termination_rounds": kinds["disconnect"],
+            "connections_terminated": chaos.terminated,
+            "postgresql_restarts": kinds["restart"],
+        },
+        # Bytes the workers sent into each partition, delivered when it healed.
+        "partition_held_bytes_delivered_at_heal": [f.get("held_bytes") for f in partitions],
+        **db_figures,
+        **record_figures,
+        "lease_seconds": cfg.lease,
+        "margin_seconds": args.margin,
+        "config": asdict(cfg),
+        "problems": problems[:30],
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared with other work",
+        "python": platform.python_version(),
+        "commit": _commit(),
+    }
     print(json.dumps(report, indent=2, default=str))
-    ok = outcome == "drained" and not report["problems"] and report["lost"] == 0
-    print("CHAOS OK" if ok else f"CHAOS FAILED (logs in {tmp})")
+    # Beside the workers' log and the records, with every fault's times.
+    (chaos.tmp / "report.json").write_text(
+        json.dumps({**report, "faults": chaos.faults}, indent=2, default=str)
+    )
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    ok = outcome == "drained" and not problems and report["lost"] == 0
+    print("CHAOS OK" if ok else f"CHAOS FAILED (logs in {chaos.tmp})")
     return 0 if ok else 1
+
+
+def _commit() -> str:
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
+    )
+    return done.stdout.strip()
 
 
 if __name__ == "__main__":

@@ -35,9 +35,9 @@ def _admin_engine() -> Any:
 
 
 #: Tests that run real ``celery`` processes, PgBouncer or Chromium, race processes against the
-#: database, or restart PostgreSQL (the chaos run): marked ``alone``, so that the README's
-#: command runs them after the others and by themselves, where their leases and timeouts were
-#: measured. The rest (fake clocks, one process) run two at a time (``-n 2``).
+#: database, or start PostgreSQL servers of their own (the chaos run, failover): ``alone``, so
+#: that the README's command runs them after the others and by themselves, where their leases
+#: and timeouts were measured. The rest (fake clocks, one process) run two at a time (``-n 2``).
 ALONE = ("e2e", "concurrency", "pooler", "ui/test_browser.py")
 
 

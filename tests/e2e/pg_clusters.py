@@ -1,8 +1,11 @@
-"""Throwaway PostgreSQL clusters for the failover test: a primary and its streaming standby,
-made with ``initdb`` and ``pg_basebackup`` in a temporary folder, on ports of their own,
-started and stopped with ``pg_ctl`` (by their own data folder: nothing else is touched).
+"""Throwaway PostgreSQL clusters: for the failover test a primary and its streaming standby
+(``Clusters``), for the chaos benchmark one server it may restart and stop (``Server``), made
+with ``initdb`` (and ``pg_basebackup``) in a temporary folder, on ports of their own, started
+and stopped with ``pg_ctl`` (by their own data folder: nothing else is touched, least of all the
+machine's shared server, which other test sessions use).
 
-Run as root (CI), the server programs run as the ``postgres`` user, who owns the folder."""
+Run as root (CI), the server programs run as the ``postgres`` user, who owns the folder.
+Standard library only: ``benchmarks/chaos.py`` imports this file too."""
 
 from __future__ import annotations
 
@@ -37,6 +40,91 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _programs(root: Path) -> tuple[Path, bool]:
+    """The server programs, and whether to run them as ``postgres`` (``root`` then its)."""
+    found = bindir()
+    if found is None:
+        raise RuntimeError("no PostgreSQL server programs under /usr/lib/postgresql")
+    as_root = os.geteuid() == 0
+    if as_root:
+        pw = pwd.getpwnam("postgres")
+        os.chown(root, pw.pw_uid, pw.pw_gid)
+    return found, as_root
+
+
+def _run(
+    bin_: Path, as_root: bool, root: Path, *args: str, check: bool = True, timeout: float = 60
+) -> str:
+    command = [str(bin_ / args[0]), *args[1:]]
+    if as_root:
+        command = ["runuser", "-u", "postgres", "--", *command]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, check=False, cwd=root
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed: {done.stdout}{done.stderr}")
+    return done.stdout
+
+
+#: Settings of a throwaway server: its segments in the data folder, removed with it (an
+#: immediate stop leaves POSIX ones behind in /dev/shm); no fsync (a test's data, not a
+#: machine's: a crash of the server process is what the tests make, not of the machine).
+THROWAWAY = {
+    "listen_addresses": "'127.0.0.1'",
+    "max_connections": "100",
+    "shared_buffers": "32MB",
+    "dynamic_shared_memory_type": "mmap",
+    "fsync": "off",
+    "full_page_writes": "off",
+}
+
+
+class Server:
+    """One throwaway PostgreSQL server on a port of its own, database ``postgres``, trust
+    authentication: started, restarted (``restart``) and stopped by its own data folder."""
+
+    def __init__(self, *, max_connections: int = 100) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="sqlease-pg-"))
+        self.bin, self._as_root = _programs(self.root)
+        self.port = free_port()
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        self._max_connections = max_connections
+        self._running = False
+
+    def run(self, *args: str, check: bool = True, timeout: float = 60) -> str:
+        return _run(self.bin, self._as_root, self.root, *args, check=check, timeout=timeout)
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> None:
+        self.run("initdb", "-D", str(self.data), "--auth=trust", "-U", "postgres", "-E", "UTF8")
+        settings = {
+            **THROWAWAY,
+            "port": str(self.port),
+            "unix_socket_directories": f"'{self.root}'",
+            "max_connections": str(self._max_connections),
+        }
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.writelines(f"{k} = {v}\n" for k, v in settings.items())
+        self._pg_ctl("start")
+        self._running = True
+
+    def restart(self) -> None:
+        """A fast restart: every connection is closed, the server is back on the same port."""
+        self._pg_ctl("restart", "-m", "fast")
+
+    def _pg_ctl(self, action: str, *more: str) -> None:
+        self.run("pg_ctl", action, "-D", str(self.data), "-l", str(self.log), "-w", *more)
+
+    def stop(self) -> None:
+        if self._running:
+            self.run("pg_ctl", "stop", "-D", str(self.data), "-m", "immediate", check=False)
+            self._running = False
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 @dataclass
 class Node:
     name: str
@@ -49,30 +137,15 @@ class Clusters:
     """A primary (``primary``) and a standby streaming from it (``standby``)."""
 
     def __init__(self, *, synchronous: bool) -> None:
-        found = bindir()
-        if found is None:
-            raise RuntimeError("no PostgreSQL server programs under /usr/lib/postgresql")
-        self.bin = found
         self.synchronous = synchronous
         self.root = Path(tempfile.mkdtemp(prefix="sqlease-failover-"))
-        self._as_root = os.geteuid() == 0
-        if self._as_root:
-            pw = pwd.getpwnam("postgres")
-            os.chown(self.root, pw.pw_uid, pw.pw_gid)
+        self.bin, self._as_root = _programs(self.root)
         self.primary = Node("primary", self.root / "primary", free_port(), self.root / "p.log")
         self.standby = Node("standby", self.root / "standby", free_port(), self.root / "s.log")
         self._started: list[Node] = []
 
     def _run(self, *args: str, check: bool = True, timeout: float = 60) -> str:
-        command = [str(self.bin / args[0]), *args[1:]]
-        if self._as_root:
-            command = ["runuser", "-u", "postgres", "--", *command]
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, check=False, cwd=self.root
-        )
-        if check and done.returncode != 0:
-            raise RuntimeError(f"{' '.join(args)} failed: {done.stdout}{done.stderr}")
-        return done.stdout
+        return _run(self.bin, self._as_root, self.root, *args, check=check, timeout=timeout)
 
     def url(self, database: str = "postgres") -> str:
         """The multi-host URL: whichever of the two accepts writes."""
@@ -89,20 +162,13 @@ class Clusters:
         p = self.primary
         self._run("initdb", "-D", str(p.data), "--auth=trust", "-U", "postgres", "-E", "UTF8")
         settings = {
-            "listen_addresses": "'127.0.0.1'",
+            # A primary killed by the test, not the machine: the standby holds what counts.
+            **THROWAWAY,
             "port": str(p.port),
             "unix_socket_directories": f"'{self.root}'",
             "wal_level": "replica",
             "max_wal_senders": "5",
             "hot_standby": "on",
-            "max_connections": "100",
-            "shared_buffers": "32MB",
-            # Its segments in the data folder, removed with it: an immediate stop leaves
-            # POSIX ones behind in /dev/shm.
-            "dynamic_shared_memory_type": "mmap",
-            # A primary killed by the test, not the machine: the standby holds what counts.
-            "fsync": "off",
-            "full_page_writes": "off",
             "synchronous_standby_names": "'*'" if self.synchronous else "''",
         }
         with open(p.data / "postgresql.conf", "a") as conf:

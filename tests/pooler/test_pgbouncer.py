@@ -243,3 +243,41 @@ def test_no_session_lock_is_left_on_pooled_connections(bouncer: Bouncer, workers
         assert time.monotonic() < deadline, "the killed worker's lock stayed"
         time.sleep(0.2)
     engine.dispose()
+
+
+def test_an_engines_first_connection_behind_the_pooler_is_left_idle(bouncer: Bouncer) -> None:
+    """The check of the server's settings on a pool's first connection ends the transaction its
+    ``SHOW`` statements began: else the first statement sent in autocommit on that connection
+    fails (psycopg cannot switch a connection inside a transaction), which a prefork child's
+    first task met as a FAILURE (the chaos run through PgBouncer), and the pooler keeps a
+    server connection pinned to the idle client meanwhile. Checked in the process that made
+    the engine and in a forked child (whose pool is new: the check runs there again)."""
+    from psycopg.pq import TransactionStatus
+
+    from sqlease._db.engine import _engines
+
+    store = Store(bouncer.url(), table_prefix=unique_prefix())
+    store.enqueue("q", "{}", task_id="t")
+    engines = [e for e in _engines.values() if e.url.port == bouncer.port]
+    assert engines
+
+    def first_connections_idle() -> bool:
+        idle = True
+        for engine in engines:
+            fairy = engine.raw_connection()
+            driver = fairy.driver_connection
+            idle = idle and driver.info.transaction_status == TransactionStatus.IDLE
+            driver.autocommit = True  # what the direct lanes do with a pooled connection
+            driver.autocommit = False
+            fairy.close()
+        return idle
+
+    assert first_connections_idle()
+    pid = os.fork()
+    if pid == 0:  # the child: a new pool per engine (sqlease._db.engine, after fork)
+        try:
+            os._exit(0 if first_connections_idle() else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -46,3 +46,37 @@ def test_without_a_renewal_the_error_comes_at_the_bound() -> None:
         call()  # type: ignore[operator]
     assert len(calls) == 1
     assert time.monotonic() >= end  # it waited out the lease before giving up
+
+
+def test_a_lost_connection_of_another_error_class_is_retried_and_a_refusal_is_not() -> None:
+    """psycopg reports a connection terminated under a pooler, as it answered a ``BEGIN``, as
+    an ``InternalError`` (two results for one command): taken as a disconnect (the connection
+    dropped) and retried; an ``InternalError`` of the server's, on a live connection, is not."""
+    import psycopg
+    from sqlalchemy.exc import DBAPIError, InternalError
+
+    from sqlease._db.postgresql.engine import desynced
+
+    garbled = psycopg.InternalError("received 2 results from command 'BEGIN'")
+    assert desynced(garbled)
+    assert not desynced(psycopg.InternalError("cache lookup failed"))
+    assert not desynced(psycopg.OperationalError("received 2 results from command 'BEGIN'"))
+
+    for invalidated, expected_calls in ((True, 2), (False, 1)):
+        calls: list[int] = []
+
+        def call(invalidated: bool = invalidated, calls: list[int] = calls) -> str:
+            calls.append(1)
+            if len(calls) == 1:
+                raise DBAPIError.instance(
+                    "BEGIN", None, garbled, psycopg.Error, connection_invalidated=invalidated
+                )
+            return "done"
+
+        retried = retry_transient(call, seconds=5)
+        if invalidated:
+            assert retried() == "done"
+        else:
+            with pytest.raises(InternalError):
+                retried()
+        assert len(calls) == expected_calls

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from sqlease._db import bounds
@@ -45,7 +45,11 @@ def retry_transient(fn: F, seconds: float = RETRY_SECONDS) -> F:
             bounds.check()
             try:
                 return fn(*args, **kwargs)
-            except (OperationalError, PoolTimeout) as exc:
+            except (OperationalError, PoolTimeout, DBAPIError) as exc:
+                if not isinstance(exc, OperationalError | PoolTimeout) and not (
+                    exc.connection_invalidated  # a lost connection of another error class
+                ):
+                    raise
                 left = bounds.left()
                 if left is not None and left <= delay:
                     # No retry fits in what is left of the lease: wait out the lease. A

@@ -28,6 +28,7 @@ from sqlalchemy.sql.elements import TextClause
 
 from sqlease._db import spares as spares_module
 from sqlease._db.driver import WAIT_READ, WAIT_WRITE
+from sqlease._db.postgresql.engine import desynced
 from sqlease._db.spares import spares_of
 from sqlease._db.translate import translate
 
@@ -255,7 +256,8 @@ class DirectLane:
 
     def _is_disconnect(self, fairy: Any, error: psycopg.Error) -> bool:
         dialect = self._engine.dialect
-        return bool(dialect.is_disconnect(error, fairy.dbapi_connection, None))  # type: ignore[arg-type]
+        found = dialect.is_disconnect(error, fairy.dbapi_connection, None)  # type: ignore[arg-type]
+        return bool(found) or desynced(error)
 
     def _error(
         self,

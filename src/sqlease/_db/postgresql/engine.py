@@ -3,12 +3,14 @@ by discarding the pool on the first disconnect error), sessions set up for short
 transactions (``idle_in_transaction_session_timeout`` as a backstop: no stalled worker can
 hold a row lock that blocks a takeover), connections whose waits end with the lease of the
 call (sqlease._db.postgresql.bounded) and whose TCP settings notice a dead network within the
-lease (``keepalive_args``)."""
+lease (``keepalive_args``), and a connection left in an unknown state by a terminated server
+connection behind a pooler taken as lost (``desynced``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine
 
@@ -142,6 +144,15 @@ def connect_args(
     return args
 
 
+def desynced(error: BaseException) -> bool:
+    """psycopg got more than one result for a command it sent on its own (``BEGIN``,
+    ``COMMIT``): the other belongs to nothing sent, typically the server's FATAL message as
+    its connection was terminated, passed on by a pooler (PgBouncer, ``pg_terminate_backend``
+    of the server connection a transaction runs on). The connection's state is unknown: it is
+    dropped as after a disconnect, and the operation, safe to repeat, is retried."""
+    return isinstance(error, psycopg.InternalError) and "results from command" in str(error)
+
+
 def create(url: URL, options: dict[str, Any]) -> Engine:
     clean, pooling = pooler.split(url)
     # ?pool_size= / ?max_overflow= cap every engine of the URL (docs/howto/operations.md,
@@ -163,6 +174,11 @@ def create(url: URL, options: dict[str, Any]) -> Engine:
             lease_ms=int(options.get("lease_ms") or DEFAULT_LEASE_MS),
         ),
     )
+
+    @event.listens_for(engine, "handle_error")
+    def _desynced(context: Any) -> None:
+        if desynced(context.original_exception):
+            context.is_disconnect = True  # dropped, and the operation retried (_db.retry)
 
     @event.listens_for(engine, "do_connect")
     def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:

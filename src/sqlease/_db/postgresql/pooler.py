@@ -196,6 +196,12 @@ def check_settings(dbapi_connection: Any, where: str) -> list[str]:
                 missing.append(name)
     finally:
         cursor.close()
+        # The SHOWs began a transaction (the connection is not in autocommit yet): end it.
+        # Left open, the first statement sent in autocommit on this connection fails
+        # (psycopg cannot switch inside a transaction) and the pooler keeps a server
+        # connection pinned to this idle client. SQLAlchemy's own rollback after its first
+        # connect ran before this listener, and not at all in a forked child's new pool.
+        dbapi_connection.rollback()
     if missing and where not in _warned:
         _warned.add(where)
         sets = "; ".join(f"ALTER ROLE <role> SET {n} = '{WANTED[n]}'" for n in missing)
