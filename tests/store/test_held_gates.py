@@ -132,6 +132,7 @@ def test_admin_and_stats_show_parked_messages_as_queued_with_their_reason(store:
     assert stats["running"] == 2
     queued = admin.tasks(state="queued")
     assert len(queued) == 3 and {t.state for t in queued} == {"queued"}
+    assert store.size("q") == 3  # a broker's ready count: the parked ones are queued
 
 
 def test_the_maintenance_pass_promotes_a_gate_that_has_room(store: Store) -> None:
@@ -188,6 +189,7 @@ def test_a_sweep_gives_rate_held_messages_their_turn_as_due_time(store: Store) -
     stats = admin.stats()["q"]
     assert stats["held_by_rate"] == 4 and stats["queued"] == 6 and stats["scheduled"] == 0
     assert admin.task("r3").state == "queued"
+    assert store.size("q") == 6  # timed by the rate, they are still queued
     # Each claims in its turn; a claim clears the reason.
     [m3] = store.claim(["q"], "w", lease_ms=LEASE, now=now + 3000) or [None]
     assert m3 is not None and m3.id == ids[1]  # the earlier, still due, go first

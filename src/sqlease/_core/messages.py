@@ -261,7 +261,9 @@ class Messages(Aggregate):
 
     @transient
     def size(self, queue: str, *, now: int | None = None) -> int:
-        """Messages ready to be delivered now (not leased, not scheduled for later)."""
+        """Messages queued now: ready to be delivered (not leased, not scheduled for later),
+        or held back only by their run, their gate or their rate (parked, or given their
+        rate's turn), as a broker counts its ready messages."""
         with self.driver.reading() as conn:
             value = conn.execute(self.sql.size, {"queue": queue, "now": self._now(now)}).scalar()
         return int(value or 0)

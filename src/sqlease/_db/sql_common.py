@@ -237,9 +237,15 @@ def take(t: Tables, taken: str) -> TextClause:
 
 
 def size(t: Tables, now: str) -> TextClause:
+    """The queued messages of ``:queue``: due and not leased, and those held back that count
+    as queued (parked behind their run or at their gate, or given a rate's turn as their due
+    time: sqlease._db.held_tables), as a broker's ready count has them."""
+    m = t.messages.name
     return text(
-        f"SELECT count(*) FROM {t.messages.name} WHERE state = 'ready' AND queue = :queue "
-        f"AND available_at_ms <= {now} AND {unleased(now)}"
+        f"SELECT (SELECT count(*) FROM {m} WHERE state = 'ready' AND queue = :queue "
+        f"AND (available_at_ms <= {now} OR reason = 'rate') AND {unleased(now)}) + "
+        f"(SELECT count(*) FROM {m} WHERE state = 'parked' AND queue = :queue "
+        "AND reason IN ('run', 'gate'))"
     )
 
 
