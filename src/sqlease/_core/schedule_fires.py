@@ -1,0 +1,92 @@
+"""Many slots fired together: the beat's batch, in the leader's transaction.
+
+A minute boundary of thousands of entries is written with a few multi-row statements
+(``sqlease._db.schedules.ScheduleFires``) instead of five statements per fire. Only plain
+messages go this way: one whose task is unique, in a run, delayed or under a concurrency
+key needs the publish's own checks, so the beat fires it one by one (``batchable`` says
+which). The guarantees are the one-by-one fire's: every entry's compare-and-set on the slot
+and revision it was read with, inside the transaction that renewed the leader's lease, and
+for an entry that lost it (an edit, another leader's fire) nothing written at all."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+
+from sqlease._core.base import dump
+from sqlease._db.dialects import schedule_fires_for
+from sqlease.types import NewMessage
+
+if TYPE_CHECKING:
+    from sqlease._core.schedules import EntryRow, ScheduleStore
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFire:
+    """One slot of one entry to fire in a batch."""
+
+    entry: EntryRow
+    slot: int
+    #: The entry's next slot after this one.
+    next_ms: int
+    task_id: str
+    #: The message's row, as ``batchable`` checked it.
+    row: Mapping[str, Any]
+    #: The ``fired`` event's data.
+    fired: Mapping[str, Any]
+
+
+class ScheduleFiring:
+    """The batch writes of one ``ScheduleStore``."""
+
+    def __init__(self, entries: ScheduleStore, timeline_prefix: str) -> None:
+        store = entries.store
+        self._entries = entries
+        self._messages = store.messages
+        self._fires = schedule_fires_for(
+            store.driver.name, store.tables, timeline_prefix, store.driver.wakeup_channel
+        )
+
+    def batchable(self, message: NewMessage) -> dict[str, Any] | None:
+        """The checked row of a message that can be fired in a batch; None if it needs the
+        one-by-one publish (unique, in a run, delayed, under a concurrency key, or without a
+        task id). A bad message raises the publish's error."""
+        row = self._messages._check_new(message)
+        plain = (
+            row["unique_key"] is None
+            and row["run_id"] is None
+            and row["gate_key"] is None
+            and row["delay_ms"] <= 0
+            and row["task_id"] is not None
+            and row["record"]
+        )
+        return row if plain else None
+
+    def fire(self, conn: Connection, fires: Sequence[BatchFire]) -> set[str]:
+        """Fire ``fires`` inside the leader's transaction ``conn``; the names of the entries
+        whose slot fired (the others changed since they were read: nothing of theirs is
+        written, as with a one-by-one fire)."""
+        params = []
+        for f in fires:
+            row = f.row
+            params.append(
+                {
+                    "name": f.entry.name,
+                    "revision": f.entry.revision,
+                    "slot": f.slot,
+                    "next": f.next_ms,
+                    "task_id": f.task_id,
+                    "queue": row["queue"],
+                    "payload": row["payload"],
+                    "priority": row["priority"],
+                    "max_attempts": row["max_attempts"],
+                    "task_name": row["task_name"],
+                    "group_id": row["group_id"],
+                    "fired": dump(f.fired),
+                    "sent": dump({"schedule": f.entry.name, "slot_ms": f.slot}),
+                }
+            )
+        return set(self._fires.fire(conn, params, self._entries._at(None)))
