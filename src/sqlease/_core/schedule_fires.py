@@ -21,14 +21,17 @@ from sqlease._db.dialects import schedule_fires_for
 from sqlease.types import NewMessage
 
 if TYPE_CHECKING:
-    from sqlease._core.schedules import EntryRow, ScheduleStore
+    from sqlease._core.schedules import ScheduleStore
 
 
 @dataclass(frozen=True, slots=True)
 class BatchFire:
     """One slot of one entry to fire in a batch."""
 
-    entry: EntryRow
+    name: str
+    #: The entry's revision and ``slot`` (its next slot) as they were read: the
+    #: compare-and-set's condition.
+    revision: int
     slot: int
     #: The entry's next slot after this one.
     next_ms: int
@@ -74,8 +77,8 @@ class ScheduleFiring:
             row = f.row
             params.append(
                 {
-                    "name": f.entry.name,
-                    "revision": f.entry.revision,
+                    "name": f.name,
+                    "revision": f.revision,
                     "slot": f.slot,
                     "next": f.next_ms,
                     "task_id": f.task_id,
@@ -86,7 +89,7 @@ class ScheduleFiring:
                     "task_name": row["task_name"],
                     "group_id": row["group_id"],
                     "fired": dump(f.fired),
-                    "sent": dump({"schedule": f.entry.name, "slot_ms": f.slot}),
+                    "sent": dump({"schedule": f.name, "slot_ms": f.slot}),
                 }
             )
         return set(self._fires.fire(conn, params, self._entries._at(None)))

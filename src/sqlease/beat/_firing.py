@@ -4,6 +4,7 @@ event, enqueue), or none of it."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -95,7 +96,7 @@ class Firing:
             self.entries.on_task(conn, task_id, entry.name, None)
         return task_id
 
-    def _policy(self, entry: EntryRow) -> tuple[str, float]:
+    def policy(self, entry: EntryRow) -> tuple[str, float]:
         """The entry's catch-up policy and grace seconds (Celery's beat_cron_starting_deadline
         for a crontab entry that catches up once)."""
         is_cron = entry.schedule.get("kind") == "crontab"
@@ -106,7 +107,7 @@ class Firing:
 
     def _plan(self, entry: EntryRow, now: int) -> Plan:
         assert entry.next_run_at_ms is not None
-        catch_up, grace = self._policy(entry)
+        catch_up, grace = self.policy(entry)
         following = None if self.prebuilt is None else self.prebuilt.next_of(entry)
         if following is not None and following > now:
             # One slot came (the next one is still ahead): what ``plan`` answers, without
@@ -124,6 +125,33 @@ class Firing:
             grace_ms=int(grace * 1000),
         )
 
+    def fire_prebuilt(self, term: Term, now: int, ready: Callable[[str], bool]) -> int:
+        """Fire the prebuilt fires whose slot came, without reading their entries first: the
+        batch's compare-and-set on the revision and slot each was built for is the check,
+        and an entry that changed keeps its due slot for ``fire_together``. Only fires on
+        time (or that their catch-up policy fires: one slot came, the next is ahead). The
+        number of fires written."""
+        if self.prebuilt is None or not self.prebuilt.usable():
+            return 0
+        fires: list[tuple[BatchFire, Prebuilt]] = []
+        for built in self.prebuilt.came(now):
+            catch_up, grace = built.policy
+            on_time = now - built.slot <= grace * 1000 or catch_up != "skip"
+            if built.next_ms > now and on_time and ready(built.name):
+                fires.append((self._batch_fire(built, now), built))
+        sent = 0
+        for start in range(0, len(fires), BATCH_FIRES):
+            sent += len(self._fire_batch(term, fires[start : start + BATCH_FIRES]) or ())
+        return sent
+
+    def _batch_fire(self, built: Prebuilt, now: int) -> BatchFire:
+        fired = {"slot": iso(built.slot), "task_id": built.task_id}
+        fired["late_ms"] = max(0, now - built.slot)  # type: ignore[assignment]
+        fired["next_run_at"] = iso(built.next_ms)
+        return BatchFire(
+            built.name, built.revision, built.slot, built.next_ms, built.task_id, built.row, fired
+        )
+
     def fire_together(self, term: Term, entries: list[EntryRow], now: int) -> list[EntryRow]:
         """Fire the entries that have exactly one slot to fire: those whose message can be
         prebuilt in batches of BATCH_FIRES (``_fire_batch``), the others up to CHUNK in one
@@ -132,6 +160,7 @@ class Firing:
         alone: list[EntryRow] = []
         simple: list[tuple[EntryRow, Plan]] = []
         batch: list[tuple[BatchFire, Prebuilt]] = []
+        of: dict[str, EntryRow] = {}
         prebuilt = self.prebuilt if self.prebuilt is not None and self.prebuilt.usable() else None
         for entry in entries:
             p = self._plan(entry, now)
@@ -139,21 +168,20 @@ class Firing:
                 alone.append(entry)
                 continue
             built = None if prebuilt is None else prebuilt.take(entry, p.fire[0], now)
-            if built is None:
+            if built is None or built.next_ms != p.next_ms:
                 simple.append((entry, p))
                 continue
-            fired: dict[str, Any] = {"slot": iso(built.slot), "task_id": built.task_id}
-            fired["late_ms"] = max(0, now - built.slot)
-            fired["next_run_at"] = iso(p.next_ms)
-            fire = BatchFire(entry, built.slot, p.next_ms, built.task_id, built.row, fired)
-            batch.append((fire, built))
+            batch.append((self._batch_fire(built, now), built))
+            of[entry.name] = entry
         for start in range(0, len(batch), BATCH_FIRES):
-            alone.extend(self._fire_batch(term, batch[start : start + BATCH_FIRES]))
+            chunk = batch[start : start + BATCH_FIRES]
+            if self._fire_batch(term, chunk) is None:
+                alone.extend(of[fire.name] for fire, _ in chunk)
         for start in range(0, len(simple), CHUNK):
-            chunk = simple[start : start + CHUNK]
+            chunk_simple = simple[start : start + CHUNK]
             try:
                 with self.entries.firing(term, self.options.lease_ms) as conn:
-                    for entry, p in chunk:
+                    for entry, p in chunk_simple:
                         self._fire_on(conn, entry, p.fire[0], p.next_ms, {}, now)
             except LeadershipLost:
                 raise
@@ -161,12 +189,13 @@ class Firing:
                 logger.debug(
                     "sqlease beat: a batch of fires failed; firing one by one", exc_info=True
                 )
-                alone.extend(entry for entry, _ in chunk)
+                alone.extend(entry for entry, _ in chunk_simple)
         return alone
 
-    def _fire_batch(self, term: Term, batch: list[tuple[BatchFire, Prebuilt]]) -> list[EntryRow]:
+    def _fire_batch(self, term: Term, batch: list[tuple[BatchFire, Prebuilt]]) -> set[str] | None:
         """One leader transaction of prebuilt fires (multi-row statements); then, committed,
-        ``after_task_publish`` for each. The entries to fire one by one if it failed."""
+        ``after_task_publish`` for each. The names of the entries fired; None if the
+        transaction failed (nothing was written)."""
         assert self.prebuilt is not None
         try:
             with self.entries.firing(term, self.options.lease_ms) as conn:
@@ -175,17 +204,13 @@ class Firing:
             raise
         except Exception:
             logger.debug("sqlease beat: a batch of fires failed; firing one by one", exc_info=True)
-            return [fire.entry for fire, _ in batch]
+            return None
         receivers = signals.after_task_publish.receivers
         for fire, built in batch:
-            if fire.entry.name not in won:
+            if fire.name not in won:
                 continue  # changed since it was read: nothing was written
             logger.debug(
-                "sqlease beat: sent %s (%s) for %s as %s",
-                fire.entry.name,
-                fire.entry.task,
-                iso(fire.slot),
-                fire.task_id,
+                "sqlease beat: sent %s for %s as %s", fire.name, iso(fire.slot), fire.task_id
             )
             if receivers:
                 sender, body, headers, exchange, routing_key = built.after
@@ -198,7 +223,7 @@ class Firing:
                 )
         if won:
             logger.info("sqlease beat: sent %d entries' slots in one transaction", len(won))
-        return []
+        return won
 
     def fire_due(self, term: Term, entry: EntryRow, now: int) -> list[str]:
         """Fire what the catch-up policy says of the slots that came; the task ids sent."""

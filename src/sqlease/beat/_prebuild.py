@@ -83,6 +83,8 @@ class Prebuilt:
     #: Its message has a time counted from ``base_ms`` (``expires`` in seconds).
     timed: bool
     base_ms: int
+    #: The entry's catch-up policy and grace seconds (``Firing._policy``).
+    policy: tuple[str, float]
 
 
 class Prebuilder:
@@ -94,12 +96,14 @@ class Prebuilder:
         entries: ScheduleStore,
         producer: Callable[[], Any],
         next_slot: Callable[[EntryRow, int], int],
+        policy: Callable[[EntryRow], tuple[str, float]],
     ) -> None:
         self.app = app
         self.entries = entries
         self.batch = ScheduleFiring(entries, "schedule:")
         self._producer = producer
         self._next_slot = next_slot
+        self._policy = policy
         self.prefix = entries.store.tables.prefix
         self.built: dict[str, Prebuilt] = {}
         #: (revision, slot) of entries whose fire cannot be prebuilt: the one-by-one send
@@ -170,7 +174,16 @@ class Prebuilder:
         after = (headers.get("task", entry.task), body, headers, exchange, routing_key)
         following = self._next_slot(entry, slot)
         return Prebuilt(
-            entry.name, entry.revision, slot, following, task_id, row, after, timed, base_ms
+            entry.name,
+            entry.revision,
+            slot,
+            following,
+            task_id,
+            row,
+            after,
+            timed,
+            base_ms,
+            self._policy(entry),
         )
 
     def _capturing(self) -> tuple[Any, list[tuple[Any, str, str, dict[str, Any]]]]:
@@ -231,6 +244,19 @@ class Prebuilder:
         ):
             return built
         return self.build(entry, slot, max(now, slot))
+
+    def came(self, now: int) -> list[Prebuilt]:
+        """Take the prebuilt fires whose slot came by ``now`` (timed ones only while not
+        late), oldest slot first."""
+        came = [
+            b
+            for b in self.built.values()
+            if b.slot <= now and not (b.timed and now - b.slot > TIMED_LATE_MS)
+        ]
+        for b in came:
+            del self.built[b.name]
+        came.sort(key=lambda b: (b.slot, b.name))
+        return came
 
     def next_of(self, entry: EntryRow) -> int | None:
         """The entry's next slot after its due one, if a fire of it was prebuilt."""

@@ -187,7 +187,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         if self._prebuilder is None:
             firing = Firing(self.app, self.entries, self.options, self.producer)
             self._prebuilder = Prebuilder(
-                self.app, self.entries, lambda: self.producer, firing.next_after
+                self.app, self.entries, lambda: self.producer, firing.next_after, firing.policy
             )
         return self._prebuilder
 
@@ -205,6 +205,11 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         except Exception:  # one entry's schedule cannot be computed: plan them one by one
             for entry in fresh:
                 self._guarded(entry, firing.plan_next, term, entry, now)
+        # A boundary's prebuilt fires first, without reading their entries; then what is due
+        # besides (entries changed since their fire was built, fires that cannot be).
+        firing.fire_prebuilt(
+            term, now, lambda name: self._backoff.get(name, 0.0) <= time.monotonic()
+        )
         due = self.entries.due(now, DUE_BATCH)
         for entry in firing.fire_together(term, [e for e in due if self._ready(e)], now):
             self._guarded(entry, firing.fire_due, term, entry, now)
@@ -231,7 +236,10 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def _ready(self, entry: EntryRow) -> bool:
         """Not waiting out a failed send (see _guarded)."""
-        return self._backoff.get(entry.name, 0.0) <= time.monotonic()
+        return self._ready_name(entry.name)
+
+    def _ready_name(self, name: str) -> bool:
+        return self._backoff.get(name, 0.0) <= time.monotonic()
 
     def _guarded(self, entry: EntryRow, work: Callable[..., Any], *args: Any) -> None:
         """Run one entry's work; a failure (a bad option, an unknown serializer) is logged
