@@ -65,9 +65,9 @@ def batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sizes: list[int] = []
     fire = ScheduleFiring.fire
 
-    def spy(self: ScheduleFiring, conn: Any, fires: Any) -> set[str]:
+    def spy(self: ScheduleFiring, conn: Any, fires: Any, now_ms: int) -> set[str]:
         sizes.append(len(fires))
-        return fire(self, conn, fires)
+        return fire(self, conn, fires, now_ms)
 
     monkeypatch.setattr(ScheduleFiring, "fire", spy)
     return sizes
@@ -232,25 +232,33 @@ def test_a_fire_that_lost_its_compare_and_set_writes_nothing(
     assert s.term is not None
     slot = START + 60_000
     read = {name: s.entries.require(name) for name in "abc"}
+    batch = s.prebuilder.batch
 
     def fires(names: str) -> list[BatchFire]:
         out = []
         for name in names:
             built = s.prebuilder.built[name]
-            fired = {"slot": "x", "task_id": built.task_id}
-            revision = read[name].revision
-            fire = BatchFire(name, revision, slot, built.next_ms, built.task_id, built.row, fired)
-            out.append(fire)
+            fired = {"slot": "x", "task_id": built.task_id, "next_run_at": "y"}
+            out.append(
+                batch.prepare(
+                    name,
+                    read[name].revision,
+                    slot,
+                    built.next_ms,
+                    built.task_id,
+                    built.row,
+                    fired,
+                )
+            )
         return out
 
-    batch = s.prebuilder.batch
     from sqlease.admin import Admin
 
     Admin(s.entries.store.engine.url, store=s.entries.store).update_schedule("b", args=[1])
     with s.entries.firing(s.term, 30_000) as conn:
-        assert batch.fire(conn, fires("abc")) == {"a", "c"}
+        assert batch.fire(conn, fires("abc"), slot) == {"a", "c"}
     with s.entries.firing(s.term, 30_000) as conn:
-        assert batch.fire(conn, fires("ac")) == set()
+        assert batch.fire(conn, fires("ac"), slot) == set()
     assert sorted(m["task_id"] for m in messages(s)) == sorted(
         slot_task_id(s.entries.store.tables.prefix, n, slot) for n in "ac"
     )

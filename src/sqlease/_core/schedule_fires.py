@@ -18,6 +18,7 @@ from sqlalchemy import Connection
 
 from sqlease._core.base import dump
 from sqlease._db.dialects import schedule_fires_for
+from sqlease._db.schedules import PreparedFire
 from sqlease.types import NewMessage
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class BatchFire:
-    """One slot of one entry to fire in a batch."""
+    """One slot of one entry, ready to be fired in a batch (``ScheduleFiring.prepare``)."""
 
     name: str
     #: The entry's revision and ``slot`` (its next slot) as they were read: the
@@ -36,10 +37,11 @@ class BatchFire:
     #: The entry's next slot after this one.
     next_ms: int
     task_id: str
-    #: The message's row, as ``batchable`` checked it.
-    row: Mapping[str, Any]
-    #: The ``fired`` event's data.
-    fired: Mapping[str, Any]
+    #: The fire as the dialect sends it.
+    prepared: PreparedFire
+    #: The ``fired`` event's data as JSON, after its first key (``late_ms``, known at the fire
+    #: only): ``dump`` of the whole, written ahead.
+    fired_tail: str
 
 
 class ScheduleFiring:
@@ -68,28 +70,44 @@ class ScheduleFiring:
         )
         return row if plain else None
 
-    def fire(self, conn: Connection, fires: Sequence[BatchFire]) -> set[str]:
-        """Fire ``fires`` inside the leader's transaction ``conn``; the names of the entries
-        whose slot fired (the others changed since they were read: nothing of theirs is
-        written, as with a one-by-one fire)."""
-        params = []
-        for f in fires:
-            row = f.row
-            params.append(
-                {
-                    "name": f.name,
-                    "revision": f.revision,
-                    "slot": f.slot,
-                    "next": f.next_ms,
-                    "task_id": f.task_id,
-                    "queue": row["queue"],
-                    "payload": row["payload"],
-                    "priority": row["priority"],
-                    "max_attempts": row["max_attempts"],
-                    "task_name": row["task_name"],
-                    "group_id": row["group_id"],
-                    "fired": dump(f.fired),
-                    "sent": dump({"schedule": f.name, "slot_ms": f.slot}),
-                }
-            )
-        return set(self._fires.fire(conn, params, self._entries._at(None)))
+    def prepare(
+        self,
+        name: str,
+        revision: int,
+        slot: int,
+        next_ms: int,
+        task_id: str,
+        row: Mapping[str, Any],
+        fired: Mapping[str, Any],
+    ) -> BatchFire:
+        """The fire of ``name``'s ``slot``, encoded ahead: ``row`` is its message's
+        (``batchable``), ``fired`` the ``fired`` event's data but its lateness."""
+        fields = {
+            "name": name,
+            "revision": revision,
+            "slot": slot,
+            "next": next_ms,
+            "task_id": task_id,
+            "queue": row["queue"],
+            "payload": row["payload"],
+            "priority": row["priority"],
+            "max_attempts": row["max_attempts"],
+            "task_name": row["task_name"],
+            "group_id": row["group_id"],
+            "sent": dump({"schedule": name, "slot_ms": slot}),
+        }
+        whole = dump({**fired, "late_ms": 0})
+        assert whole is not None and whole.startswith('{"late_ms": 0, ')
+        tail = whole[len('{"late_ms": 0, ') :]
+        prepared = self._fires.prepare(fields)
+        return BatchFire(name, revision, slot, next_ms, task_id, prepared, tail)
+
+    def fire(self, conn: Connection, fires: Sequence[BatchFire], now_ms: int) -> set[str]:
+        """Fire ``fires`` inside the leader's transaction ``conn`` at ``now_ms`` (the tick's
+        time: each fire's lateness is counted from it); the names of the entries whose slot
+        fired (the others changed since they were read: nothing of theirs is written, as
+        with a one-by-one fire)."""
+        sent = [
+            (f.prepared, f'{{"late_ms": {max(0, now_ms - f.slot)}, {f.fired_tail}') for f in fires
+        ]
+        return set(self._fires.fire(conn, sent, self._entries._at(None)))

@@ -49,10 +49,11 @@ def schedule_statements(tables: Tables) -> ScheduleStatements:
     )
 
 
-#: The fields of one fire of ``ScheduleFires.fire``: the entry's compare-and-set (``name``,
+#: The fields of one fire (``ScheduleFires.prepare``): the entry's compare-and-set (``name``,
 #: ``revision``, the ``slot`` it was read with and fires, its ``next`` slot), the message
-#: (checked by the store: a plain one, no run, delay, gate or uniqueness) and the two events'
-#: data as JSON (``fired`` on the entry's timeline, ``sent`` on the task's).
+#: (checked by the store: a plain one, no run, delay, gate or uniqueness) and the
+#: ``sent_by_schedule`` event's data as JSON (``sent``). The ``fired`` event's data (JSON) is
+#: known at the fire only (how late it is), and given then.
 FIRE_FIELDS = (
     "name",
     "revision",
@@ -65,9 +66,16 @@ FIRE_FIELDS = (
     "max_attempts",
     "task_name",
     "group_id",
-    "fired",
     "sent",
 )
+
+
+class PreparedFire(Protocol):
+    """One fire as its dialect will send it (encoded when it is prepared, ahead of its slot:
+    at the boundary only the ``fired`` event's data is added)."""
+
+    @property
+    def name(self) -> str: ...
 
 
 class ScheduleFires(Protocol):
@@ -75,11 +83,16 @@ class ScheduleFires(Protocol):
     entry's compare-and-set, and for those that won their message, its ``enqueued`` event and
     task row, the ``fired`` and ``sent_by_schedule`` events, and a wake-up per queue."""
 
+    def prepare(self, fire: Mapping[str, Any]) -> PreparedFire:
+        """The fire of ``FIRE_FIELDS``, encoded."""
+        ...
+
     def fire(
-        self, conn: Connection, fires: Sequence[Mapping[str, Any]], now: int | None
+        self, conn: Connection, fires: Sequence[tuple[PreparedFire, str]], now: int | None
     ) -> list[str]:
-        """The names of the entries whose slot fired (the others changed since they were
-        read: nothing of theirs is written)."""
+        """Fire ``fires`` (each with its ``fired`` event's data as JSON); the names of the
+        entries whose slot fired (the others changed since they were read: nothing of theirs
+        is written)."""
         ...
 
     def statements(self) -> dict[str, TextClause]:

@@ -12,7 +12,6 @@ from celery import signals
 from sqlalchemy import Connection
 
 from sqlease._core.leaders import Term
-from sqlease._core.schedule_fires import BatchFire
 from sqlease._core.schedules import EntryRow, ScheduleStore
 from sqlease.beat._calls import iso, slot_task_id, task_call
 from sqlease.errors import LeadershipLost
@@ -133,24 +132,16 @@ class Firing:
         number of fires written."""
         if self.prebuilt is None or not self.prebuilt.usable():
             return 0
-        fires: list[tuple[BatchFire, Prebuilt]] = []
+        fires: list[Prebuilt] = []
         for built in self.prebuilt.came(now):
             catch_up, grace = built.policy
             on_time = now - built.slot <= grace * 1000 or catch_up != "skip"
             if built.next_ms > now and on_time and ready(built.name):
-                fires.append((self._batch_fire(built, now), built))
+                fires.append(built)
         sent = 0
         for start in range(0, len(fires), BATCH_FIRES):
-            sent += len(self._fire_batch(term, fires[start : start + BATCH_FIRES]) or ())
+            sent += len(self._fire_batch(term, fires[start : start + BATCH_FIRES], now) or ())
         return sent
-
-    def _batch_fire(self, built: Prebuilt, now: int) -> BatchFire:
-        fired = {"slot": iso(built.slot), "task_id": built.task_id}
-        fired["late_ms"] = max(0, now - built.slot)  # type: ignore[assignment]
-        fired["next_run_at"] = iso(built.next_ms)
-        return BatchFire(
-            built.name, built.revision, built.slot, built.next_ms, built.task_id, built.row, fired
-        )
 
     def fire_together(self, term: Term, entries: list[EntryRow], now: int) -> list[EntryRow]:
         """Fire the entries that have exactly one slot to fire: those whose message can be
@@ -159,7 +150,7 @@ class Firing:
         slots, and all of a chunk whose transaction failed (so that a bad entry waits alone)."""
         alone: list[EntryRow] = []
         simple: list[tuple[EntryRow, Plan]] = []
-        batch: list[tuple[BatchFire, Prebuilt]] = []
+        batch: list[Prebuilt] = []
         of: dict[str, EntryRow] = {}
         prebuilt = self.prebuilt if self.prebuilt is not None and self.prebuilt.usable() else None
         for entry in entries:
@@ -171,12 +162,12 @@ class Firing:
             if built is None or built.next_ms != p.next_ms:
                 simple.append((entry, p))
                 continue
-            batch.append((self._batch_fire(built, now), built))
+            batch.append(built)
             of[entry.name] = entry
         for start in range(0, len(batch), BATCH_FIRES):
             chunk = batch[start : start + BATCH_FIRES]
-            if self._fire_batch(term, chunk) is None:
-                alone.extend(of[fire.name] for fire, _ in chunk)
+            if self._fire_batch(term, chunk, now) is None:
+                alone.extend(of[built.name] for built in chunk)
         for start in range(0, len(simple), CHUNK):
             chunk_simple = simple[start : start + CHUNK]
             try:
@@ -192,25 +183,29 @@ class Firing:
                 alone.extend(entry for entry, _ in chunk_simple)
         return alone
 
-    def _fire_batch(self, term: Term, batch: list[tuple[BatchFire, Prebuilt]]) -> set[str] | None:
+    def _fire_batch(self, term: Term, batch: list[Prebuilt], now: int) -> set[str] | None:
         """One leader transaction of prebuilt fires (multi-row statements); then, committed,
         ``after_task_publish`` for each. The names of the entries fired; None if the
         transaction failed (nothing was written)."""
         assert self.prebuilt is not None
         try:
             with self.entries.firing(term, self.options.lease_ms) as conn:
-                won = self.prebuilt.batch.fire(conn, [fire for fire, _ in batch])
+                won = self.prebuilt.batch.fire(conn, [built.fire for built in batch], now)
         except LeadershipLost:
             raise
         except Exception:
-            logger.debug("sqlease beat: a batch of fires failed; firing one by one", exc_info=True)
+            # Unexpected (every fire in it was checked when it was built): said loudly, and
+            # its entries stay due, to be fired one by one.
+            logger.warning(
+                "sqlease beat: a batch of prebuilt fires failed; firing one by one", exc_info=True
+            )
             return None
         receivers = signals.after_task_publish.receivers
-        for fire, built in batch:
-            if fire.name not in won:
+        for built in batch:
+            if built.name not in won:
                 continue  # changed since it was read: nothing was written
             logger.debug(
-                "sqlease beat: sent %s for %s as %s", fire.name, iso(fire.slot), fire.task_id
+                "sqlease beat: sent %s for %s as %s", built.name, iso(built.slot), built.task_id
             )
             if receivers:
                 sender, body, headers, exchange, routing_key = built.after

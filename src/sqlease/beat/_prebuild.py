@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from celery.utils.time import add_seconds_to_datetime, maybe_make_aware
 
-from sqlease._core.schedule_fires import ScheduleFiring
+from sqlease._core.schedule_fires import BatchFire, ScheduleFiring
 from sqlease._core.schedules import EntryRow, ScheduleStore
 from sqlease._db.dialects import same_database
-from sqlease.beat._calls import slot_task_id, task_call
+from sqlease.beat._calls import iso, slot_task_id, task_call
 from sqlease.transport import Transport
 from sqlease.transport._codec import new_message
 
@@ -78,6 +78,8 @@ class Prebuilt:
     task_id: str
     #: The message's row as the store checked it (``ScheduleFiring.batchable``).
     row: dict[str, Any]
+    #: The fire, encoded for the batch (``ScheduleFiring.prepare``).
+    fire: BatchFire
     #: ``after_task_publish``'s arguments: sender, body, headers, exchange, routing key.
     after: tuple[str, Any, dict[str, Any], str, str]
     #: Its message has a time counted from ``base_ms`` (``expires`` in seconds).
@@ -173,6 +175,8 @@ class Prebuilder:
         body, exchange, routing_key, headers = calls[-1]
         after = (headers.get("task", entry.task), body, headers, exchange, routing_key)
         following = self._next_slot(entry, slot)
+        fired = {"slot": iso(slot), "task_id": task_id, "next_run_at": iso(following)}
+        fire = self.batch.prepare(entry.name, entry.revision, slot, following, task_id, row, fired)
         return Prebuilt(
             entry.name,
             entry.revision,
@@ -180,6 +184,7 @@ class Prebuilder:
             following,
             task_id,
             row,
+            fire,
             after,
             timed,
             base_ms,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, TextClause, text
@@ -20,7 +21,7 @@ from sqlalchemy import Connection, TextClause, text
 from sqlease._db import sql_common as c
 from sqlease._db import task_rows
 from sqlease._db.postgresql.dialect import NOW
-from sqlease._db.schedules import FIRE_FIELDS
+from sqlease._db.schedules import FIRE_FIELDS, PreparedFire
 from sqlease._db.tables import Tables
 
 #: The SQL type of each field of a fire.
@@ -43,8 +44,8 @@ _TYPES = {
 
 
 def fire_statement(t: Tables, timeline_prefix: str) -> TextClause:
-    columns = ", ".join(f"{f} {_TYPES[f]}" for f in (*FIRE_FIELDS, "ord"))
-    won_cols = ", ".join(f"v.{f}" for f in FIRE_FIELDS if f not in ("revision", "next"))
+    columns = ", ".join(f"{f} {_TYPES[f]}" for f in (*FIRE_FIELDS, "fired", "ord"))
+    won_cols = ", ".join(f"v.{f}" for f in (*FIRE_FIELDS, "fired") if f not in ("revision", "next"))
     return text(
         "WITH v AS (SELECT * FROM json_to_recordset(CAST(:fires AS json)) "
         f"AS v({columns})), "
@@ -78,6 +79,13 @@ def fire_statement(t: Tables, timeline_prefix: str) -> TextClause:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PgFire:
+    name: str
+    #: The fire as a JSON object, open at its end (``fired`` and ``ord`` follow).
+    head: str
+
+
 class PgScheduleFires:
     """``sqlease._db.schedules.ScheduleFires`` on PostgreSQL: one statement per batch."""
 
@@ -85,14 +93,20 @@ class PgScheduleFires:
         self._fire = fire_statement(t, timeline_prefix)
         self._channel = channel
 
+    def prepare(self, fire: Mapping[str, Any]) -> PgFire:
+        head = json.dumps({f: fire[f] for f in FIRE_FIELDS}, separators=(",", ":"))
+        return PgFire(fire["name"], head[:-1])
+
     def fire(
-        self, conn: Connection, fires: Sequence[Mapping[str, Any]], now: int | None
+        self, conn: Connection, fires: Sequence[tuple[PreparedFire, str]], now: int | None
     ) -> list[str]:
         if not fires:
             return []
-        rows = [dict(fire, ord=i) for i, fire in enumerate(fires)]
-        params = {"fires": json.dumps(rows, separators=(",", ":")), "now": now}
-        params["channel"] = self._channel
+        items = []
+        for i, (prepared, fired) in enumerate(fires):
+            assert isinstance(prepared, PgFire)
+            items.append(f'{prepared.head},"fired":{json.dumps(fired)},"ord":{i}}}')
+        params = {"fires": f"[{','.join(items)}]", "now": now, "channel": self._channel}
         return [row[0] for row in conn.execute(self._fire, params)]
 
     def statements(self) -> dict[str, TextClause]:

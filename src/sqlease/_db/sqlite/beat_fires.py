@@ -10,13 +10,15 @@ leader's transaction holds. Workers see the commit as they see any other (the fi
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, TextClause, text
 
 from sqlease._db import sql_common as c
 from sqlease._db import task_rows
+from sqlease._db.schedules import FIRE_FIELDS, PreparedFire
 from sqlease._db.sqlite.dialect import NOW
 from sqlease._db.tables import Tables
 
@@ -58,6 +60,21 @@ def fire_statements(t: Tables) -> dict[str, TextClause]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class SqliteFire:
+    name: str
+    task_id: str
+    #: The entry's timeline and the task id, as JSON strings.
+    timeline_json: str
+    task_id_json: str
+    #: What the compare-and-set reads, as a JSON object.
+    claim: str
+    #: The fire as a JSON object (what the message and the task row read).
+    whole: str
+    #: The ``sent_by_schedule`` event, as a JSON object.
+    sent: str
+
+
 class SqliteScheduleFires:
     """``sqlease._db.schedules.ScheduleFires`` on SQLite: four statements per batch."""
 
@@ -65,27 +82,52 @@ class SqliteScheduleFires:
         self._sql = fire_statements(t)
         self._timeline_prefix = timeline_prefix
 
+    def prepare(self, fire: Mapping[str, Any]) -> SqliteFire:
+        claim = {f: fire[f] for f in ("name", "revision", "slot", "next", "task_id")}
+        sent = _event(fire["task_id"], None, None, "sent_by_schedule", fire["sent"])
+        return SqliteFire(
+            fire["name"],
+            fire["task_id"],
+            json.dumps(self._timeline_prefix + fire["name"]),
+            json.dumps(fire["task_id"]),
+            _json(claim),
+            _json({f: fire[f] for f in FIRE_FIELDS}),
+            _json(sent),
+        )
+
     def fire(
-        self, conn: Connection, fires: Sequence[Mapping[str, Any]], now: int | None
+        self, conn: Connection, fires: Sequence[tuple[PreparedFire, str]], now: int | None
     ) -> list[str]:
         if not fires:
             return []
         sql = self._sql
-        won = {r[0] for r in conn.execute(sql["claim"], {"fires": _json(fires)})}
+        mine = [(f, fired) for f, fired in fires if isinstance(f, SqliteFire)]
+        assert len(mine) == len(fires)
+        claims = _array(f.claim for f, _ in mine)
+        won = {r[0] for r in conn.execute(sql["claim"], {"fires": claims})}
         if not won:
             return []
-        firing = [f for f in fires if f["name"] in won]
-        rows = _json(firing)
+        firing = [(f, fired) for f, fired in mine if f.name in won]
+        rows = _array(f.whole for f, _ in firing)
         ids = {r[1]: r[0] for r in conn.execute(sql["messages"], {"fires": rows, "now": now})}
-        events: list[dict[str, Any]] = []
-        for f in firing:
-            task_id, timeline = f["task_id"], self._timeline_prefix + f["name"]
-            events.append(_event(timeline, None, None, "fired", f["fired"]))
-            events.append(_event(task_id, ids[task_id], 0, "enqueued", None))
-            events.append(_event(task_id, None, None, "sent_by_schedule", f["sent"]))
-        conn.execute(sql["events"], {"events": _json(events), "now": now})
+        # In the order a fire writes them one by one, fire after fire: every ``fired``
+        # (entry timelines), then every ``enqueued`` and ``sent_by_schedule`` (a task's
+        # timeline: those two in that order).
+        # (Formatted, not dumped: 20,000 json.dumps calls cost a quarter of the batch.)
+        events = [
+            f'{{"task_id":{f.timeline_json},"message_id":null,"attempt":null,'
+            f'"kind":"fired","data":{json.dumps(fired)}}}'
+            for f, fired in firing
+        ]
+        events += [
+            f'{{"task_id":{f.task_id_json},"message_id":{int(ids[f.task_id])},"attempt":0,'
+            '"kind":"enqueued","data":null}'
+            for f, _ in firing
+        ]
+        events += [f.sent for f, _ in firing]
+        conn.execute(sql["events"], {"events": _array(events), "now": now})
         conn.execute(sql["tasks"], {"fires": rows, "now": now})
-        return [f["name"] for f in firing]
+        return [f.name for f, _ in firing]
 
     def statements(self) -> dict[str, TextClause]:
         return dict(self._sql)
@@ -103,5 +145,10 @@ def _event(
     }
 
 
-def _json(items: Sequence[Mapping[str, Any]]) -> str:
-    return json.dumps(list(items), separators=(",", ":"))
+def _json(value: Mapping[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _array(items: Iterable[str]) -> str:
+    """A JSON array of JSON texts."""
+    return f"[{','.join(items)}]"
