@@ -342,3 +342,27 @@ def test_a_beat_whose_broker_is_not_its_database_sends_one_by_one(
     assert not other.usable()
     assert not other.fill(beat_clock(), 1.0) and other.built == {}
     memory.release()
+
+
+def test_a_batch_wakes_each_queue_once_at_its_commit(
+    make_app: Callable[..., Celery], beat_clock: FakeClock, schedulers: list[Scheduler]
+) -> None:
+    """PostgreSQL: one notification per queue per batch, delivered at the commit (SQLite's
+    workers see the file change)."""
+    entries = {f"e{i}": EVERY_MINUTE for i in range(5)}
+    entries.update({f"n{i}": dict(EVERY_MINUTE, options={"queue": "nightly"}) for i in range(3)})
+    s = scheduler(make_app(entries), beat_clock, schedulers)
+    if not s.entries.store.is_postgresql:
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    import psycopg
+
+    s.tick()
+    url = s.entries.store.engine.url.set(drivername="postgresql")
+    channel = s.entries.store.notify_channel
+    with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as listen:
+        listen.execute(f'LISTEN "{channel}"')
+        beat_clock.set(START + 60_000)
+        s.tick()
+        assert len(messages(s)) == 8
+        heard = sorted(n.payload for n in listen.notifies(timeout=2.0, stop_after=3))
+    assert heard == ["celery", "nightly"]

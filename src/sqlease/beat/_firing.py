@@ -14,7 +14,7 @@ from sqlalchemy import Connection
 from sqlease._core.leaders import Term
 from sqlease._core.schedules import EntryRow, ScheduleStore
 from sqlease.beat._calls import iso, slot_task_id, task_call
-from sqlease.errors import LeadershipLost
+from sqlease.errors import DatabaseUnavailable, LeadershipLost
 from sqlease.schedules._specs import Plan, from_spec, next_slot, plan
 from sqlease.transactions import transaction
 
@@ -191,7 +191,7 @@ class Firing:
         try:
             with self.entries.firing(term, self.options.lease_ms) as conn:
                 won = self.prebuilt.batch.fire(conn, [built.fire for built in batch], now)
-        except LeadershipLost:
+        except (LeadershipLost, DatabaseUnavailable):
             raise
         except Exception:
             # Unexpected (every fire in it was checked when it was built): said loudly, and
