@@ -193,6 +193,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def _pass(self, term: Term, now: int) -> float:
         firing = Firing(self.app, self.entries, self.options, self.producer, self.prebuilder)
+        # A boundary's prebuilt fires first, without reading their entries; then what is due
+        # besides (entries changed since their fire was built, fires that cannot be).
+        firing.fire_prebuilt(term, now, self._ready_name)
         unplanned = self.entries.unplanned(BATCH)
         asked = [e for e in unplanned if e.run_requested_at_ms is not None]
         for entry in asked:
@@ -205,11 +208,6 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         except Exception:  # one entry's schedule cannot be computed: plan them one by one
             for entry in fresh:
                 self._guarded(entry, firing.plan_next, term, entry, now)
-        # A boundary's prebuilt fires first, without reading their entries; then what is due
-        # besides (entries changed since their fire was built, fires that cannot be).
-        firing.fire_prebuilt(
-            term, now, lambda name: self._backoff.get(name, 0.0) <= time.monotonic()
-        )
         due = self.entries.due(now, DUE_BATCH)
         for entry in firing.fire_together(term, [e for e in due if self._ready(e)], now):
             self._guarded(entry, firing.fire_due, term, entry, now)
