@@ -29,7 +29,8 @@ def backend(celery_app: Celery) -> Iterator[Task]:
                     "QUEUES": ["default", "mail"]}}  # fmt: skip
     celery_app.set_current()
     with override_settings(TASKS=tasks):
-        task = Task(func=receipt, backend="sq", queue_name="default")
+        # every field given: Django 6.0's Task has no defaults for priority and run_after
+        task = Task(func=receipt, backend="sq", queue_name="default", priority=0, run_after=None)
         globals()["receipt"] = task  # what @task does: the module's name is the Task
         try:
             yield task
