@@ -45,7 +45,7 @@ def _configure(sqlite_file: Path, pg_url: str | None) -> None:
         }
     apps = ["django.contrib.contenttypes", "django.contrib.auth", "sqlease.contrib.django"]
     try:
-        import django.tasks  # noqa: F401  (Django 6: built in)
+        import django.tasks  # Django 6: built in
     except ImportError:
         apps.insert(2, "django_tasks")  # Django 5.2: the django-tasks package
     settings.configure(
