@@ -43,13 +43,13 @@ def _configure(sqlite_file: Path, pg_url: str | None) -> None:
             "HOST": url.host or "",
             "PORT": str(url.port or ""),
         }
+    apps = ["django.contrib.contenttypes", "django.contrib.auth", "sqlease.contrib.django"]
+    try:
+        import django.tasks  # Django 6: built in
+    except ImportError:
+        apps.insert(2, "django_tasks")  # Django 5.2: the django-tasks package
     settings.configure(
-        INSTALLED_APPS=[
-            "django.contrib.contenttypes",
-            "django.contrib.auth",
-            "django_tasks",
-            "sqlease.contrib.django",
-        ],
+        INSTALLED_APPS=apps,
         DATABASES=databases,
         USE_TZ=True,
         SQLEASE_DATABASE="sqlite",

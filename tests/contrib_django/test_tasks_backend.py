@@ -29,7 +29,8 @@ def backend(celery_app: Celery) -> Iterator[Task]:
                     "QUEUES": ["default", "mail"]}}  # fmt: skip
     celery_app.set_current()
     with override_settings(TASKS=tasks):
-        task = Task(func=receipt, backend="sq", queue_name="default")
+        # every field given: Django 6.0's Task has no defaults for priority and run_after
+        task = Task(func=receipt, backend="sq", queue_name="default", priority=0, run_after=None)
         globals()["receipt"] = task  # what @task does: the module's name is the Task
         try:
             yield task
@@ -82,3 +83,22 @@ def test_a_bad_option_is_named(alias: str) -> None:
         SqleaseBackend("bad", {"OPTIONS": {"CELERY_APP": 3}})
     params: dict[str, Any] = {"QUEUES": ["default"]}
     assert SqleaseBackend("ok", params).supports_defer
+
+
+def test_without_a_task_framework_autodiscovery_skips_the_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Django 5.2 without django-tasks: a worker's ``autodiscover_tasks()`` passes over this
+    app's ``tasks`` module (the worker starts); importing it says what to install."""
+    import importlib
+    import sys
+
+    from celery.loaders.base import find_related_module
+
+    for name in ("django.tasks", "django_tasks"):
+        monkeypatch.setitem(sys.modules, name, None)  # an import of it fails
+    for name in ("sqlease.contrib.django._compat", "sqlease.contrib.django.tasks"):
+        monkeypatch.delitem(sys.modules, name)
+    assert find_related_module("sqlease.contrib.django", "tasks") is None
+    with pytest.raises(ModuleNotFoundError, match=r"Django 6\.0 or later.*django-tasks"):
+        importlib.import_module("sqlease.contrib.django.tasks")

@@ -207,3 +207,107 @@ def test_a_worker_with_embedded_beat_runs_the_entries(db_url: str, tmp_path: Pat
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
     assert "leads (term 1)" in log_path.read_text()
+
+
+#: Entries of the batch test, and their interval in seconds.
+MANY, EVERY = 3000, 6.0
+
+
+def _fired_count(store: Store) -> int:
+    from sqlalchemy import func
+
+    m = store.tables.messages
+    with store.driver.reading() as conn:
+        return int(conn.execute(select(func.count()).select_from(m)).scalar_one())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_leader_killed_in_the_middle_of_a_batch_loses_and_doubles_no_slot(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Two beats, MANY entries fired in batches of prebuilt messages: the leader is
+    SIGKILLed when some of a round's fires are written and others not; the standby takes
+    over and fires the rest. Each entry's slots are then one interval apart, each once."""
+    prefix = f"m{os.getpid()}_{uuid.uuid4().hex[:6]}_"
+    store = Store(db_url, table_prefix=prefix)
+    env = _env(db_url, prefix, BEAT_LEASE="2", BEAT_MANY=str(MANY), BEAT_MANY_EVERY=str(EVERY))
+    beats: dict[int, subprocess.Popen[bytes]] = {}
+    logs = []
+
+    def start(n: int) -> None:
+        log = open(tmp_path / f"beat{n}.log", "wb")  # noqa: SIM115 - closed at the end
+        logs.append(log)
+        args = ["beat", "-l", "info", "--pidfile=", "-s", str(tmp_path / f"unused-{n}")]
+        proc = _celery(args, env, tmp_path, log)
+        beats[proc.pid] = proc
+
+    def leader_pid() -> int | None:
+        owner = _leader(store)
+        if owner is None:
+            return None
+        pid = int(owner.split(":")[1])
+        return pid if pid in beats else None
+
+    try:
+        for n in range(2):
+            start(n)
+        first = _wait(leader_pid, 60, "a leader")
+        _wait(lambda: _fired_count(store) >= MANY, 90, "a first round of fires")
+        # Now, between rounds: kill the leader once part of the next round is written.
+        deadline = time.monotonic() + 60
+        while _fired_count(store) % MANY == 0:
+            if time.monotonic() > deadline:
+                pytest.fail("never saw a round written in part")
+            time.sleep(0.005)
+        os.kill(first, signal.SIGKILL)
+        killed_at = _fired_count(store)
+        second = _wait(
+            lambda: (p := leader_pid()) not in (None, first) and p, 20, "a takeover after the kill"
+        )
+        _wait(lambda: _fired_count(store) >= killed_at + 2 * MANY, 90, "two rounds after it")
+        assert leader_pid() == second
+    finally:
+        for proc in beats.values():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+        for log in logs:
+            log.close()
+    report = "\n".join((tmp_path / f"beat{n}.log").read_text()[-3000:] for n in range(2))
+    fired = _fired_by_entry(store)
+    task_ids = [t for t, _, _ in fired]
+    assert len(task_ids) == len(set(task_ids)), "a slot fired twice\n" + report
+    slots: dict[str, list[int]] = {}
+    for task_id, name, slot in fired:
+        assert task_id == slot_task_id(prefix, name, slot)
+        slots.setdefault(name, []).append(slot)
+    from sqlease._core.schedules import ScheduleStore
+
+    entries = {e.name: e for e in ScheduleStore(store).all() if e.name.startswith("many-")}
+    assert set(slots) == set(entries)
+    step = int(EVERY * 1000)
+    for name, entry in entries.items():
+        mine = sorted(slots[name])
+        gaps = [(a, b) for a, b in itertools.pairwise(mine) if b - a != step]
+        assert not gaps, f"{name}: slots lost or doubled between {gaps}\n{report}"
+        assert len(mine) >= 3 and entry.total_run_count == len(mine)
+        assert entry.last_run_at_ms == mine[-1]
+    assert "entries' slots in one transaction" in report, report
+
+
+def _fired_by_entry(store: Store) -> list[tuple[str, str, int]]:
+    """(task id, entry, slot) of every message the beats enqueued."""
+    from datetime import datetime
+
+    m = store.tables.messages
+    with store.driver.reading() as conn:
+        rows = conn.execute(select(m.c.task_id, m.c.payload).order_by(m.c.id)).all()
+    out = []
+    for task_id, payload in rows:
+        headers = json.loads(payload)["headers"]
+        slot = int(datetime.fromisoformat(headers["sqlease_slot"]).timestamp() * 1000)
+        out.append((task_id, headers["sqlease_schedule"], slot))
+    return out

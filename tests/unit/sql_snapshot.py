@@ -43,6 +43,11 @@ def _statements(name: str) -> dict[str, str | None]:
 
     for attr, value in sorted(vars(schedule_statements(build_tables(PREFIX))).items()):
         rendered[f"schedule {attr}"] = value.text
+    from sqlease._db.dialects import schedule_fires_for
+
+    fires = schedule_fires_for(name, build_tables(PREFIX), "schedule:", f"{PREFIX}wakeup")
+    for attr, value in sorted(fires.statements().items()):
+        rendered[f"schedule fires {attr}"] = value.text
     return rendered
 
 

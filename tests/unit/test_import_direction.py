@@ -60,6 +60,9 @@ ADAPTER_EDGES = {
     ("transport", "_celery"),
     ("backend", "_celery"),
     ("beat", "_celery"),
+    # beat builds its fires ahead through the transport's channel and codec, so a prebuilt
+    # message is the one the transport would have stored
+    ("beat", "transport"),
     # ``python -m sqlease`` runs the command line
     ("__main__", "cli"),
     # ``sqlease ui`` and ``sqlease metrics`` start their servers (imported lazily: the extras)

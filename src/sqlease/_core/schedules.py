@@ -159,6 +159,25 @@ class ScheduleStore(LeaderLease):
         with self.store.driver.reading() as conn:
             return [_row(r) for r in conn.execute(query).mappings().all()]
 
+    def upcoming(self, after: tuple[int, str], until_ms: int, limit: int) -> list[EntryRow]:
+        """Enabled entries whose next slot is after ``after`` (a slot, and the name of the
+        last entry of that slot already seen) and at most ``until_ms``, in (slot, name)
+        order: what the leader builds ahead of the slots (the due index)."""
+        c = self.t.c
+        slot, name = after
+        query = (
+            select(self.t)
+            .where(
+                c.enabled.is_(True),
+                c.next_run_at_ms <= until_ms,
+                (c.next_run_at_ms > slot) | ((c.next_run_at_ms == slot) & (c.name > name)),
+            )
+            .order_by(c.next_run_at_ms, c.name)
+            .limit(limit)
+        )
+        with self.store.driver.reading() as conn:
+            return [_row(r) for r in conn.execute(query).mappings().all()]
+
     def unplanned(self, limit: int) -> list[EntryRow]:
         """Entries whose next slot the leader has to compute, and "run now" requests."""
         c = self.t.c

@@ -5,7 +5,10 @@ from __future__ import annotations
 from sqlalchemy.engine import URL
 
 from sqlease._db.driver import Dialect
+from sqlease._db.postgresql.beat_fires import PgScheduleFires
 from sqlease._db.postgresql.entry import POSTGRESQL
+from sqlease._db.schedules import ScheduleFires
+from sqlease._db.sqlite.beat_fires import SqliteScheduleFires
 from sqlease._db.sqlite.entry import SQLITE
 from sqlease._db.statements import Capabilities, Statements
 from sqlease._db.tables import Tables
@@ -15,6 +18,15 @@ def dialect_for(name: str) -> Dialect:
     """PostgreSQL for ``"postgresql"``, otherwise SQLite (the two dialects sqlease
     supports; sqlease.urls refuses any other scheme first)."""
     return POSTGRESQL if name == "postgresql" else SQLITE
+
+
+def schedule_fires_for(
+    name: str, tables: Tables, timeline_prefix: str, channel: str
+) -> ScheduleFires:
+    """The beat's batch of fires (``sqlease._db.schedules``) on the dialect ``name``."""
+    if name == "postgresql":
+        return PgScheduleFires(tables, timeline_prefix, channel)
+    return SqliteScheduleFires(tables, timeline_prefix)
 
 
 def capabilities_of(url: URL) -> Capabilities:

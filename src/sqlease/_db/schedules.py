@@ -4,9 +4,11 @@ leader runs one per fire, and building a Core UPDATE for each cost more than run
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from sqlalchemy import TextClause, text
+from sqlalchemy import Connection, TextClause, text
 
 from sqlease._db.tables import Tables
 
@@ -45,3 +47,54 @@ def schedule_statements(tables: Tables) -> ScheduleStatements:
             f"UPDATE {name} SET next_run_at_ms = :next WHERE {same} AND next_run_at_ms IS NULL"
         ),
     )
+
+
+#: The fields of one fire (``ScheduleFires.prepare``): the entry's compare-and-set (``name``,
+#: ``revision``, the ``slot`` it was read with and fires, its ``next`` slot), the message
+#: (checked by the store: a plain one, no run, delay, gate or uniqueness) and the
+#: ``sent_by_schedule`` event's data as JSON (``sent``). The ``fired`` event's data (JSON) is
+#: known at the fire only (how late it is), and given then.
+FIRE_FIELDS = (
+    "name",
+    "revision",
+    "slot",
+    "next",
+    "task_id",
+    "queue",
+    "payload",
+    "priority",
+    "max_attempts",
+    "task_name",
+    "group_id",
+    "sent",
+)
+
+
+class PreparedFire(Protocol):
+    """One fire as its dialect will send it (encoded when it is prepared, ahead of its slot:
+    at the boundary only the ``fired`` event's data is added)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class ScheduleFires(Protocol):
+    """Many slots fired in the leader's transaction with a few multi-row statements: each
+    entry's compare-and-set, and for those that won their message, its ``enqueued`` event and
+    task row, the ``fired`` and ``sent_by_schedule`` events, and a wake-up per queue."""
+
+    def prepare(self, fire: Mapping[str, Any]) -> PreparedFire:
+        """The fire of ``FIRE_FIELDS``, encoded."""
+        ...
+
+    def fire(
+        self, conn: Connection, fires: Sequence[tuple[PreparedFire, str]], now: int | None
+    ) -> list[str]:
+        """Fire ``fires`` (each with its ``fired`` event's data as JSON); the names of the
+        entries whose slot fired (the others changed since they were read: nothing of theirs
+        is written)."""
+        ...
+
+    def statements(self) -> dict[str, TextClause]:
+        """The statements, by name (the SQL snapshot renders them)."""
+        ...

@@ -22,13 +22,16 @@ from sqlalchemy import TextClause, text
 
 from sqlease._db.tables import Tables
 
-_COLS = (
+#: The columns of a task row's upsert (the publish's, and the beat's batch of fires).
+COLS = (
     "task_id, task_name, queue, attempt, run_id, state, checkpoint, revision, "
     "created_at_ms, updated_at_ms, group_id"
 )
+_COLS = COLS
 
 
-def _on_conflict(t: Tables) -> str:
+def on_conflict(t: Tables) -> str:
+    """A republished task id keeps its row (see above)."""
     return (
         "ON CONFLICT (task_id) DO UPDATE SET "
         f"task_name = COALESCE(excluded.task_name, {t.tasks.name}.task_name), "
@@ -46,7 +49,7 @@ def publish_cte(t: Tables, now: str) -> str:
         f"k AS (INSERT INTO {t.tasks.name} ({_COLS}) "
         "SELECT task_id, CAST(:task_name AS TEXT), queue, attempt, run_id, NULL, '{}', 0, "
         f"{now}, {now}, CAST(:group_id AS TEXT) FROM ins WHERE task_id IS NOT NULL "
-        f"{_on_conflict(t)})"
+        f"{on_conflict(t)})"
     )
 
 
@@ -60,7 +63,7 @@ def publish_batch_cte(t: Tables, now: str, source: str) -> str:
         f"k AS (INSERT INTO {t.tasks.name} ({_COLS}) "
         "SELECT DISTINCT ON (task_id) task_id, task_name, queue, 0, CAST(NULL AS TEXT), NULL, "
         f"'{{}}', 0, {now}, {now}, group_id FROM {source} WHERE task_id IS NOT NULL "
-        f"ORDER BY task_id, id DESC {_on_conflict(t)})"
+        f"ORDER BY task_id, id DESC {on_conflict(t)})"
     )
 
 
@@ -78,7 +81,7 @@ def publish(t: Tables, now: str) -> TextClause:
     return text(
         f"INSERT INTO {t.tasks.name} ({_COLS}) VALUES (:task_id, :task_name, :queue, 0, "
         f"CAST(:run_id AS TEXT), NULL, '{{}}', 0, {now}, {now}, CAST(:group_id AS TEXT)) "
-        f"{_on_conflict(t)}"
+        f"{on_conflict(t)}"
     )
 
 

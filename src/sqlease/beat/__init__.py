@@ -5,7 +5,7 @@ run; one leads on a fenced lease in the database and fires each (entry, slot) ex
 See docs/howto/periodic-tasks.md.
 """
 
-from sqlease.beat._firing import slot_task_id
+from sqlease.beat._calls import slot_task_id
 from sqlease.beat._scheduler import Scheduler
 
 __all__ = ["Scheduler", "slot_task_id"]

@@ -4,42 +4,32 @@ event, enqueue), or none of it."""
 from __future__ import annotations
 
 import logging
-import uuid
+from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from celery import signals
 from sqlalchemy import Connection
 
 from sqlease._core.leaders import Term
 from sqlease._core.schedules import EntryRow, ScheduleStore
-from sqlease.errors import LeadershipLost
-from sqlease.schedules._specs import Plan, from_spec, loads, next_slot, plan
+from sqlease.beat._calls import iso, slot_task_id, task_call
+from sqlease.errors import DatabaseUnavailable, LeadershipLost
+from sqlease.schedules._specs import Plan, from_spec, next_slot, plan
 from sqlease.transactions import transaction
 
 if TYPE_CHECKING:
     from celery import Celery
 
     from sqlease.beat._options import BeatOptions
+    from sqlease.beat._prebuild import Prebuilder, Prebuilt
 
 logger = logging.getLogger("sqlease.beat")
 
-#: Task ids of fires are derived from (table prefix, entry, slot) in this namespace, so the
-#: id of a slot's task is known before it is sent, and the same wherever it is computed.
-#: Fires (or first slots planned) per leader transaction.
+#: Fires (or first slots planned) per leader transaction, one by one.
 CHUNK = 100
-
-TASK_ID_NAMESPACE = uuid.UUID("6c1b9d2e-8f0a-4d39-9a57-5e2f1c3b7a40")
-
-
-def slot_task_id(prefix: str, name: str, slot_ms: int, *, manual: bool = False) -> str:
-    """The task id of an entry's slot (``manual``: a run-now request made at ``slot_ms``)."""
-    kind = "manual" if manual else "slot"
-    return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{prefix}\x00{name}\x00{kind}\x00{slot_ms}"))
-
-
-def iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+#: Prebuilt fires per leader transaction (a few multi-row statements).
+BATCH_FIRES = 1000
 
 
 class Stale(Exception):
@@ -50,16 +40,27 @@ class Firing:
     """What the leader does with entries: plan the next slot, fire due slots, run-now."""
 
     def __init__(
-        self, app: Celery, entries: ScheduleStore, options: BeatOptions, producer: Any
+        self,
+        app: Celery,
+        entries: ScheduleStore,
+        options: BeatOptions,
+        producer: Any,
+        prebuilt: Prebuilder | None = None,
     ) -> None:
         self.app = app
         self.entries = entries
         self.options = options
         self.producer = producer
         self.prefix = entries.store.tables.prefix
+        #: The leader's prebuilt fires (None: every fire is sent one by one).
+        self.prebuilt = prebuilt
 
     def _schedule(self, entry: EntryRow) -> Any:
         return from_spec(entry.name, entry.schedule, self.app)
+
+    def next_after(self, entry: EntryRow, slot: int) -> int:
+        """The entry's first slot after ``slot``."""
+        return next_slot(self._schedule(entry), slot, self.app)
 
     def plan_next(self, term: Term, entry: EntryRow, now: int) -> None:
         """An entry added, re-scheduled or enabled: its first slot after now."""
@@ -94,13 +95,25 @@ class Firing:
             self.entries.on_task(conn, task_id, entry.name, None)
         return task_id
 
-    def _plan(self, entry: EntryRow, now: int) -> Plan:
-        assert entry.next_run_at_ms is not None
+    def policy(self, entry: EntryRow) -> tuple[str, float]:
+        """The entry's catch-up policy and grace seconds (Celery's beat_cron_starting_deadline
+        for a crontab entry that catches up once)."""
         is_cron = entry.schedule.get("kind") == "crontab"
         deadline = self.options.cron_deadline_seconds
-        catch_up, grace = entry.catch_up, self.options.grace_seconds
-        if is_cron and deadline is not None and catch_up == "once":
-            catch_up, grace = "skip", deadline  # Celery's beat_cron_starting_deadline
+        if is_cron and deadline is not None and entry.catch_up == "once":
+            return "skip", deadline
+        return entry.catch_up, self.options.grace_seconds
+
+    def _plan(self, entry: EntryRow, now: int) -> Plan:
+        assert entry.next_run_at_ms is not None
+        catch_up, grace = self.policy(entry)
+        following = None if self.prebuilt is None else self.prebuilt.next_of(entry)
+        if following is not None and following > now:
+            # One slot came (the next one is still ahead): what ``plan`` answers, without
+            # the schedule's arithmetic (done when the fire was prebuilt).
+            slot = entry.next_run_at_ms
+            fires = now - slot <= grace * 1000 or catch_up != "skip"
+            return Plan([slot] if fires else [], 0 if fires else 1, following, due=[slot])
         return plan(
             self._schedule(entry),
             entry.next_run_at_ms,
@@ -111,24 +124,55 @@ class Firing:
             grace_ms=int(grace * 1000),
         )
 
+    def fire_prebuilt(self, term: Term, now: int, ready: Callable[[str], bool]) -> int:
+        """Fire the prebuilt fires whose slot came, without reading their entries first: the
+        batch's compare-and-set on the revision and slot each was built for is the check,
+        and an entry that changed keeps its due slot for ``fire_together``. Only fires on
+        time (or that their catch-up policy fires: one slot came, the next is ahead). The
+        number of fires written."""
+        if self.prebuilt is None or not self.prebuilt.usable():
+            return 0
+        fires: list[Prebuilt] = []
+        for built in self.prebuilt.came(now):
+            catch_up, grace = built.policy
+            on_time = now - built.slot <= grace * 1000 or catch_up != "skip"
+            if built.next_ms > now and on_time and ready(built.name):
+                fires.append(built)
+        sent = 0
+        for start in range(0, len(fires), BATCH_FIRES):
+            sent += len(self._fire_batch(term, fires[start : start + BATCH_FIRES], now) or ())
+        return sent
+
     def fire_together(self, term: Term, entries: list[EntryRow], now: int) -> list[EntryRow]:
-        """Fire the entries that have exactly one slot to fire, up to CHUNK in one leader
-        transaction (one commit for many fires: a minute boundary of 10,000 crontab entries
-        is sent in seconds). The entries left to ``fire_due`` one by one: those with missed
+        """Fire the entries that have exactly one slot to fire: those whose message can be
+        prebuilt in batches of BATCH_FIRES (``_fire_batch``), the others up to CHUNK in one
+        leader transaction. The entries left to ``fire_due`` one by one: those with missed
         slots, and all of a chunk whose transaction failed (so that a bad entry waits alone)."""
         alone: list[EntryRow] = []
         simple: list[tuple[EntryRow, Plan]] = []
+        batch: list[Prebuilt] = []
+        of: dict[str, EntryRow] = {}
+        prebuilt = self.prebuilt if self.prebuilt is not None and self.prebuilt.usable() else None
         for entry in entries:
             p = self._plan(entry, now)
-            if len(p.fire) == 1 and not p.skipped:
-                simple.append((entry, p))
-            else:
+            if len(p.fire) != 1 or p.skipped:
                 alone.append(entry)
+                continue
+            built = None if prebuilt is None else prebuilt.take(entry, p.fire[0], now)
+            if built is None or built.next_ms != p.next_ms:
+                simple.append((entry, p))
+                continue
+            batch.append(built)
+            of[entry.name] = entry
+        for start in range(0, len(batch), BATCH_FIRES):
+            chunk = batch[start : start + BATCH_FIRES]
+            if self._fire_batch(term, chunk, now) is None:
+                alone.extend(of[built.name] for built in chunk)
         for start in range(0, len(simple), CHUNK):
-            chunk = simple[start : start + CHUNK]
+            chunk_simple = simple[start : start + CHUNK]
             try:
                 with self.entries.firing(term, self.options.lease_ms) as conn:
-                    for entry, p in chunk:
+                    for entry, p in chunk_simple:
                         self._fire_on(conn, entry, p.fire[0], p.next_ms, {}, now)
             except LeadershipLost:
                 raise
@@ -136,8 +180,45 @@ class Firing:
                 logger.debug(
                     "sqlease beat: a batch of fires failed; firing one by one", exc_info=True
                 )
-                alone.extend(entry for entry, _ in chunk)
+                alone.extend(entry for entry, _ in chunk_simple)
         return alone
+
+    def _fire_batch(self, term: Term, batch: list[Prebuilt], now: int) -> set[str] | None:
+        """One leader transaction of prebuilt fires (multi-row statements); then, committed,
+        ``after_task_publish`` for each. The names of the entries fired; None if the
+        transaction failed (nothing was written)."""
+        assert self.prebuilt is not None
+        try:
+            with self.entries.firing(term, self.options.lease_ms) as conn:
+                won = self.prebuilt.batch.fire(conn, [built.fire for built in batch], now)
+        except (LeadershipLost, DatabaseUnavailable):
+            raise
+        except Exception:
+            # Unexpected (every fire in it was checked when it was built): said loudly, and
+            # its entries stay due, to be fired one by one.
+            logger.warning(
+                "sqlease beat: a batch of prebuilt fires failed; firing one by one", exc_info=True
+            )
+            return None
+        receivers = signals.after_task_publish.receivers
+        for built in batch:
+            if built.name not in won:
+                continue  # changed since it was read: nothing was written
+            logger.debug(
+                "sqlease beat: sent %s for %s as %s", built.name, iso(built.slot), built.task_id
+            )
+            if receivers:
+                sender, body, headers, exchange, routing_key = built.after
+                signals.after_task_publish.send(
+                    sender=sender,
+                    body=body,
+                    headers=headers,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                )
+        if won:
+            logger.info("sqlease beat: sent %d entries' slots in one transaction", len(won))
+        return won
 
     def fire_due(self, term: Term, entry: EntryRow, now: int) -> list[str]:
         """Fire what the catch-up policy says of the slots that came; the task ids sent."""
@@ -206,30 +287,9 @@ class Firing:
     def _send(self, conn: Connection, entry: EntryRow, task_id: str, slot: int) -> None:
         """Enqueue the entry's task inside ``conn``'s transaction, through Celery (routing,
         serializer, expires and the rest as ``apply_async`` does them)."""
-        args, kwargs, options = loads(entry.args), loads(entry.kwargs), loads(entry.options)
-        headers = dict(options.pop("headers", None) or {})
-        headers.setdefault("celery_beat_task", True)  # as Celery's own scheduler marks them
-        headers["sqlease_schedule"] = entry.name
-        headers["sqlease_slot"] = iso(slot)
-        options.pop("task_id", None)
+        task, args, kwargs, options = task_call(self.app, entry, task_id, slot)
         with transaction(conn):
-            task = self.app.tasks.get(entry.task)
             if task is not None:
-                task.apply_async(
-                    args,
-                    kwargs,
-                    task_id=task_id,
-                    producer=self.producer,
-                    headers=headers,
-                    **options,
-                )
+                task.apply_async(args, kwargs, producer=self.producer, **options)
             else:
-                self.app.send_task(
-                    entry.task,
-                    args,
-                    kwargs,
-                    task_id=task_id,
-                    producer=self.producer,
-                    headers=headers,
-                    **options,
-                )
+                self.app.send_task(entry.task, args, kwargs, producer=self.producer, **options)

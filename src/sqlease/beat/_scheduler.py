@@ -27,6 +27,7 @@ from sqlease._core.leaders import Term
 from sqlease._core.schedules import EntryRow, ScheduleStore, sync_config
 from sqlease.beat._firing import Firing
 from sqlease.beat._options import BeatOptions, beat_options
+from sqlease.beat._prebuild import Prebuilder
 from sqlease.errors import ConfigurationError, DatabaseUnavailable, LeadershipLost
 from sqlease.options import TransportOptions
 from sqlease.schedules._specs import EntrySpec, entry_spec
@@ -34,8 +35,14 @@ from sqlease.urls import to_sqlalchemy_url
 
 logger = logging.getLogger("sqlease.beat")
 
-#: Due entries read per tick; a full batch makes the tick return 0 (tick again at once).
+#: Unplanned entries read per tick; a full batch makes the tick return 0 (tick again at once).
 BATCH = 200
+#: Due entries read per tick (as BATCH).
+DUE_BATCH = 2000
+#: A tick builds fires ahead (sqlease.beat._prebuild) for at most this long, and only while
+#: the next slot is further away than that plus PREBUILD_MARGIN_S.
+PREBUILD_S = 0.5
+PREBUILD_MARGIN_S = 1.0
 #: After a failed send, the entry is left alone this long by this process (its slot stays
 #: due in SQL: nothing is lost, and a fixed entry fires at the next tick after that).
 RETRY_FAILED_S = 30.0
@@ -69,6 +76,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._renewed_ms = 0
         self._backoff: dict[str, float] = {}
         self._entries: ScheduleStore | None = None
+        self._prebuilder: Prebuilder | None = None
         super().__init__(app, *args, **kwargs)
 
     # ---- set-up ------------------------------------------------------------------------
@@ -173,8 +181,21 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             logger.warning("sqlease beat: the database is unavailable (%s); retrying", error)
             return min(self.options.standby_poll * 10, 5.0)
 
+    @property
+    def prebuilder(self) -> Prebuilder:
+        """The leader's fires built ahead of their slots."""
+        if self._prebuilder is None:
+            firing = Firing(self.app, self.entries, self.options, self.producer)
+            self._prebuilder = Prebuilder(
+                self.app, self.entries, lambda: self.producer, firing.next_after, firing.policy
+            )
+        return self._prebuilder
+
     def _pass(self, term: Term, now: int) -> float:
-        firing = Firing(self.app, self.entries, self.options, self.producer)
+        firing = Firing(self.app, self.entries, self.options, self.producer, self.prebuilder)
+        # A boundary's prebuilt fires first, without reading their entries; then what is due
+        # besides (entries changed since their fire was built, fires that cannot be).
+        firing.fire_prebuilt(term, now, self._ready_name)
         unplanned = self.entries.unplanned(BATCH)
         asked = [e for e in unplanned if e.run_requested_at_ms is not None]
         for entry in asked:
@@ -187,15 +208,21 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         except Exception:  # one entry's schedule cannot be computed: plan them one by one
             for entry in fresh:
                 self._guarded(entry, firing.plan_next, term, entry, now)
-        due = self.entries.due(now, BATCH)
+        due = self.entries.due(now, DUE_BATCH)
         for entry in firing.fire_together(term, [e for e in due if self._ready(e)], now):
             self._guarded(entry, firing.fire_due, term, entry, now)
-        if len(due) == BATCH or len(unplanned) == BATCH:
+        if len(due) == DUE_BATCH or len(unplanned) == BATCH:
             return 0.0  # more to do now: a minute boundary of many entries, or a big sync
         next_due = self.entries.next_due_ms()
-        wait = self.options.renew_every
+        wait = ahead = self.options.renew_every
         if next_due is not None:
-            wait = min(wait, max(0.0, (next_due - self._now()) / 1000.0))
+            ahead = max(0.0, (next_due - self._now()) / 1000.0)
+            wait = min(wait, ahead)
+        # Time to spare before the next slot: build the next slots' fires, a slice at a time
+        # (a boundary is never kept waiting by more than one slice).
+        spare = ahead > PREBUILD_S + PREBUILD_MARGIN_S
+        if spare and self.prebuilder.fill(self._now(), PREBUILD_S):
+            return 0.0
         return float(min(wait, self.max_interval))
 
     def _unplanned(self, firing: Firing, term: Term, entry: EntryRow, now: int) -> None:
@@ -207,7 +234,10 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def _ready(self, entry: EntryRow) -> bool:
         """Not waiting out a failed send (see _guarded)."""
-        return self._backoff.get(entry.name, 0.0) <= time.monotonic()
+        return self._ready_name(entry.name)
+
+    def _ready_name(self, name: str) -> bool:
+        return self._backoff.get(name, 0.0) <= time.monotonic()
 
     def _guarded(self, entry: EntryRow, work: Callable[..., Any], *args: Any) -> None:
         """Run one entry's work; a failure (a bad option, an unknown serializer) is logged

@@ -1,6 +1,8 @@
 """The Celery app real ``celery beat -S sqlease.beat:Scheduler`` processes run in the beat
 tests (this folder on ``PYTHONPATH``): one entry every second, a short leader lease. Its
-configuration comes from the environment: ``BEAT_BROKER``, ``BEAT_PREFIX``, ``BEAT_LEASE``."""
+configuration comes from the environment: ``BEAT_BROKER``, ``BEAT_PREFIX``, ``BEAT_LEASE``, and
+``BEAT_MANY`` entries ``many-00000``… every ``BEAT_MANY_EVERY`` seconds instead of the one
+(when given)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,12 @@ app.conf.beat_scheduler = "sqlease.beat:Scheduler"
 app.conf.sqlease_beat_lease_seconds = float(os.environ.get("BEAT_LEASE", "2"))
 app.conf.beat_max_loop_interval = 1.0
 app.conf.beat_schedule = {"every-second": {"task": "beat_app.tick", "schedule": 1.0}}
+if os.environ.get("BEAT_MANY"):
+    every = float(os.environ.get("BEAT_MANY_EVERY", "5"))
+    app.conf.beat_schedule = {
+        f"many-{i:05d}": {"task": "beat_app.tick", "schedule": every}
+        for i in range(int(os.environ["BEAT_MANY"]))
+    }
 
 
 @app.task(name="beat_app.tick")
