@@ -68,6 +68,11 @@ def test_the_gauges(admin: Admin, clock: FakeClock) -> None:
     assert found[("sqlease_oldest_ready_age_seconds", (("queue", "q"),))] == 1.5
     assert found[("sqlease_oldest_ready_age_seconds", (("queue", "empty"),))] == 0
     assert found[("sqlease_live_leases", ())] == 2
+    held_q = {
+        r: found[("sqlease_held_tasks", (("queue", "q"), ("reason", r)))]
+        for r in ("run", "gate", "rate")
+    }
+    assert held_q == {"run": 0, "gate": 0, "rate": 0}
     assert found[("sqlease_lease_owners", ())] == 2
     assert found[("sqlease_owner_live_leases", (("owner", "w1:1:a"),))] == 1
     assert found[("sqlease_up", ())] == 1
@@ -168,6 +173,7 @@ def test_every_counter_is_documented() -> None:
     names = [f"{n}_total" for n in COUNTERS] + [
         "sqlease_tasks",
         "sqlease_oldest_ready_age_seconds",
+        "sqlease_held_tasks",
         "sqlease_live_leases",
         "sqlease_lease_owners",
         "sqlease_owner_live_leases",
@@ -175,3 +181,22 @@ def test_every_counter_is_documented() -> None:
         "sqlease_scrape_duration_seconds",
     ]
     assert [n for n in names if f"`{n}`" not in page] == []
+
+
+def test_held_tasks_per_reason(admin: Admin) -> None:
+    from sqlease import NewMessage
+
+    store = admin.store
+    store.enqueue_many(
+        [NewMessage("q", "{}", concurrency_key="k", concurrency_limit=1) for _ in range(3)]
+        + [NewMessage("q", "{}", run_id="r") for _ in range(2)]
+    )
+    store.claim(["q"], "w1:1:a", lease_ms=30_000, limit=10)
+    store.park_held(["q"])
+    found = scrape(admin)
+    held = {
+        r: found[("sqlease_held_tasks", (("queue", "q"), ("reason", r)))]
+        for r in ("run", "gate", "rate")
+    }
+    assert held == {"run": 1, "gate": 2, "rate": 0}
+    assert tasks(found, "q", "queued") == 3

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sqlease.admin._stats import QUEUE_STATES
+from sqlease.admin._stats import HELD, QUEUE_STATES
 
 if TYPE_CHECKING:
     from sqlease.admin import Admin
@@ -93,12 +93,21 @@ class SqleaseCollector(Collector):
             "Seconds since the oldest ready task of the queue became due (0: none ready).",
             labels=["queue"],
         )
+        held = GaugeMetricFamily(
+            "sqlease_held_tasks",
+            "Queued tasks held back, per queue and reason: run (behind their run's head), gate "
+            "(at their full concurrency gate), rate (given their rate limit's turn).",
+            labels=["queue", "reason"],
+        )
         for queue, counts in stats.items():
             for state in QUEUE_STATES:
                 tasks.add_metric([queue, state], counts[state])
             oldest.add_metric([queue], counts["oldest_ready_age_s"] or 0.0)
+            for key in HELD:  # held_by_run -> run
+                held.add_metric([queue, key.rsplit("_", 1)[1]], counts[key])
         yield tasks
         yield oldest
+        yield held
         live = GaugeMetricFamily("sqlease_live_leases", "Messages held under a live lease.")
         live.add_metric([], sum(o["leases"] for o in leases))
         yield live
