@@ -52,10 +52,12 @@ def park(t: Tables) -> TextClause:
         f"AND m.priority = pp.pr AND m.available_at_ms <= {NOW} "
         f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
         "ORDER BY m.available_at_ms, m.id LIMIT :scan) y "
+        # No gate full, no scan: a worker sweeps every second, whatever its queues hold.
+        "WHERE EXISTS (SELECT 1 FROM full_gates) "
         "ORDER BY y.priority DESC, y.available_at_ms, y.id LIMIT :scan"
     )
     return text(
-        f"WITH full_gates AS (SELECT s.gate {_live_slots(t)} GROUP BY s.gate "
+        f"WITH full_gates AS MATERIALIZED (SELECT s.gate {_live_slots(t)} GROUP BY s.gate "
         "HAVING count(*) >= min(s.lim)), "
         f"front AS ({first}), "
         "held AS MATERIALIZED (SELECT f.id, f.state, f.gate FROM front f "
@@ -142,6 +144,8 @@ def project_rates(t: Tables) -> TextClause:
         f"AND m.priority = pp.pr AND m.available_at_ms <= {NOW} "
         f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
         "ORDER BY m.available_at_ms, m.id LIMIT :scan) y "
+        # No rate limit anywhere, no scan.
+        f"WHERE EXISTS (SELECT 1 FROM {t.flow_limits.name} r WHERE r.interval_ms IS NOT NULL) "
         "ORDER BY y.priority DESC, y.available_at_ms, y.id LIMIT :scan"
     )
     return text(

@@ -29,6 +29,9 @@ def park_find(t: Tables) -> TextClause:
         f"WHERE m.state = 'ready' AND m.queue = :queue "
         f"AND m.priority IN {c.ready_priorities(t, ':queue')} AND m.available_at_ms <= {NOW} "
         f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
+        # No gated lease live, no gate full: no scan (a worker sweeps every second).
+        f"AND EXISTS (SELECT 1 FROM {m} g WHERE g.gate IS NOT NULL "
+        f"AND g.lease_expires_at_ms > {NOW}) "
         f"{c.ORDER} LIMIT :scan"
     )
     return text(
@@ -81,6 +84,8 @@ def project_find(t: Tables) -> TextClause:
         f"FROM {m} m {c.gate_joins(t)} WHERE m.state = 'ready' AND m.queue = :queue "
         f"AND m.priority IN {c.ready_priorities(t, ':queue')} AND m.available_at_ms <= {NOW} "
         f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
+        # No rate limit anywhere, no scan.
+        f"AND EXISTS (SELECT 1 FROM {t.flow_limits.name} r WHERE r.interval_ms IS NOT NULL) "
         f"{c.ORDER} LIMIT :scan"
     )
     last = (
