@@ -30,7 +30,8 @@ app.conf.update(
         **json.loads(os.environ.get("BENCH_TRANSPORT_OPTIONS") or "{}"),
     }
     if BROKER.startswith("sqlease")
-    else {},
+    # BENCH_BROKER_OPTIONS: another broker's transport options (e.g. '{"confirm_publish": true}')
+    else json.loads(os.environ.get("BENCH_BROKER_OPTIONS") or "{}"),
     result_backend_transport_options={},
     worker_hijack_root_logger=False,
 )

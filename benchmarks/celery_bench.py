@@ -1,29 +1,46 @@
 """Celery end-to-end benchmark: sqlease (PostgreSQL, SQLite) beside Redis, RabbitMQ and Kombu's
 SQLAlchemy transport, in one run, same worker settings (prefork -c 2, prefetch multiplier 4).
 
+The like-for-like anchors of a durable publish run beside them: ``rabbitmq-confirms``
+(RabbitMQ with publisher confirms, ``broker_transport_options={"confirm_publish": True}``,
+persistent messages: Celery's default delivery mode) and ``redis-fsync`` (a throwaway
+``redis-server`` of the benchmark's own, its own port and directory, ``--appendonly yes
+--appendfsync always --save ''``, started for each round and stopped after it).
+
 For each broker:
 - ``delay()`` rate: N no-op tasks published from one process (no worker running);
 - drain: a worker started on that backlog, tasks/s until the N completions arrive;
 - idle latency: ``delay()``-to-start p50/p99, one task at a time with the worker idle;
-and, for result backends, the round trip ``add.delay(2, 2).get()`` p50/p99 with sqlease's
-backend on PostgreSQL beside Redis's and RabbitMQ's ``rpc://``, then the idle latency again
-with the result backend configured in the worker and the client.
+- back-to-back latency: ``delay()``-to-start p50/p99 with the worker hot, each ``delay()``
+  made as soon as the previous task has started (its UDP datagram received);
+- with ``--producers P``: the ``delay()`` rate of P publishers (``--producer-kind threads``,
+  ``processes`` or both) splitting N tasks, total publishes/s (then the queue is purged);
+- with ``--group G``: the wall time of ``group(noop.s() for _ in range(G)).apply_async()``
+  after a warm-up group (benchmarks/group_publish.py measures groups in more detail);
+and, for result backends, the round trip ``add.delay(2, 2).get()`` p50/p99 back to back with
+the worker hot, with sqlease's backend beside Redis's and RabbitMQ's ``rpc://``, then the idle
+latency again with the result backend configured in the worker and the client.
 
-Completions are counted by UDP datagrams from the tasks (tests/benchmarks only).
+Per round, the ratios the targets are stated in (``GOALS``) and their medians, printed as a
+Markdown table and written to the JSON. Completions are counted by UDP datagrams from the tasks
+(tests/benchmarks only).
 Usage: python benchmarks/celery_bench.py [--tasks 10000] [--rounds 3] [--only sqlease-pg,redis]
-[--quick] [--output FILE.json]
+[--producers 4 --producer-kind threads,processes] [--group 1000] [--quick] [--output FILE.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -43,9 +60,12 @@ class Broker:
     backend: str | None = None  # for the round-trip measurement
     latency_samples: int = 200
     options: dict[str, Any] | None = None  # sqlease transport options of this run
+    broker_options: dict[str, Any] | None = None  # another broker's transport options
+    throwaway_redis: bool = False  # runs on the round's own redis-server (url: its port)
 
 
-def brokers(tmp: Path, prefix: str) -> list[Broker]:
+def brokers(tmp: Path, prefix: str, fsync_port: int = 0) -> list[Broker]:
+    """Every broker; ``fsync_port``: the port of the round's throwaway ``redis-server``."""
     pg_host = PG.split("://", 1)[1]
     return [
         Broker("sqlease-pg", f"sqlease+{PG}", backend=f"sqlease+{PG}"),
@@ -62,11 +82,68 @@ def brokers(tmp: Path, prefix: str) -> list[Broker]:
         ),
         Broker("redis", "redis://127.0.0.1:6379/15", backend="redis://127.0.0.1:6379/14"),
         Broker("rabbitmq", "amqp://guest:guest@127.0.0.1:5672//", backend="rpc://"),
+        # The like-for-like anchors of a durable publish: the broker confirms each persistent
+        # message (Kombu waits for each confirm in turn); Redis writes and fsyncs its AOF
+        # before it replies, on a server of its own (the machine's Redis is left as it is).
+        Broker(
+            "rabbitmq-confirms",
+            "amqp://guest:guest@127.0.0.1:5672//",
+            broker_options={"confirm_publish": True},
+        ),
+        Broker(
+            "redis-fsync",
+            f"redis://127.0.0.1:{fsync_port}/0",
+            backend=f"redis://127.0.0.1:{fsync_port}/1",
+            throwaway_redis=True,
+        ),
         Broker("kombu-sqla-pg", f"sqla+postgresql+psycopg://{pg_host}", latency_samples=20),
         # Kombu's SQLAlchemy transport on the same kind of file as sqlease's SQLite run: the
         # fair denominator for the SQLite ratio.
         Broker("kombu-sqla-sqlite", f"sqla+sqlite:///{tmp}/kombu.db", latency_samples=20),
     ]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ThrowawayRedis:
+    """A ``redis-server`` of the benchmark's own: ``appendfsync always``, no RDB snapshots,
+    its own port and directory; stopped by its pid."""
+
+    def __init__(self, where: Path) -> None:
+        self.port = free_port()
+        self.dir = where / f"redis-fsync-{self.port}"
+        self.dir.mkdir(parents=True)
+        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        argv += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+        argv += ["--dir", str(self.dir), "--logfile", str(self.dir / "redis.log")]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"redis-server did not start (see {self.dir}/redis.log)")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Counter:
@@ -178,13 +255,102 @@ def broker_env(broker: Broker, counter: Counter, prefix: str) -> dict[str, str]:
         # bench_app first, then the caller's path (e.g. benchmarks/paired.py's src/)
         PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
         BENCH_TRANSPORT_OPTIONS=json.dumps({**BASE_OPTIONS, **(broker.options or {})}),
+        BENCH_BROKER_OPTIONS=json.dumps(broker.broker_options or {}),
     )
     env.pop("BENCH_BACKEND", None)
     return env
 
 
+def shares(count: int, producers: int) -> list[int]:
+    return [count // producers + (i < count % producers) for i in range(producers)]
+
+
+def _publish_process(env: dict[str, str], count: int, barrier: Any) -> None:
+    """One publishing process: connects (a first ``delay()``), waits for the others, then
+    publishes ``count`` tasks."""
+    os.environ.update(env)
+    sys.path.insert(0, str(HERE))
+    import bench_app
+
+    bench_app.noop.delay()
+    barrier.wait()
+    for _ in range(count):
+        bench_app.noop.delay()
+
+
+def publish_parallel(mod: Any, env: dict[str, str], count: int, producers: int, kind: str) -> float:
+    """Total ``delay()``/s of ``producers`` threads (sharing this process's app, as a threaded
+    web server's requests do) or processes (each with its own app) splitting ``count`` tasks:
+    timed from the moment all of them are connected and released to the last one's end."""
+    if kind == "threads":
+        barrier: Any = threading.Barrier(producers + 1)
+
+        def work(n: int) -> None:
+            mod.noop.delay()
+            barrier.wait()
+            for _ in range(n):
+                mod.noop.delay()
+
+        workers: list[Any] = [
+            threading.Thread(target=work, args=(n,)) for n in shares(count, producers)
+        ]
+    else:
+        context = multiprocessing.get_context("spawn")
+        barrier = context.Barrier(producers + 1)
+        workers = [
+            context.Process(target=_publish_process, args=(env, n, barrier))
+            for n in shares(count, producers)
+        ]
+    for worker in workers:
+        worker.start()
+    barrier.wait(120)
+    started = time.perf_counter()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    if kind == "processes" and any(w.exitcode for w in workers):
+        raise RuntimeError("a publishing process failed")
+    return round(count / elapsed, 1)
+
+
+def group_publish(mod: Any, size: int) -> float:
+    """ms of one ``group`` of ``size`` no-op tasks published (after a warm-up group of 10)."""
+    from celery import group
+
+    group(mod.noop.s() for _ in range(10)).apply_async()
+    started = time.perf_counter()
+    group(mod.noop.s() for _ in range(size)).apply_async()
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
+def back_to_back(mod: Any, counter: Counter, n: int, key: str = "b2b_start") -> dict[str, float]:
+    """``delay()`` to task start with the worker hot: each ``delay()`` made as soon as the
+    previous task has reported its start. p50/p99 in ms."""
+    counter.drain()
+    samples: list[float] = []
+    for i in range(n + 10):  # the first 10: warm-up
+        mod.stamp.delay(time.time())
+        got = counter.wait(1, 10)
+        if got and got[0].startswith(b"l") and i >= 10:
+            samples.append(float(got[0][1:]) * 1000)
+    if not samples:
+        return {}
+    return {
+        f"{key}_p50_ms": round(percentile(samples, 0.5), 2),
+        f"{key}_p99_ms": round(percentile(samples, 0.99), 2),
+    }
+
+
 def run_broker(
-    broker: Broker, tasks: int, counter: Counter, tmp: Path, prefix: str, quick: bool
+    broker: Broker,
+    tasks: int,
+    counter: Counter,
+    tmp: Path,
+    prefix: str,
+    quick: bool,
+    producers: int = 0,
+    kinds: tuple[str, ...] = (),
+    group_size: int = 0,
 ) -> dict[str, Any]:
     env = broker_env(broker, counter, prefix)
     log = tmp / f"{broker.name}.log"
@@ -215,8 +381,20 @@ def run_broker(
         out["drain_per_s"] = round(len(rest) / elapsed, 1) if elapsed > 0 else None
         # 3. idle latency, one at a time
         out.update(idle_start(mod, counter, broker, quick, "start"))
+        # 3b. back to back, the worker hot
+        b2b = 20 if quick else 500 if broker.latency_samples >= 200 else broker.latency_samples
+        out.update(back_to_back(mod, counter, b2b))
     finally:
         stop_worker(worker)
+    # 3c. several publishers, then a group (no worker running); the queue purged after
+    if producers or group_size:
+        for kind in kinds if producers else ():
+            out["producers"] = producers
+            out[f"delay_{kind}_per_s"] = publish_parallel(mod, env, tasks, producers, kind)
+        if group_size:
+            out["group_size"] = group_size
+            out["group_ms"] = group_publish(mod, group_size)
+        mod.app.control.purge()
     # 4. round trip through the result backend
     if broker.backend:
         env_rt = dict(env, BENCH_BACKEND=broker.backend)
@@ -229,6 +407,7 @@ def run_broker(
                 t = time.perf_counter()
                 assert mod.add.delay(2, 2).get(timeout=10) == 4
                 rtts.append((time.perf_counter() - t) * 1000)
+            # back to back, the worker hot (each delay() once the previous get() returned)
             out["get_p50_ms"] = round(percentile(rtts, 0.5), 2)
             out["get_p99_ms"] = round(percentile(rtts, 0.99), 2)
             out["backend"] = broker.backend.split(":")[0]
@@ -308,6 +487,84 @@ RATIOS = [
     ("pg_start_p50_vs_rabbitmq", "sqlease-pg", "rabbitmq", "start_p50_ms"),
     ("pg_start_backend_p50_vs_rabbitmq", "sqlease-pg", "rabbitmq", "start_backend_p50_ms"),
     ("pg_get_p50_vs_rabbitmq", "sqlease-pg", "rabbitmq", "get_p50_ms"),
+    # Like for like: a durable publish against the anchors that are durable too.
+    ("pg_delay_vs_rabbitmq_confirms", "sqlease-pg", "rabbitmq-confirms", "delay_per_s"),
+    ("pg_delay_vs_redis_fsync", "sqlease-pg", "redis-fsync", "delay_per_s"),
+    ("pg_drain_vs_rabbitmq_confirms", "sqlease-pg", "rabbitmq-confirms", "drain_per_s"),
+    ("pg_drain_vs_redis_fsync", "sqlease-pg", "redis-fsync", "drain_per_s"),
+    ("pg_get_p50_vs_redis_fsync", "sqlease-pg", "redis-fsync", "get_p50_ms"),
+    # Back to back, the worker hot.
+    ("pg_b2b_start_p50_vs_rabbitmq", "sqlease-pg", "rabbitmq", "b2b_start_p50_ms"),
+    ("pg_b2b_start_p50_vs_redis", "sqlease-pg", "redis", "b2b_start_p50_ms"),
+    (
+        "pg_b2b_start_p50_vs_rabbitmq_confirms",
+        "sqlease-pg",
+        "rabbitmq-confirms",
+        "b2b_start_p50_ms",
+    ),
+    # Several publishers (--producers): the same number of threads or processes each side.
+    ("pg_threads_delay_vs_redis_threads", "sqlease-pg", "redis", "delay_threads_per_s"),
+    ("pg_threads_delay_vs_redis_fsync_threads", "sqlease-pg", "redis-fsync", "delay_threads_per_s"),
+    (
+        "pg_threads_delay_vs_rabbitmq_confirms_threads",
+        "sqlease-pg",
+        "rabbitmq-confirms",
+        "delay_threads_per_s",
+    ),
+    ("pg_processes_delay_vs_redis_processes", "sqlease-pg", "redis", "delay_processes_per_s"),
+    (
+        "pg_processes_delay_vs_redis_fsync_processes",
+        "sqlease-pg",
+        "redis-fsync",
+        "delay_processes_per_s",
+    ),
+    # A group's publish time (--group): the anchor's over sqlease's would be a speed ratio;
+    # kept as the others' latency ratios, sqlease's over the anchor's (below 1: faster).
+    ("pg_group_ms_vs_redis", "sqlease-pg", "redis", "group_ms"),
+    ("pg_group_ms_vs_rabbitmq", "sqlease-pg", "rabbitmq", "group_ms"),
+    ("pg_group_ms_vs_rabbitmq_confirms", "sqlease-pg", "rabbitmq-confirms", "group_ms"),
+    ("pg_group_ms_vs_redis_fsync", "sqlease-pg", "redis-fsync", "group_ms"),
+]
+
+#: The targets of issue 37 (ratio, what it says, ">=" or "<=", the goal, the figure then).
+GOALS = [
+    ("pg_drain_vs_rabbitmq", "drain / RabbitMQ", ">=", 1.0, 0.87),
+    (
+        "pg_delay_vs_rabbitmq_confirms",
+        "durable `delay()` / RabbitMQ with confirms",
+        ">=",
+        1.0,
+        1.14,
+    ),
+    (
+        "pg_delay_vs_redis_fsync",
+        "durable `delay()` / Redis with `appendfsync always`",
+        ">=",
+        1.0,
+        0.78,
+    ),
+    (
+        "pg_publish_nowait_delay_vs_redis",
+        "`delay()` with `publish_sync_commit: False` / Redis",
+        ">=",
+        0.9,
+        0.64,
+    ),
+    (
+        "pg_threads_delay_vs_redis_threads",
+        "{producers} threads durable / Redis {producers} threads",
+        ">=",
+        1.0,
+        0.89,
+    ),
+    ("pg_b2b_start_p50_vs_rabbitmq", "start p50, back-to-back / RabbitMQ", "<=", 1.5, 2.85),
+    (
+        "pg_get_p50_vs_redis",
+        "`delay().get()` p50 with sqlease's backend / Redis's",
+        "<=",
+        1.0,
+        1.78,
+    ),
 ]
 
 
@@ -317,6 +574,39 @@ def ratios_of(by: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         x, y = by.get(a, {}).get(key), by.get(b, {}).get(key)
         out[name] = round(x / y, 2) if x and y else None
     return out
+
+
+def goals_table(
+    per_round: list[dict[str, float | None]], ratios: dict[str, Any], producers: int
+) -> tuple[str, list[dict[str, Any]]]:
+    """The targets' ratios per round, their medians and whether each goal is met: a Markdown
+    table and its rows."""
+    lines = [
+        "| ratio (sqlease PostgreSQL / anchor) | rounds | median | goal | met? |",
+        "|---|---|---:|---:|---|",
+    ]
+    rows = []
+    for name, label, op, goal, then in GOALS:
+        rounds = [r.get(name) for r in per_round]
+        value = ratios.get(name)
+        met = None if value is None else value >= goal if op == ">=" else value <= goal
+        text = label.format(producers=producers or "N")
+        rows.append(
+            {
+                "ratio": name,
+                "label": text,
+                "rounds": rounds,
+                "median": value,
+                "goal": f"{op} {goal}",
+                "then": then,
+                "met": met,
+            }
+        )
+        cells = ", ".join("-" if v is None else f"{v:.2f}" for v in rounds)
+        verdict = "-" if met is None else "yes" if met else "**no**"
+        shown = "-" if value is None else f"{value:.2f}"
+        lines.append(f"| {text} | {cells} | {shown} | {op} {goal} | {verdict} |")
+    return "\n".join(lines), rows
 
 
 def median(values: list[float]) -> float:
@@ -341,14 +631,36 @@ def run_round(
     prefix = f"bench{os.getpid()}r{number}_"
     where = tmp / f"round{number}"
     where.mkdir()
-    chosen = [b for b in brokers(where, prefix) if not args.only or b.name in args.only.split(",")]
+    wanted = args.only.split(",") if args.only else None
+    chosen = [b for b in brokers(where, prefix) if not wanted or b.name in wanted]
+    # redis-fsync: a fresh server (empty AOF) for the round, stopped when the round ends
+    server = None
+    if any(b.throwaway_redis for b in chosen):
+        try:
+            server = ThrowawayRedis(where)
+        except (OSError, RuntimeError) as exc:  # no redis-server: the other brokers still run
+            print(f"redis-fsync left out: {exc}", file=sys.stderr, flush=True)
+            chosen = [b for b in chosen if not b.throwaway_redis]
+    if server:
+        chosen = [b for b in brokers(where, prefix, server.port) if not wanted or b.name in wanted]
     if number % 2 == 0:
         chosen.reverse()
+    kinds = tuple(k for k in args.producer_kind.split(",") if k)
     results = []
     try:
         for broker in chosen:
             try:
-                result = run_broker(broker, tasks, counter, where, prefix, args.quick)
+                result = run_broker(
+                    broker,
+                    tasks,
+                    counter,
+                    where,
+                    prefix,
+                    args.quick,
+                    args.producers,
+                    kinds,
+                    args.group,
+                )
             except Exception as exc:  # a missing baseline must not hide the others
                 result = {"broker": broker.name, "error": f"{type(exc).__name__}: {exc}"}
             result["round"] = number
@@ -356,6 +668,8 @@ def run_round(
             print(json.dumps(result), flush=True)
     finally:
         drop_tables(prefix, kombu=False)
+        if server:
+            server.stop()
     rounds.append(results)
 
 
@@ -375,9 +689,23 @@ def main() -> int:
     # once each, in alternating order; each round's ratios compare neighbours in time, and
     # the reported ratio is their median.
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--producers", type=int, default=0, help="also the delay() rate of N publishers"
+    )
+    parser.add_argument(
+        "--producer-kind",
+        default="threads",
+        help="threads, processes, or threads,processes (both, one after the other)",
+    )
+    parser.add_argument(
+        "--group", type=int, default=0, help="also the publish time of a group of G tasks"
+    )
     args = parser.parse_args()
+    if any(k not in ("threads", "processes") for k in args.producer_kind.split(",")):
+        parser.error("--producer-kind: threads, processes or threads,processes")
     tasks = 300 if args.quick else args.tasks
     tmp = Path(tempfile.mkdtemp(prefix="sqlease-bench-"))
+    load_before = os.getloadavg()  # a shared machine: what else was running, start and end
     counter = Counter()
     rounds: list[list[dict[str, Any]]] = []
     try:
@@ -398,9 +726,14 @@ def main() -> int:
         row: dict[str, Any] = {"broker": name}
         for key in (
             "delay_per_s",
+            "delay_threads_per_s",
+            "delay_processes_per_s",
+            "group_ms",
             "drain_per_s",
             "start_p50_ms",
             "start_p99_ms",
+            "b2b_start_p50_ms",
+            "b2b_start_p99_ms",
             "start_backend_p50_ms",
             "start_backend_p99_ms",
             "get_p50_ms",
@@ -414,14 +747,22 @@ def main() -> int:
         for row in summary:
             print(json.dumps({"median": row}), flush=True)
     print(json.dumps({"ratios": ratios, "per_round": per_round}), flush=True)
+    table, goals = goals_table(per_round, ratios, args.producers)
+    print(table, flush=True)
     stamp = time.strftime("%Y-%m-%d")
     path = args.output or HERE / "results" / f"celery-{stamp}{'-quick' if args.quick else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         json.dumps(
             {
+                "command": " ".join(["python", *sys.argv]),
                 "tasks": tasks,
                 "rounds": args.rounds,
+                "producers": args.producers,
+                "producer_kind": args.producer_kind if args.producers else None,
+                "group": args.group,
+                "load_average": {"start": load_before, "end": os.getloadavg()},
+                "goals": goals,
                 "results": summary,
                 "ratios": ratios,
                 "ratios_per_round": per_round,
