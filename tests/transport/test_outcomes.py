@@ -195,3 +195,50 @@ def test_public_names() -> None:
     from sqlease.transport import Transport
 
     assert resolve_transport("sqlease") is Transport
+
+
+@pytest.mark.timeout(60)
+def test_a_redelivery_whose_stored_outcome_cannot_be_read_is_claimed_again(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redelivered message is first checked for a stored final result. When that check
+    fails (the database went away meanwhile), the worker must neither run the task blindly
+    nor keep the message held for ever (its heartbeat would renew a lease nothing delivers):
+    it lets the lease run out, and the next claim checks again."""
+    from sqlalchemy.exc import OperationalError
+
+    from sqlease.transport import _fetcher
+
+    app.conf.broker_transport_options = {
+        **app.conf.broker_transport_options,
+        "polling_interval": 0.05,
+        "lease_seconds": 1.0,
+    }
+    runs: list[int] = []
+
+    @app.task(name="outcomes.once", shared=False)
+    def once() -> str:
+        runs.append(1)
+        return "ran"
+
+    with app.connection_for_write() as conn:
+        store: Store = conn.transport.store
+    result = once.delay()
+    # A worker took it and vanished: the next delivery is a redelivery.
+    [gone] = store.claim(["celery"], "gone:1:x", lease_ms=200, limit=1)
+    assert gone.task_id == result.id
+    time.sleep(0.3)
+    checks: list[int] = []
+    real = _fetcher.settle_redelivered
+
+    def flaky(*args: object) -> object:
+        checks.append(1)
+        if len(checks) == 1:
+            raise OperationalError("SELECT …", {}, Exception("server closed the connection"))
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_fetcher, "settle_redelivered", flaky)
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+        assert result.get(timeout=30) == "ran"
+    assert len(checks) >= 2, checks
+    assert runs == [1]

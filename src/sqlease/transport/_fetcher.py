@@ -289,7 +289,11 @@ class Fetcher:
             task_id=message.task_id,
         )
         if split_redelivered([message])[0]:
-            done, revoked = settle_redelivered(self._store(), self._results(), [message])
+            try:
+                done, revoked = settle_redelivered(self._store(), self._results(), [message])
+            except BaseException:
+                heartbeat().drop([message.fence])  # its lease runs out: claimed again later
+                raise
             if done:
                 heartbeat().drop([message.fence])
                 return None
@@ -502,9 +506,23 @@ class Fetcher:
         delivered = [self._deliver_to(channel, fresh, offer)]
         if again:
             results = self._results()
+
+            def settle() -> tuple[set[int], set[str]] | None:
+                try:
+                    return settle_redelivered(store, results, again)
+                except Exception as exc:  # the database went away meanwhile
+                    logger.warning(
+                        "sqlease: could not tell whether %d redelivered message(s) already "
+                        "finished (%s); their leases are let run out and they are claimed "
+                        "again",
+                        len(again),
+                        exc,
+                    )
+                    return None
+
             # In the loop the answer comes later (``_settled`` delivers then); elsewhere now.
             self.side.run(
-                lambda: settle_redelivered(store, results, again),
+                settle,
                 lambda found: delivered.append(self._settled(channel, again, found, offer)),
             )
         return sum(delivered)
@@ -513,9 +531,15 @@ class Fetcher:
         self,
         channel: Consumer,
         again: list[Message],
-        found: tuple[set[int], set[str]],
+        found: tuple[set[int], set[str]] | None,
         offer: dict[str, Any] | None,
     ) -> int:
+        if found is None:
+            # Not known whether they finished: delivering could run a finished task again,
+            # and holding them on would keep them for ever (nothing would deliver them).
+            # Their leases run out instead, and the next claim settles them again.
+            heartbeat().drop([m.fence for m in again])
+            return 0
         done, revoked = found
         heartbeat().drop([m.fence for m in again if m.id in done])
         forward_revokes(revoked)
