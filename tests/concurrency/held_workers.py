@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
 
 from sqlalchemy import select
 
-from sqlease import Message, NewMessage, Store
+from sqlease import NewMessage, Store
 
 from .workers import WAIT_S, _check_deadline, _ready_then_go, mono_ns
 
@@ -39,39 +38,6 @@ def run_publisher(
     out.send(("result", published))
 
 
-def _batches(
-    store: Store,
-    queue: str,
-    owner: str,
-    limit: int,
-    lease_ms: int,
-    published: Event,
-    quiet_s: float,
-    after_claim: Callable[[], None] | None = None,
-) -> Iterator[list[Message]]:
-    """Claim batches until the publishers are done and nothing could be claimed for
-    ``quiet_s`` (a message stuck parked would stay behind: the test looks)."""
-    deadline = time.monotonic() + WAIT_S
-    idle_since: float | None = None
-    while True:
-        _check_deadline(deadline)
-        batch = store.claim([queue], owner, lease_ms=lease_ms, limit=limit)
-        if after_claim is not None:
-            after_claim()
-        if batch:
-            idle_since = None
-            yield batch
-            continue
-        now = time.monotonic()
-        if not published.is_set():
-            idle_since = None
-        elif idle_since is None:
-            idle_since = now
-        elif now - idle_since > quiet_s:
-            return
-        time.sleep(0.001)
-
-
 def run_follower(
     out: Connection,
     *,
@@ -88,11 +54,25 @@ def run_follower(
     ``quiet_s`` (a message stuck parked would stay behind: the test looks). Reports
     ``(run_id, message_id, start_ns, end_ns, acked)`` per execution."""
     store = Store(url, table_prefix=prefix)
+    owner = f"follower-{os.getpid()}"
     _ready_then_go(out, go)
+    deadline = time.monotonic() + WAIT_S
     executions: list[tuple[str, int, int, int, bool]] = []
-    for batch in _batches(
-        store, queue, f"follower-{os.getpid()}", limit, lease_ms, published, quiet_s
-    ):
+    idle_since: float | None = None
+    while True:
+        _check_deadline(deadline)
+        batch = store.claim([queue], owner, lease_ms=lease_ms, limit=limit)
+        if not batch:
+            now = time.monotonic()
+            if not published.is_set():
+                idle_since = None
+            elif idle_since is None:
+                idle_since = now
+            elif now - idle_since > quiet_s:
+                break
+            time.sleep(0.001)
+            continue
+        idle_since = None
         for m in batch:
             start = mono_ns()
             end = mono_ns()
@@ -144,22 +124,36 @@ def run_gate_follower(
     nothing could be claimed for ``quiet_s``. Reports ``(key, message_id, start_ns, end_ns,
     acked)`` per execution."""
     store = Store(url, table_prefix=prefix)
+    owner = f"gate-follower-{os.getpid()}"
     _ready_then_go(out, go)
+    deadline = time.monotonic() + WAIT_S
     executions: list[tuple[str, int, int, int, bool]] = []
-    m_ = store.tables.messages
-
-    def sweep() -> None:
+    idle_since: float | None = None
+    gate = store.tables.messages.c.gate_key
+    while True:
+        _check_deadline(deadline)
+        batch = store.claim([queue], owner, lease_ms=lease_ms, limit=limit)
         try:
             store.park_held([queue])
         except Exception:  # a sweep that met a lock gives up (lock_timeout): so do we
             pass
-
-    owner = f"gate-follower-{os.getpid()}"
-    for batch in _batches(store, queue, owner, limit, lease_ms, published, quiet_s, sweep):
+        if not batch:
+            now = time.monotonic()
+            if not published.is_set():
+                idle_since = None
+            elif idle_since is None:
+                idle_since = now
+            elif now - idle_since > quiet_s:
+                break
+            time.sleep(0.001)
+            continue
+        idle_since = None
         with store.driver.reading() as conn:
             keys = dict(
                 conn.execute(
-                    select(m_.c.id, m_.c.gate_key).where(m_.c.id.in_([m.id for m in batch]))
+                    select(store.tables.messages.c.id, gate).where(
+                        store.tables.messages.c.id.in_([m.id for m in batch])
+                    )
                 ).all()
             )
         for m in batch:
