@@ -41,30 +41,20 @@ def _live_slots(t: Tables) -> str:
     return f"FROM {t.slots.name} s WHERE s.lease_expires_at_ms > {NOW}"
 
 
-def _front(t: Tables, columns: str, only_if: str, outer: str = "y.*") -> str:
-    """The first ``:scan`` ready, due, unleased messages of ``:queue`` in delivery order, as
-    ``columns`` of ``m`` (with ``c.gate_joins``): per priority in claim-index order, then the
-    best of those. Empty unless ``only_if`` holds (a sweep finds nothing to do cheaply)."""
-    return (
-        f"SELECT {outer} FROM {c.ready_priorities(t, ':queue')} pp CROSS JOIN LATERAL "
-        f"(SELECT {columns} FROM {t.messages.name} m "
-        f"{c.gate_joins(t)} WHERE m.state = 'ready' AND m.queue = :queue "
-        f"AND m.priority = pp.pr AND m.available_at_ms <= {NOW} "
-        f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
-        f"ORDER BY m.available_at_ms, m.id LIMIT :scan) y WHERE {only_if} "
-        "ORDER BY y.priority DESC, y.available_at_ms, y.id LIMIT :scan"
-    )
-
-
 def park(t: Tables) -> TextClause:
     """Park the first ``:scan`` ready messages of ``:queue`` whose gate is full; the ids."""
     m = t.messages.name
-    first = _front(
-        t,
-        f"m.id, m.state, {c.GATE} AS gate, m.priority, m.available_at_ms",
+    first = (
+        f"SELECT y.id, y.state, y.gate FROM {c.ready_priorities(t, ':queue')} pp "
+        "CROSS JOIN LATERAL "
+        f"(SELECT m.id, m.state, {c.GATE} AS gate, m.priority, m.available_at_ms FROM {m} m "
+        f"{c.gate_joins(t)} WHERE m.state = 'ready' AND m.queue = :queue "
+        f"AND m.priority = pp.pr AND m.available_at_ms <= {NOW} "
+        f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
+        "ORDER BY m.available_at_ms, m.id LIMIT :scan) y "
         # No gate full, no scan: a worker sweeps every second, whatever its queues hold.
-        "EXISTS (SELECT 1 FROM full_gates)",
-        outer="y.id, y.state, y.gate",
+        "WHERE EXISTS (SELECT 1 FROM full_gates) "
+        "ORDER BY y.priority DESC, y.available_at_ms, y.id LIMIT :scan"
     )
     return text(
         f"WITH full_gates AS MATERIALIZED (SELECT s.gate {_live_slots(t)} GROUP BY s.gate "
@@ -146,12 +136,17 @@ def project_rates(t: Tables) -> TextClause:
     ``:horizon`` ms away: a claim reads only due messages, so it no longer steps over them,
     and a worker wakes for them as for a countdown. The ids."""
     m = t.messages.name
-    first = _front(
-        t,
-        f"m.id, m.state, m.priority, m.available_at_ms, {c.RATE} AS rate, "
-        f"{c.RATE_INTERVAL} AS ivl, {c.RATE_TAU} AS tau, {c.RATE_TAT} AS tat",
+    first = (
+        f"SELECT y.* FROM {c.ready_priorities(t, ':queue')} pp CROSS JOIN LATERAL "
+        f"(SELECT m.id, m.state, m.priority, m.available_at_ms, {c.RATE} AS rate, "
+        f"{c.RATE_INTERVAL} AS ivl, {c.RATE_TAU} AS tau, {c.RATE_TAT} AS tat FROM {m} m "
+        f"{c.gate_joins(t)} WHERE m.state = 'ready' AND m.queue = :queue "
+        f"AND m.priority = pp.pr AND m.available_at_ms <= {NOW} "
+        f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
+        "ORDER BY m.available_at_ms, m.id LIMIT :scan) y "
         # No rate limit anywhere, no scan.
-        f"EXISTS (SELECT 1 FROM {t.flow_limits.name} r WHERE r.interval_ms IS NOT NULL)",
+        f"WHERE EXISTS (SELECT 1 FROM {t.flow_limits.name} r WHERE r.interval_ms IS NOT NULL) "
+        "ORDER BY y.priority DESC, y.available_at_ms, y.id LIMIT :scan"
     )
     return text(
         f"WITH front AS MATERIALIZED ({first}), "

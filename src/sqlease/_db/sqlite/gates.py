@@ -20,28 +20,19 @@ def _running(t: Tables, gate: str) -> str:
     )
 
 
-def _front(t: Tables, columns: str, only_if: str) -> str:
-    """The first ``:scan`` ready, due, unleased messages of ``:queue`` in delivery order, as
-    ``columns`` of ``m`` (with ``c.gate_joins``); none unless ``only_if`` holds (a sweep
-    finds nothing to do cheaply)."""
-    return (
-        f"SELECT {columns} FROM {t.messages.name} m {c.gate_joins(t)} "
-        f"WHERE m.state = 'ready' AND m.queue = :queue "
-        f"AND m.priority IN {c.ready_priorities(t, ':queue')} AND m.available_at_ms <= {NOW} "
-        f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
-        f"AND {only_if} {c.ORDER} LIMIT :scan"
-    )
-
-
 def park_find(t: Tables) -> TextClause:
     """Of the first ``:scan`` ready messages of ``:queue``, those whose gate is full, with
     their gate (parked by ``park_set``, in the same transaction)."""
     m = t.messages.name
-    first = _front(
-        t,
-        f"m.id, {c.GATE} AS gate, {c.GATE_LIMIT} AS lim",
+    first = (
+        f"SELECT m.id, {c.GATE} AS gate, {c.GATE_LIMIT} AS lim FROM {m} m {c.gate_joins(t)} "
+        f"WHERE m.state = 'ready' AND m.queue = :queue "
+        f"AND m.priority IN {c.ready_priorities(t, ':queue')} AND m.available_at_ms <= {NOW} "
+        f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
         # No gated lease live, no gate full: no scan (a worker sweeps every second).
-        f"EXISTS (SELECT 1 FROM {m} g WHERE g.gate IS NOT NULL AND g.lease_expires_at_ms > {NOW})",
+        f"AND EXISTS (SELECT 1 FROM {m} g WHERE g.gate IS NOT NULL "
+        f"AND g.lease_expires_at_ms > {NOW}) "
+        f"{c.ORDER} LIMIT :scan"
     )
     return text(
         f"SELECT f.id, f.gate FROM ({first}) f "
@@ -87,12 +78,15 @@ def project_find(t: Tables) -> TextClause:
     turn (see sqlease._db.postgresql.gates.project_rates) is more than ``:horizon`` ms away,
     with that time and their rate (given it by ``project_set``)."""
     m = t.messages.name
-    first = _front(
-        t,
-        f"m.id, m.priority, m.available_at_ms, {c.RATE} AS rate, "
-        f"{c.RATE_INTERVAL} AS ivl, {c.RATE_TAU} AS tau, {c.RATE_TAT} AS tat",
+    first = (
+        f"SELECT m.id, m.priority, m.available_at_ms, {c.RATE} AS rate, "
+        f"{c.RATE_INTERVAL} AS ivl, {c.RATE_TAU} AS tau, {c.RATE_TAT} AS tat "
+        f"FROM {m} m {c.gate_joins(t)} WHERE m.state = 'ready' AND m.queue = :queue "
+        f"AND m.priority IN {c.ready_priorities(t, ':queue')} AND m.available_at_ms <= {NOW} "
+        f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
         # No rate limit anywhere, no scan.
-        f"EXISTS (SELECT 1 FROM {t.flow_limits.name} r WHERE r.interval_ms IS NOT NULL)",
+        f"AND EXISTS (SELECT 1 FROM {t.flow_limits.name} r WHERE r.interval_ms IS NOT NULL) "
+        f"{c.ORDER} LIMIT :scan"
     )
     last = (
         f"(SELECT max(w.available_at_ms) FROM {m} w WHERE w.state = 'ready' "
