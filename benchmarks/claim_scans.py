@@ -32,6 +32,9 @@ round and dropped at its end), ``--rounds`` times, each case on fresh tables:
 - **held_by_run_waiting**: the same, but each head then waits for a person (parked, as
   ``ctx.wait_for_input`` leaves it): nothing of ``b`` is in the claim index.
 - **held_none**: the same claims with ``b`` empty: what the held cases are compared with.
+- **running_none**: ``--runs`` messages on ``b`` without runs, all claimed by a holder (a
+  lease of an hour) and nothing waiting: the running heads of ``held_by_run`` without their
+  runs, so ``held_by_run`` against it is what the waiting messages and the runs add.
 
 Messages are published with ``Store.enqueue_many`` (batches of 5,000), as the transport
 does. Reported: the claim's p50 and p99 in milliseconds, medians over the rounds.
@@ -252,6 +255,28 @@ def case_runs(url: str, runs: int, waiting: int, calls: int, heads: str) -> dict
         store.engine.dispose()
 
 
+def case_running(url: str, running: int, calls: int) -> dict[str, Any]:
+    store = Store(url)
+    try:
+        for start in range(0, running, BATCH):
+            store.enqueue_many(
+                [
+                    NewMessage("b", "{}", task_id=str(uuid.uuid4()))
+                    for _ in range(min(BATCH, running - start))
+                ]
+            )
+        held = 0
+        while held < running:
+            held += len(store.claim(["b"], "holder", lease_ms=3_600_000, limit=1_000))
+        times = []
+        for _ in range(calls):
+            store.enqueue_many([NewMessage("a", "{}", task_id=str(uuid.uuid4())) for _ in range(3)])
+            times.append(timed_claim(store, ["a", "b"], 3))
+        return {"running_none": summary(times)}
+    finally:
+        store.engine.dispose()
+
+
 def case_none(url: str, calls: int) -> dict[str, Any]:
     store = Store(url)
     try:
@@ -277,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cases",
         default=(
-            "delayed,queues,analyzed,held_none,held_by_rate,held_by_gate,held_by_run,"
-            "held_by_run_waiting"
+            "delayed,queues,analyzed,held_none,held_by_rate,held_by_gate,running_none,"
+            "held_by_run,held_by_run_waiting"
         ),
         help="comma-separated",
     )
@@ -303,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
                         found = case_runs(url, args.runs, args.waiting, args.calls, heads)
                     elif case == "held_none":
                         found = case_none(url, args.calls)
+                    elif case == "running_none":
+                        found = case_running(url, args.runs, args.calls)
                     elif case.startswith("held_by_"):
                         found = case_held(url, args.held, args.calls, case.removeprefix("held_by_"))
                     else:
@@ -321,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             "held_none",
             "held_by_rate",
             "held_by_gate",
+            "running_none",
             "held_by_run",
             "held_by_run_waiting",
         ):

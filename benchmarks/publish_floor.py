@@ -15,6 +15,9 @@ Per call, in microseconds, one process, interleaved rounds (the median of ``--ro
 - ``Store.enqueue, into a run``: a message of one of 100 runs whose head is unfinished (it is
   parked behind its run; the run's order row is upserted): the same statement as the delayed
   one (no handoff lookup), so that is its like for like;
+- ``Store.enqueue, into a full gate``: a message on a queue whose concurrency limit of 1 is
+  taken (it waits at the gate until a worker's sweep parks it): the plain statement, so the
+  plain durable enqueue is its like for like;
 - ``delay()``: Celery's whole publish of a no-op task, on sqlease (both) and on Redis.
 
 So ``delay()`` = Celery's own work (about the Redis figure) + sqlease's statement, and the
@@ -74,6 +77,9 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument(
+        "--only", default="", help="case names separated by semicolons (default: all)"
+    )
     args = parser.parse_args()
     prefix = f"floor{os.getpid()}_"
     conn = psycopg.connect(PG, autocommit=True)
@@ -97,14 +103,21 @@ def main() -> int:
         run()
         return lambda: conn.execute(f"INSERT INTO {plain} (payload) VALUES (%s)", (PAYLOAD,))
 
-    def enqueue(store: Store, delay_ms: int = 0, runs: int = 0) -> Callable[[], object]:
+    def enqueue(
+        store: Store, delay_ms: int = 0, runs: int = 0, gate: bool = False
+    ) -> Callable[[], object]:
         count = iter(range(10**9))
         for r in range(runs):  # each run's head, left unfinished
             store.enqueue("floor-runs", PAYLOAD, run_id=f"run-{r}")
+        queue = "floor-runs" if runs else "floor-gate" if gate else "floor"
+        if gate:  # the queue's one place taken, as by a running task
+            store.set_limits({"queue:floor-gate": 1})
+            store.enqueue(queue, PAYLOAD)
+            store.claim([queue], "holder", lease_ms=3_600_000, limit=1)
         return lambda: store.enqueue_many(
             [
                 NewMessage(
-                    "floor-runs" if runs else "floor",
+                    queue,
                     PAYLOAD,
                     delay_ms=delay_ms,
                     run_id=f"run-{next(count) % runs}" if runs else None,
@@ -123,8 +136,15 @@ def main() -> int:
         "Store.enqueue, delayed, durable": lambda: enqueue(durable, 60_000),
         "Store.enqueue, delayed, publish_sync_commit False": lambda: enqueue(nowait, 60_000),
         "Store.enqueue, into a run, durable": lambda: enqueue(durable, runs=100),
+        "Store.enqueue, into a full gate, durable": lambda: enqueue(durable, gate=True),
         **{name: (lambda app=app: app.tasks["floor.noop"].delay) for name, app in apps.items()},
     }
+    if args.only:
+        wanted = [name.strip() for name in args.only.split(";") if name.strip()]
+        unknown = [name for name in wanted if name not in cases]
+        if unknown:
+            parser.error(f"unknown --only case(s) {unknown}; known: {list(cases)}")
+        cases = {name: cases[name] for name in wanted}
     found: dict[str, list[float]] = {name: [] for name in cases}
     try:
         for n in range(args.rounds):
@@ -148,8 +168,28 @@ def main() -> int:
     print("|---|---:|---|")
     for name, v in found.items():
         print(f"| {name} | {medians[name]:.0f} | {', '.join(f'{x:.0f}' for x in v)} |")
+    # Each held kind against its like for like, per round (the same round's runs).
+    pairs = {
+        "into a run / delayed": (
+            "Store.enqueue, into a run, durable",
+            "Store.enqueue, delayed, durable",
+        ),
+        "into a full gate / plain": (
+            "Store.enqueue, into a full gate, durable",
+            "Store.enqueue, durable",
+        ),
+    }
+    ratios = {}
+    for label, (held, like) in pairs.items():
+        if held in found and like in found:
+            per_round = [h / p for h, p in zip(found[held], found[like], strict=True)]
+            ratios[label] = {"rounds": per_round, "median": statistics.median(per_round)}
+            rounds = ", ".join(f"{r:.2f}" for r in per_round)
+            print(f"| {label} | {ratios[label]['median']:.2f}x | {rounds} |")
     output = args.output or HERE / "results" / f"publish-floor-{dt.date.today().isoformat()}.json"
-    output.write_text(json.dumps({"calls": args.calls, "rounds": found, "medians": medians}))
+    output.write_text(
+        json.dumps({"calls": args.calls, "rounds": found, "medians": medians, "ratios": ratios})
+    )
     return 0
 
 
