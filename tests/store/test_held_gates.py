@@ -10,6 +10,7 @@ from sqlalchemy import select, update
 
 from sqlease import Admin, NewMessage, Store
 from sqlease._core.maintenance import run_pass
+from sqlease.testing import FakeClock
 
 LEASE = 10_000
 AT_GATE = ("parked", "gate")
@@ -87,6 +88,38 @@ def test_a_failure_and_a_release_free_their_place(store: Store) -> None:
     assert store.release([second.fence], delay_ms=60_000)  # a retry later: the place frees
     assert parked(store) == ids[3:]
     assert claim(store) == [ids[2]]
+
+
+def test_a_message_exhausted_at_its_claim_frees_its_place(store: Store, clock: FakeClock) -> None:
+    ids = store.enqueue_many(
+        [
+            NewMessage(
+                "q",
+                f"e{i}",
+                task_id=f"e{i}",
+                concurrency_key="k",
+                concurrency_limit=1,
+                max_attempts=1,
+            )
+            for i in range(3)
+        ]
+    )
+    [head] = store.claim(["q"], "w", lease_ms=LEASE, limit=5)
+    store.park_held(["q"])
+    assert parked(store) == ids[1:]
+    clock.advance(LEASE + 1)  # its worker died: the lease ran out with its one attempt
+    # The claim that finds it exhausted marks it dead; its place goes to the next at once.
+    assert claim(store) == [ids[1]]
+    assert rows(store)[head.id] == ("dead", "attempts_exhausted")
+    assert parked(store) == ids[2:]
+    # The transport's pipeline claims by op and promotes off its loop, as here.
+    clock.advance(LEASE + 1)
+    found = store.driver.execute(store.claim_op(["q"], "w", LEASE, 5, None))
+    assert [(m.id, m.state) for m in found] == [(ids[1], "dead")]
+    assert parked(store) == ids[2:]
+    assert store.promote_gates_of([m.id for m in found]) == [ids[2]]
+    assert claim(store) == [ids[2]]
+    assert store.promote_gates_of([]) == []
 
 
 def test_a_limit_raised_or_removed_promotes_at_once(store: Store) -> None:

@@ -9,6 +9,7 @@ what follows a claim (exhausted messages, another look past them) is the caller'
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 
 from sqlalchemy import Connection
@@ -125,6 +126,22 @@ class Leases(Aggregate):
         runs = runs_left(exhausted)
         if runs:
             self.promote_runs(runs, now=now)
+        if exhausted:
+            self.promote_gates_of([m.id for m in exhausted], now=now)
+
+    @transient
+    def promote_gates_of(self, message_ids: Iterable[int], *, now: int | None = None) -> list[int]:
+        """The gates the messages ``message_ids`` were claimed under, as many messages parked
+        at each made ready as it has room for: a message a claim found exhausted (marked
+        dead by the claim, which does not promote) left its gate's place; the ids made
+        ready."""
+        ids = sorted({int(i) for i in message_ids})
+        if not ids:
+            return []
+        with self.driver.reading() as conn:
+            found = conn.execute(self.sql.gates_of, {"ids": json.dumps(ids)})
+            gates = [str(row[0]) for row in found]
+        return promote_gates(self.driver, gates, self._now(now))
 
     @transient
     def promote_gates(self, gates: Iterable[str], *, now: int | None = None) -> list[int]:

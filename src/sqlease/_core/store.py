@@ -133,6 +133,7 @@ class Store:
     ack_op = delegate("leases", Leases.ack_op)
     promote_runs = delegate("leases", Leases.promote_runs)
     promote_gates = delegate("leases", Leases.promote_gates)
+    promote_gates_of = delegate("leases", Leases.promote_gates_of)
     park_held = delegate("leases", Leases.park_held)
     holds_on = delegate("leases", Leases.holds_on)
     is_held = delegate("leases", Leases.is_held)

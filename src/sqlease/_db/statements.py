@@ -82,6 +82,9 @@ class Statements:
     stuck_runs: TextClause
     #: The gates that have messages parked at them (the maintenance pass's repair).
     parked_gates: TextClause
+    #: The gates whose places the messages ``:ids`` (a JSON array) were claimed under: a
+    #: message found exhausted at its claim frees its gate's place for the parked ones.
+    gates_of: TextClause
     # ---- unique tasks' publish (sqlease._core.uniques) ----
     unique: UniqueStatements
     # ---- leader leases (the beat's, sqlease._core.leaders) ----

@@ -457,6 +457,9 @@ class Fetcher:
             runs = runs_left(exhausted)
             if runs:  # their runs' next messages go on
                 self._promote(runs)
+            # And the messages parked at their gates: a dead message holds no place.
+            store, dead = self._store(), [m.id for m in exhausted]
+            self.side.run(lambda: store.promote_gates_of(dead))
         queues = self.consumed_queues() if len(live) == 1 else []
         offer = self._handoffs.offer_with_result(live, queues)
         delivered = self.hold_and_deliver(channel, live, offer, sent_at)

@@ -89,6 +89,7 @@ def statements(t: Tables) -> PgStatements:
         delete_queue_messages=c.delete_queue_messages(t, NOW),
         stuck_runs=stuck_runs(t.messages.name),
         parked_gates=parked_gates(t.messages.name),
+        gates_of=gates.gates_of(t),
         # Two publishes of one new key both insert; the key's row lock decides.
         unique=unique_statements(t, row_locks=True),
         leaders=leader_statements(t, NOW, GREATEST),

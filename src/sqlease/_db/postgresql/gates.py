@@ -89,6 +89,15 @@ def release_rates(t: Tables) -> TextClause:
     )
 
 
+def gates_of(t: Tables) -> TextClause:
+    """The gates the messages ``:ids`` (a JSON array) hold or held a place of: their slots
+    (a slot stays with its message until another claim takes it)."""
+    return text(
+        f"SELECT DISTINCT s.gate FROM {t.slots.name} s WHERE s.message_id IN "
+        "(SELECT CAST(jsonb_array_elements_text(CAST(:ids AS JSONB)) AS BIGINT))"
+    )
+
+
 def promote(t: Tables) -> TextClause:
     """Of each gate of ``:gates``, as many parked messages made ready as it has room for
     (its limit, less its live slots and its ready messages not yet claimed), best first;

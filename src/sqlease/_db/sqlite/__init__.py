@@ -90,6 +90,7 @@ def statements(t: Tables) -> SqliteStatements:
         delete_queue_messages=c.delete_queue_messages(t, NOW),
         stuck_runs=stuck_runs(t.messages.name),
         parked_gates=parked_gates(t.messages.name),
+        gates_of=gates.gates_of(t),
         # One writer holds the whole file from the publish's first write: no row lock needed.
         unique=unique_statements(t, row_locks=False),
         leaders=leader_statements(t, NOW, GREATEST),

@@ -40,6 +40,15 @@ def park_find(t: Tables) -> TextClause:
     )
 
 
+def gates_of(t: Tables) -> TextClause:
+    """The gates the messages ``:ids`` (a JSON array) were claimed under (a message keeps
+    its gate after its lease ends)."""
+    return text(
+        f"SELECT DISTINCT m.gate FROM {t.messages.name} m WHERE m.gate IS NOT NULL "
+        "AND m.id IN (SELECT value FROM json_each(:ids))"
+    )
+
+
 def park_set(t: Tables) -> TextClause:
     return text(
         f"UPDATE {t.messages.name} SET state = 'parked', reason = 'gate', gate = :gate "
