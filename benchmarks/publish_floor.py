@@ -20,6 +20,9 @@ Per call, in microseconds, one process, interleaved rounds (the median of ``--ro
   plain durable enqueue is its like for like;
 - ``delay()``: Celery's whole publish of a no-op task, on sqlease (both) and on Redis.
 
+``--store-url`` runs the ``Store.enqueue`` cases on another database (a SQLite file: then
+choose them with ``--only``, the others are PostgreSQL's).
+
 So ``delay()`` = Celery's own work (about the Redis figure) + sqlease's statement, and the
 statement can be no cheaper than the durable one-row insert.
 
@@ -80,13 +83,19 @@ def main() -> int:
     parser.add_argument(
         "--only", default="", help="case names separated by semicolons (default: all)"
     )
+    parser.add_argument(
+        "--store-url",
+        default=None,
+        help="the Store cases on this database instead (e.g. sqlite:////tmp/floor.db)",
+    )
     args = parser.parse_args()
     prefix = f"floor{os.getpid()}_"
     conn = psycopg.connect(PG, autocommit=True)
     plain = f"{prefix}plain"
     conn.execute(f"CREATE TABLE {plain} (id bigserial PRIMARY KEY, payload text)")
-    durable = Store(PG, table_prefix=prefix)
-    nowait = Store(PG, table_prefix=prefix, publish_sync_commit=False)
+    store_url = args.store_url or PG
+    durable = Store(store_url, table_prefix=prefix)
+    nowait = Store(store_url, table_prefix=prefix, publish_sync_commit=False)
     apps = {
         "delay(), sqlease": celery_app(f"sqlease+{PG}", prefix, {}),
         "delay(), sqlease, publish_sync_commit False": celery_app(

@@ -36,12 +36,13 @@ def enqueue_plain(t: Tables) -> TextClause:
     locked until that transaction ends, and the offering worker's next refresh would wait for
     it in its event loop. Wakes listening workers at commit. A message of a run whose earlier
     messages are unfinished is inserted parked behind its run (sqlease._db.postgresql.held)."""
-    parks = held.parks(t)
-    state = f"CASE WHEN {parks} THEN 'parked' ELSE 'ready' END"
+    # The run's probe once, for both the state and the reason.
+    state = "CASE WHEN p.waits THEN 'parked' ELSE 'ready' END"
     return text(
         f"WITH {held.enqueue_ctes(t)}"
         f"ins AS (INSERT INTO {t.messages.name} ({c.INSERT_COLS}, reason) "
-        f"SELECT {c.insert_values(NOW, state)}, CASE WHEN {parks} THEN 'run' END "
+        f"SELECT {c.insert_values(NOW, state)}, CASE WHEN p.waits THEN 'run' END "
+        f"FROM (SELECT {held.parks(t)} AS waits) p "
         "RETURNING id, task_id, queue, attempt, run_id), "
         f"{_events(t, handed=False)}, {task_rows.publish_cte(t, NOW)} "
         "SELECT ins.id FROM ins CROSS JOIN "

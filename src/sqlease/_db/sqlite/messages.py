@@ -15,12 +15,12 @@ def enqueue(t: Tables) -> TextClause:
     """Publish one message (its ``enqueued`` event is the caller's, in the same
     transaction); a message of a run whose earlier messages are unfinished is inserted
     parked behind its run (sqlease._db.sqlite.held)."""
-    parks = held.parks(t)
-    state = f"CASE WHEN {parks} THEN 'parked' ELSE 'ready' END"
+    # The run's probe once, for both the state and the reason.
+    state = "CASE WHEN p.waits THEN 'parked' ELSE 'ready' END"
     return text(
         f"INSERT INTO {t.messages.name} ({c.INSERT_COLS}, reason) "
-        f"VALUES ({c.insert_values(NOW, state)}, CASE WHEN {parks} THEN 'run' END) "
-        "RETURNING id"
+        f"SELECT {c.insert_values(NOW, state)}, CASE WHEN p.waits THEN 'run' END "
+        f"FROM (SELECT {held.parks(t)} AS waits) p WHERE true RETURNING id"
     )
 
 
