@@ -19,17 +19,33 @@ temporary directory; PostgreSQL: a new database, dropped afterwards):
      and the runs' waiting messages and the ETA rows stay in the tables behind them
      (``--runs-at-head`` puts the runs ahead of the backlog instead, due two hours ago: then
      every claim passes their leased heads and waiting messages first).
+   - With ``--held H`` (default 0: none), between the runs and the ETA messages, H held
+     messages on ``q`` too, due three hours ago: ahead of the backlog in delivery order, so
+     that a claim would pass every one of them if they stayed in its way. The first half
+     carry concurrency key ``hot`` with limit 1 (task ``bench.hot``, the key in their
+     headers), whose one place a holder claimed (a 6-hour lease) before they were written;
+     the rest are of task ``bench.rated``, under a task rate limit of 1/h
+     (``Store.set_rate_limits``) whose one delivery was claimed and acked before they were
+     written. Then **the sweep**: ``Store.park_held(["q"])``, what a worker's fetcher runs
+     about once a second while it claims, called until it moves nothing (timed, in the
+     JSON's ``sweep``). It parks the gated ones at their gate (out of the claim index) and
+     gives the rated ones their turns under the rate as their due times (an hour apart,
+     from an hour on).
 
    Payloads are real Celery messages (as the transport stores ``add.delay(2, 3)``: 932
-   bytes, 962 with an ETA) with the task id in them. The fill is then checked: three
-   messages published through ``Store.enqueue_many`` (one plain, one with a delay, one with
-   a run) are compared column by column with bulk rows of the same kind in the messages,
-   events and tasks tables (then deleted again), one claim must return a backlog message
-   whose payload names its task id (it is acked), ``Store.size("q")`` must count the backlog
-   and the runs' waiting messages, and the runs table must hold one row per run. Then
-   statistics, as a production database has them: PostgreSQL ``ANALYZE`` and a
-   ``CHECKPOINT``; SQLite ``PRAGMA wal_checkpoint(TRUNCATE)``, ``ANALYZE`` and
-   ``PRAGMA optimize`` (``--no-analyze`` skips them).
+   bytes, 962 with an ETA) with the task id in them. The fill is then checked: messages
+   published through ``Store.enqueue_many`` (one plain, one with a delay, one waiting
+   behind its run's head, one gated, one rate-limited) are compared column by column with
+   bulk rows of the same kind in the messages, events and tasks tables (then deleted
+   again), before the sweep. After it, one claim must return the backlog's first message,
+   whose payload names its task id (it is acked), ``Store.size("q")`` must count the
+   backlog, the runs' waiting messages and the held ones, the runs table must hold one row
+   per run, and the held messages must all be parked at the gate or given a turn later
+   than now, none claimable, with the gate's place still held. Then statistics, as a
+   production database has them: PostgreSQL ``ANALYZE`` and a ``CHECKPOINT``; SQLite
+   ``PRAGMA wal_checkpoint(TRUNCATE)``, ``ANALYZE`` and ``PRAGMA optimize``
+   (``--no-analyze`` skips them). No ``VACUUM``: on PostgreSQL the rows the sweep moved
+   leave their old entries in the claim index until vacuum.
 2. **Bytes per task**, per table and per index: PostgreSQL ``pg_total_relation_size``
    (heap + TOAST + indexes), ``pg_relation_size``, ``pg_indexes_size``; SQLite the ``dbstat``
    virtual table (else the file size). Divided by the table's own rows ("bytes/row") and by
@@ -39,7 +55,10 @@ temporary directory; PostgreSQL: a new database, dropped afterwards):
    ``claim(["q"], owner, lease_ms=60000, limit=32)`` + ``ack`` until they have taken
    ``--deliveries`` messages together (default 5,000, the same at every size, at most half the
    backlog); the parent then tops the backlog up to N again (bulk, at its tail) before the
-   next window. The processes live through all the windows, as a worker does. Throughput of
+   next window. The processes live through all the windows, as a worker does. Every message
+   a worker claims must be of the backlog (no held message, no run's, no ETA message: the
+   run fails otherwise), and after the last window the held messages must still be as the
+   sweep left them. Throughput of
    a window = deliveries / (last finish - first start); a size's throughput is the median of
    its windows. **Claim latency** is each ``Store.claim`` call on the big queue, timed in the
    workers (a batch of up to 32): p50 and p99 over all the calls of all windows.
@@ -60,6 +79,11 @@ temporary directory; PostgreSQL: a new database, dropped afterwards):
    backend and round; the median over ``--rounds`` (default 3; each round fills every size
    again on fresh databases, in an order that rotates from round to round). The goal: >= 0.8
    at 1,000,000.
+6. **Held against none** (``--held-compare``, with ``--held H``): each size is measured
+   twice in each round, with the H held messages and without, on fresh databases, the two
+   in alternating order from round to round. Per round: the held run's throughput, claim
+   p50 and claim p99 over the other's; reported with their medians over the rounds (the
+   Markdown's last table, the JSON's ``held_compare``).
 
 PostgreSQL also gets ``EXPLAIN (ANALYZE, BUFFERS)`` of the claim statement as the workers run
 it (a generic plan), right after the fill and after the throughput phase, in a transaction
@@ -67,6 +91,7 @@ that is rolled back; SQLite its ``EXPLAIN QUERY PLAN``. Both go in the JSON.
 
     .venv/bin/python benchmarks/cost_curve.py                 # both databases, 3 sizes
     .venv/bin/python benchmarks/cost_curve.py --sizes 2000,20000 --eta 5000 --runs 1000
+    .venv/bin/python benchmarks/cost_curve.py --sizes 1000000 --held 100000 --held-compare
 
 Writes a Markdown table to stdout (ready for docs/performance.md), progress to stderr, and
 JSON to benchmarks/results/cost-<date>.json.
@@ -103,7 +128,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 import sqlease
-from sqlease import NewMessage, Store
+from sqlease import Message, NewMessage, Store
 from sqlease._db.engine import dispose_all
 from sqlease._db.migrations import run_migration
 from sqlease.types import Fence
@@ -124,15 +149,24 @@ BACKLOG_AGE_MS = 3600_000  # the backlog became due an hour ago
 ETA_FROM_MS, ETA_TO_MS = 30 * 60_000, 6 * 3600_000
 MAX_ATTEMPTS = 3  # Store's default
 ID = "@ID@"
+# Held work (``--held``): due three hours ago, ahead of the backlog in delivery order.
+HELD_AGE_MS = 3 * BACKLOG_AGE_MS
+GATED_TASK = "bench.hot"  # its messages carry concurrency key GATE_KEY, limit 1
+GATE_KEY = "hot"
+RATED_TASK = "bench.rated"  # a task-name rate limit of HELD_RATE
+HELD_RATE = "1/h"
+HOLDER = "holder"
 
 # ``add.delay(2, 3)`` as the transport stores it (the task id in place of ID).
 _BODY = "W1syLCAzXSwge30sIHsiY2FsbGJhY2tzIjogbnVsbCwgImVycmJhY2tzIjogbnVsbCwgImNoYWluIjogbnVsbCwgImNob3JkIjogbnVsbH1d"  # noqa: E501
 
 
-def celery_payload(eta: str | None = None) -> str:
+def celery_payload(
+    eta: str | None = None, task: str = TASK_NAME, extra: dict[str, Any] | None = None
+) -> str:
     headers = {
         "lang": "py",
-        "task": TASK_NAME,
+        "task": task,
         "id": ID,
         "shadow": None,
         "eta": eta,
@@ -150,7 +184,7 @@ def celery_payload(eta: str | None = None) -> str:
         "replaced_task_nesting": 0,
         "stamped_headers": None,
         "stamps": {},
-    }
+    } | (extra or {})
     properties = {
         "correlation_id": ID,
         "reply_to": "0b9ebd8a-6107-38bf-ab08-c4a08433ba35",
@@ -172,6 +206,10 @@ def celery_payload(eta: str | None = None) -> str:
 
 PLAIN_PAYLOAD = celery_payload()
 ETA_PAYLOAD = celery_payload(eta="2026-12-03T05:46:03.897983+00:00")
+GATED_PAYLOAD = celery_payload(
+    task=GATED_TASK, extra={"concurrency_key": GATE_KEY, "concurrency_limit": 1}
+)
+RATED_PAYLOAD = celery_payload(task=RATED_TASK)
 
 
 def _note(msg: str) -> None:
@@ -214,7 +252,8 @@ def _pg_fill_sql(store: Store) -> dict[str, str]:
         return (
             f"INSERT INTO {m} ({MSG_COLS}) SELECT CAST(:queue AS TEXT), "
             f"replace({payload}, '{ID}', s.tid), 0, {available}, CAST(:now AS BIGINT), "
-            f"{run_id}, s.tid, 'ready', 0, :max_attempts, CAST(:task_name AS TEXT), NULL, NULL "
+            f"{run_id}, s.tid, 'ready', 0, :max_attempts, CAST(:task_name AS TEXT), "
+            "CAST(:gate_key AS TEXT), CAST(:gate_limit AS INTEGER) "
             f"FROM ({source}) s"
         )
 
@@ -273,7 +312,7 @@ def _sqlite_fill_sql(store: Store) -> dict[str, str]:
             f"{series}, s AS MATERIALIZED ({source}) "
             f"INSERT INTO {m} ({MSG_COLS}) SELECT :queue, replace(:payload, '{ID}', s.tid), 0, "
             f"{available}, :now, {run_id}, s.tid, 'ready', 0, :max_attempts, :task_name, "
-            "NULL, NULL FROM s ORDER BY s.rn"
+            ":gate_key, :gate_limit FROM s ORDER BY s.rn"
         )
 
     return {
@@ -312,25 +351,36 @@ def _max_id(conn: Any, store: Store) -> int:
     )
 
 
+# The held kinds: ready messages (the ``ready`` statement) of their own task name, the gated
+# ones with their concurrency key and limit, as a publish writes them from the headers.
+_HELD_KINDS: dict[str, tuple[str, str | None, int | None]] = {
+    "gated": (GATED_TASK, GATE_KEY, 1),
+    "rated": (RATED_TASK, None, None),
+}
+
+
 def _bulk(store: Store, kind: str, n: int, now: int, payload: str) -> list[int]:
     """Insert ``n`` messages of ``kind`` with their events and task rows, in one
     transaction; their first and last message ids."""
     if n <= 0:
         return [0, -1]
     statements = _pg_fill_sql(store) if store.is_postgresql else _sqlite_fill_sql(store)
+    task_name, gate_key, gate_limit = _HELD_KINDS.get(kind, (TASK_NAME, None, None))
     params = {
         "n": n,
         "now": now,
         "queue": QUEUE,
         "payload": payload,
-        "task_name": TASK_NAME,
+        "task_name": task_name,
+        "gate_key": gate_key,
+        "gate_limit": gate_limit,
         "max_attempts": MAX_ATTEMPTS,
         "eta_from": ETA_FROM_MS,
         "eta_span": ETA_TO_MS - ETA_FROM_MS,
     }
     with store.engine.begin() as conn:
         after = _max_id(conn, store)
-        conn.execute(text(statements[kind]), params)
+        conn.execute(text(statements["ready" if kind in _HELD_KINDS else kind]), params)
         conn.execute(text(statements["events"]), {"after": after})
         conn.execute(text(statements["tasks"]), {"after": after})
         return [after + 1, _max_id(conn, store)]
@@ -356,8 +406,50 @@ def _lease_run_heads(store: Store, runs: int) -> int:
     return leased
 
 
+def _claim_one(store: Store, kind: str, lease_ms: int) -> Message:
+    """The one message a claim on ``q`` finds (the only claimable one)."""
+    got = store.claim([QUEUE], HOLDER, lease_ms=lease_ms, limit=2)
+    if len(got) != 1:
+        raise RuntimeError(f"the {kind} holder's claim returned {len(got)} messages, not 1")
+    return got[0]
+
+
+def _fill_held(store: Store, held: int, now: int) -> dict[str, Any]:
+    """``held`` messages on ``q`` that may not run, due three hours ago (ahead of the
+    backlog): the first half at concurrency key ``hot`` (limit 1), whose one place a holder
+    has claimed for six hours; the rest of task ``bench.rated``, whose rate limit of 1/h has
+    let its one delivery through (claimed and acked). Both as they stand before a worker's
+    sweep: ready, in the claim index."""
+    if held <= 0:
+        return {"held": 0, "gated": 0, "rated": 0, "ids": {}}
+    due = now - HELD_AGE_MS
+    store.set_rate_limits({f"task:{RATED_TASK}": HELD_RATE})
+    # The gate's place and the rate's delivery, taken while each is the only claimable
+    # message (the runs' heads are leased, their later messages parked).
+    place = _bulk(store, "gated", 1, due, GATED_PAYLOAD)
+    holder = _claim_one(store, "gate", RUNNER_LEASE_MS)
+    spent = _bulk(store, "rated", 1, due, RATED_PAYLOAD)
+    delivery = _claim_one(store, "rate", LEASE_MS)
+    if [holder.id, delivery.id] != [place[0], spent[0]]:
+        raise RuntimeError(f"the holders took {holder.id}, {delivery.id}: not {place}, {spent}")
+    if store.ack([delivery.fence]) != {delivery.id}:
+        raise RuntimeError("the rate's delivery was not acked")
+    gated = held // 2
+    ids = {
+        "gated": _bulk(store, "gated", gated, due, GATED_PAYLOAD),
+        "rated": _bulk(store, "rated", held - gated, due, RATED_PAYLOAD),
+    }
+    return {
+        "held": held,
+        "gated": gated,
+        "rated": held - gated,
+        "holder_id": holder.id,
+        "ids": ids,
+    }
+
+
 def fill(
-    store: Store, ready: int, eta: int, runs: int, runs_at_head: bool = False
+    store: Store, ready: int, eta: int, runs: int, runs_at_head: bool = False, held: int = 0
 ) -> dict[str, Any]:
     started = time.perf_counter()
     now = store.now_ms()
@@ -369,6 +461,9 @@ def fill(
     t_runs = time.perf_counter()
     leased = _lease_run_heads(store, runs) if runs else 0
     t_heads = time.perf_counter()
+    held_fill = _fill_held(store, held, now)
+    ids |= held_fill.pop("ids")
+    t_held = time.perf_counter()
     ids["eta"] = _bulk(store, "eta", eta, now, ETA_PAYLOAD)
     t_eta = time.perf_counter()
     ids["ready"] = _bulk(store, "ready", ready, now - BACKLOG_AGE_MS, PLAIN_PAYLOAD)
@@ -378,11 +473,14 @@ def fill(
         "seconds": round(done - started, 2),
         "runs_s": round(t_runs - started, 2),
         "run_heads_claim_s": round(t_heads - t_runs, 2),
-        "eta_s": round(t_eta - t_heads, 2),
+        "held_s": round(t_held - t_heads, 2),
+        "eta_s": round(t_eta - t_held, 2),
         "ready_s": round(done - t_eta, 2),
         "run_messages": run_messages,
         "run_heads_leased": leased,
-        "messages": ready + eta + run_messages,
+        # the held messages and the gate's holder (the rate's spent delivery was acked)
+        "held": held_fill,
+        "messages": ready + eta + run_messages + (held + 1 if held > 0 else 0),
         "ids": ids,
     }
 
@@ -414,41 +512,42 @@ def _shape(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k not in _VARYING}
 
 
-def check_fill(store: Store, filled: dict[str, Any], runs: int) -> dict[str, Any]:
-    """The bulk rows are what ``Store.enqueue_many`` writes, and the backlog is claimable."""
+def check_rows(store: Store, filled: dict[str, Any]) -> dict[str, Any]:
+    """The bulk rows are what ``Store.enqueue_many`` writes: a message of each kind published
+    through it is compared column by column with a bulk one (then deleted again). Before the
+    sweep, which moves the held ones."""
     t = store.tables
     m, e, k = t.messages.name, t.events.name, t.tasks.name
     ranges = filled["ids"]
-    ready = ranges["ready"][1] - ranges["ready"][0] + 1
-    run_messages = filled["run_messages"]
+
+    def new(payload: str, task_name: str = TASK_NAME, **kw: Any) -> NewMessage:
+        return NewMessage("verify", payload, task_id=str(uuid.uuid4()), task_name=task_name, **kw)
+
+    # A run's head first: the run's message compared is one that waits behind it, as the
+    # bulk runs' later messages wait behind their leased heads.
+    head = store.enqueue_many([new(PLAIN_PAYLOAD, run_id="verify-run")])
     ids = store.enqueue_many(
         [
-            NewMessage("verify", PLAIN_PAYLOAD, task_id=str(uuid.uuid4()), task_name=TASK_NAME),
-            NewMessage(
-                "verify",
-                ETA_PAYLOAD,
-                delay_ms=ETA_FROM_MS,
-                task_id=str(uuid.uuid4()),
-                task_name=TASK_NAME,
-            ),
-            NewMessage(
-                "verify",
-                PLAIN_PAYLOAD,
-                run_id="verify-run",
-                task_id=str(uuid.uuid4()),
-                task_name=TASK_NAME,
-            ),
+            new(PLAIN_PAYLOAD),
+            new(ETA_PAYLOAD, delay_ms=ETA_FROM_MS),
+            new(PLAIN_PAYLOAD, run_id="verify-run"),
+            new(GATED_PAYLOAD, GATED_TASK, concurrency_key=GATE_KEY, concurrency_limit=1),
+            new(RATED_PAYLOAD, RATED_TASK),
         ]
     )
     compared = 0
     with store.engine.begin() as conn:
         now = store.now_ms()
         # One bulk row of each kind, found by its id range: the last backlog message, the
-        # first ETA message, the first waiting message of a run (the heads are leased).
+        # first ETA message, the first waiting message of a run (the heads are leased), the
+        # last held message of each kind.
+        none = [0, -1]
         samples = [
             ("plain", "id = :hi", ranges["ready"]),
             ("eta", "id = :lo", ranges["eta"]),
             ("run", "id BETWEEN :lo AND :hi AND lease_owner IS NULL ORDER BY id", ranges["runs"]),
+            ("gated", "id = :hi", ranges.get("gated", none)),
+            ("rated", "id = :hi", ranges.get("rated", none)),
         ]
         for api_id, (kind, where, (lo, hi)) in zip(ids, samples, strict=True):
             if hi < lo:  # none of that kind
@@ -470,23 +569,121 @@ def check_fill(store: Store, filled: dict[str, Any], runs: int) -> dict[str, Any
                         f"bulk {kind} row of {table} differs from the store's: {a} vs {b}"
                     )
                 compared += 1
-            if json.loads(bulk[0]["payload"])["headers"]["id"] != bulk[0]["task_id"]:
+            headers = json.loads(bulk[0]["payload"])["headers"]
+            if headers["id"] != bulk[0]["task_id"] or headers["task"] != bulk[0]["task_name"]:
                 raise RuntimeError(f"bulk {kind} payload names another task: {bulk[0]}")
             if kind == "eta" and bulk[0]["available_at_ms"] < now + ETA_FROM_MS // 2:
                 raise RuntimeError(f"ETA row due too early: {bulk[0]}")
-        # Leave the tables as filled: the three rows and their events and task rows go.
-        for message_id in ids:
+        # Leave the tables as filled: the rows and their events and task rows go.
+        for message_id in head + ids:
             (row,) = _rows(conn, m, "id = :v", {"v": message_id})
             conn.execute(text(f"DELETE FROM {e} WHERE message_id = :v"), {"v": message_id})
             conn.execute(text(f"DELETE FROM {m} WHERE id = :v"), {"v": message_id})
             conn.execute(text(f"DELETE FROM {k} WHERE task_id = :v"), {"v": row["task_id"]})
+    return {"rows_compared": compared}
+
+
+def sweep(store: Store, filled: dict[str, Any]) -> dict[str, Any] | None:
+    """A worker's sweep (``Store.park_held(["q"])``), called until it moves nothing: the
+    held messages out of the claim's way. None without held messages."""
+    if not filled["held"]["held"]:
+        return None
+    ranges = filled["ids"]
+    calls: list[float] = []
+    moved: list[int] = []
+    started = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        ids = store.park_held([QUEUE])
+        calls.append(round(time.perf_counter() - t0, 3))
+        moved += ids
+        if not ids:
+            break
+        if len(calls) >= 20:
+            raise RuntimeError(f"the sweep still moves messages after {len(calls)} calls")
+    seconds = time.perf_counter() - started
+
+    def within(kind: str) -> int:
+        lo, hi = ranges[kind]
+        return sum(1 for i in moved if lo <= i <= hi)
+
+    return {
+        "seconds": round(seconds, 2),
+        "calls_s": calls,
+        "moved": len(moved),
+        "parked_at_gate": within("gated"),
+        "given_rate_turns": within("rated"),
+    }
+
+
+def held_state(store: Store, filled: dict[str, Any]) -> dict[str, Any] | None:
+    """The held messages as the sweep left them: the gated ones parked at the gate, the
+    rated ones ready with their turns (due an hour apart, from an hour on), none claimable
+    now, the gate's place still held. Raises otherwise. None without held messages."""
+    held = filled["held"]
+    if not held["held"]:
+        return None
+    m = store.tables.messages.name
+    (g_lo, g_hi), (r_lo, r_hi) = filled["ids"]["gated"], filled["ids"]["rated"]
+    now = store.now_ms()
+    with store.engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT "
+                "sum(CASE WHEN id BETWEEN :g_lo AND :g_hi AND state = 'parked' "
+                "AND reason = 'gate' THEN 1 ELSE 0 END), "
+                "sum(CASE WHEN id BETWEEN :r_lo AND :r_hi AND state = 'ready' "
+                "AND reason = 'rate' AND available_at_ms > :now THEN 1 ELSE 0 END), "
+                "sum(CASE WHEN state = 'ready' AND available_at_ms <= :now "
+                "AND (lease_expires_at_ms IS NULL OR lease_expires_at_ms <= :now) "
+                "THEN 1 ELSE 0 END), "
+                "min(CASE WHEN id BETWEEN :r_lo AND :r_hi THEN available_at_ms END), "
+                "count(*) "
+                f"FROM {m} WHERE id BETWEEN :g_lo AND :g_hi OR id BETWEEN :r_lo AND :r_hi"
+            ),
+            {"g_lo": g_lo, "g_hi": g_hi, "r_lo": r_lo, "r_hi": r_hi, "now": now},
+        ).one()
+        holder = conn.execute(
+            text(f"SELECT lease_owner, lease_expires_at_ms FROM {m} WHERE id = :v"),
+            {"v": held["holder_id"]},
+        ).one()
+        conn.rollback()
+    state = {
+        "at_gate": int(row[0] or 0),
+        "rate_turns": int(row[1] or 0),
+        "claimable": int(row[2] or 0),
+        "first_turn_in_s": None if row[3] is None else round((int(row[3]) - now) / 1000, 1),
+        "rows": int(row[4]),
+        "holder_lease_left_s": round((int(holder[1] or 0) - now) / 1000),
+    }
+    if (
+        state["at_gate"] != held["gated"]
+        or state["rate_turns"] != held["rated"]
+        or state["claimable"]
+        or state["rows"] != held["held"]
+        or holder[0] != HOLDER
+        or state["holder_lease_left_s"] <= 0
+    ):
+        raise RuntimeError(f"held messages not as the sweep left them: {state}, {held}")
+    return state
+
+
+def check_fill(store: Store, filled: dict[str, Any], runs: int) -> dict[str, Any]:
+    """After the sweep: the backlog is claimable (its first message first), ``size(q)``
+    counts the backlog, the runs' waiting messages and the held ones, the runs table holds
+    one row per run, the held messages are out of the claim's way."""
+    t = store.tables
+    ranges = filled["ids"]
+    ready = ranges["ready"][1] - ranges["ready"][0] + 1
+    run_messages = filled["run_messages"]
+    held = filled["held"]["held"]
     claimed = store.claim([QUEUE], "verify", lease_ms=LEASE_MS, limit=1)
     if len(claimed) != 1:
         raise RuntimeError("the backlog is not claimable")
     got = claimed[0]
     body = json.loads(got.payload)
     if (
-        not ranges["ready"][0] <= got.id <= ranges["ready"][1]
+        got.id != ranges["ready"][0]
         or got.run_id is not None
         or got.attempt != 1
         or body["headers"]["id"] != got.task_id
@@ -497,14 +694,16 @@ def check_fill(store: Store, filled: dict[str, Any], runs: int) -> dict[str, Any
         raise RuntimeError("the check's ack failed")
     size = store.size(QUEUE)
     waiting = run_messages - runs
-    if size != ready - 1 + waiting:
-        raise RuntimeError(f"size(q) = {size}, expected {ready - 1} + {waiting} run messages")
+    if size != ready - 1 + waiting + held:
+        raise RuntimeError(
+            f"size(q) = {size}, expected {ready - 1} + {waiting} run messages + {held} held"
+        )
     with store.engine.connect() as conn:
         run_rows = int(conn.execute(text(f"SELECT count(*) FROM {t.runs.name}")).scalar() or 0)
         conn.rollback()
     if run_rows != runs:
         raise RuntimeError(f"{run_rows} rows in the runs table, expected {runs}")
-    return {"rows_compared": compared, "claimed_and_acked": 1, "size_q": size}
+    return {"claimed_and_acked": 1, "size_q": size, "held": held_state(store, filled)}
 
 
 def settle(store: Store, analyze: bool) -> dict[str, Any]:
@@ -702,11 +901,20 @@ def _warm(store: Store, owner: str) -> None:
 
 
 def _worker(
-    url: str, owner: str, quota: int, batch: int, windows: int, barrier: Any, out: Any
+    url: str,
+    owner: str,
+    quota: int,
+    batch: int,
+    windows: int,
+    backlog_from: int,
+    barrier: Any,
+    out: Any,
 ) -> None:
     """Per window: wait at the start line, claim and ack ``quota`` messages of the big queue,
     report the window's times and each call's duration. The process (its connections and
-    caches) lives through all the windows, as a worker does."""
+    caches) lives through all the windows, as a worker does. Every message claimed must be
+    of the backlog (ids from ``backlog_from`` on: the fill's backlog and the top-ups): no
+    held message, no run's, no ETA message."""
     report: dict[str, Any] = {"owner": owner, "error": None}
     try:
         store = Store(url, table_prefix=PREFIX, auto_migrate=False)
@@ -725,6 +933,9 @@ def _worker(
                 claims.append(t1 - t0)
                 if not got:
                     break
+                stray = [m.id for m in got if m.id < backlog_from or m.queue != QUEUE]
+                if stray:
+                    raise RuntimeError(f"claimed messages outside the backlog: {stray}")
                 acked = store.ack([m.fence for m in got])
                 acks.append(time.perf_counter() - t1)
                 if len(acked) != len(got):
@@ -793,7 +1004,9 @@ def _gather(procs: Sequence[Any], out: Any, count: int, timeout: float = 900) ->
     return reports
 
 
-def throughput(store: Store, url: str, args: argparse.Namespace, deliveries: int) -> dict[str, Any]:
+def throughput(
+    store: Store, url: str, args: argparse.Namespace, deliveries: int, backlog_from: int
+) -> dict[str, Any]:
     """``--windows`` windows of ``deliveries`` claimed and acked by ``--workers`` processes;
     after each, the backlog is topped up to N again (bulk, at its tail)."""
     workers, windows = args.workers, args.windows
@@ -805,7 +1018,16 @@ def throughput(store: Store, url: str, args: argparse.Namespace, deliveries: int
     procs = [
         ctx.Process(
             target=_worker,
-            args=(url, f"w{i}-{uuid.uuid4().hex[:6]}", q, args.batch, windows, barrier, out),
+            args=(
+                url,
+                f"w{i}-{uuid.uuid4().hex[:6]}",
+                q,
+                args.batch,
+                windows,
+                backlog_from,
+                barrier,
+                out,
+            ),
             daemon=True,
         )
         for i, q in enumerate(quotas)
@@ -948,25 +1170,34 @@ def database(backend: str, admin_url: str, tmp: Path) -> Iterator[str]:
 
 
 def run_one(
-    backend: str, size: int, rnd: int, args: argparse.Namespace, tmp: Path
+    backend: str, size: int, rnd: int, args: argparse.Namespace, tmp: Path, held: int = 0
 ) -> dict[str, Any]:
     with database(backend, args.pg, tmp) as url:
         store = Store(url, table_prefix=PREFIX)
-        filled = fill(store, size, args.eta, args.runs, args.runs_at_head)
+        filled = fill(store, size, args.eta, args.runs, args.runs_at_head, held)
         _note(
-            f"  {backend} N={size:,}: filled {filled['messages']:,} messages in "
+            f"  {backend} N={size:,} held={held:,}: filled {filled['messages']:,} messages in "
             f"{filled['seconds']:.1f} s"
         )
-        checked = check_fill(store, filled, args.runs)
+        compared = check_rows(store, filled)
+        swept = sweep(store, filled)
+        if swept:
+            _note(
+                f"  {backend} N={size:,} held={held:,}: the sweep moved {swept['moved']:,} in "
+                f"{swept['seconds']:.1f} s ({len(swept['calls_s'])} calls)"
+            )
+        checked = compared | check_fill(store, filled, args.runs)
         settled = settle(store, not args.no_analyze)
         store = Store(url, table_prefix=PREFIX, auto_migrate=False)  # settle closed the pools
         measured_sizes = sizes(store)
         plan_before = explain_claim(store, url)
         deliveries = min(args.deliveries, max(1, size // 2))
-        thr = throughput(store, url, args, deliveries)
+        thr = throughput(store, url, args, deliveries, filled["ids"]["ready"][0])
+        # The top-ups and the workers' acks left the held messages as they were.
+        thr["held_after"] = held_state(store, filled)
         _note(
-            f"  {backend} N={size:,}: {thr['tasks_per_s']:,.0f} tasks/s, claim p50 "
-            f"{thr['claim']['p50_ms']} ms p99 {thr['claim']['p99_ms']} ms"
+            f"  {backend} N={size:,} held={held:,}: {thr['tasks_per_s']:,.0f} tasks/s, claim "
+            f"p50 {thr['claim']['p50_ms']} ms p99 {thr['claim']['p99_ms']} ms"
         )
         plan_after = explain_claim(store, url)
         probe = probes(store, url, args.probes, seed=size * 31 + rnd)
@@ -977,8 +1208,10 @@ def run_one(
         return {
             "backend": backend,
             "size": size,
+            "held": held,
             "round": rnd,
             "fill": filled,
+            "sweep": swept,
             "check": checked,
             "settle": settled,
             "bytes": measured_sizes,
@@ -1002,7 +1235,7 @@ def _fmt(value: float | None, spec: str = ",.0f") -> str:
 
 
 def summarize(
-    runs: list[dict[str, Any]], backends: list[str], sizes_: list[int]
+    runs: list[dict[str, Any]], backends: list[str], sizes_: list[int], helds: list[int]
 ) -> list[dict[str, Any]]:
     base = min(sizes_)
     for r in runs:
@@ -1010,7 +1243,8 @@ def summarize(
             (
                 x
                 for x in runs
-                if (x["backend"], x["round"], x["size"]) == (r["backend"], r["round"], base)
+                if (x["backend"], x["round"], x["size"], x["held"])
+                == (r["backend"], r["round"], base, r["held"])
             ),
             None,
         )
@@ -1020,16 +1254,17 @@ def summarize(
             else None
         )
     rows = []
-    for backend in backends:
-        for size in sizes_:
-            mine = [r for r in runs if r["backend"] == backend and r["size"] == size]
-            if not mine:
-                continue
+    for backend, size, held in ((b, s, h) for b in backends for s in sizes_ for h in helds):
+        mine = [r for r in runs if (r["backend"], r["size"], r["held"]) == (backend, size, held)]
+        if mine:
             t = mine[0]["bytes"]["tables"]
+            sweeps = [r["sweep"]["seconds"] for r in mine if r["sweep"]]
             rows.append(
                 {
                     "backend": backend,
                     "size": size,
+                    "held": held,
+                    "sweep_s": _median(sweeps),
                     "rounds": len(mine),
                     "messages": mine[0]["fill"]["messages"],
                     "fill_s": _median([r["fill"]["seconds"] for r in mine]),
@@ -1053,25 +1288,115 @@ def summarize(
     return rows
 
 
+def _ratio(held: float | None, none: float | None) -> float | None:
+    return None if held is None or not none else round(held / none, 3)
+
+
+def held_compare(runs: list[dict[str, Any]], held: int) -> list[dict[str, Any]]:
+    """Per database and size, each round's figures with ``held`` held messages over those
+    without (the two measured in the same round), and the medians of those ratios."""
+    out = []
+    keys = dict.fromkeys((r["backend"], r["size"]) for r in runs)
+    for backend, size in keys:
+        rounds = []
+        for rnd in sorted({r["round"] for r in runs}):
+            pair = {
+                r["held"]: r
+                for r in runs
+                if (r["backend"], r["size"], r["round"]) == (backend, size, rnd)
+            }
+            if 0 not in pair or held not in pair:
+                continue
+            none, some = pair[0]["throughput"], pair[held]["throughput"]
+            rounds.append(
+                {
+                    "round": rnd,
+                    "first": "none" if pair[0]["order"] < pair[held]["order"] else "held",
+                    "tasks_per_s": [none["tasks_per_s"], some["tasks_per_s"]],
+                    "claim_p50_ms": [none["claim"]["p50_ms"], some["claim"]["p50_ms"]],
+                    "claim_p99_ms": [none["claim"]["p99_ms"], some["claim"]["p99_ms"]],
+                    "ratio_tasks_per_s": _ratio(some["tasks_per_s"], none["tasks_per_s"]),
+                    "ratio_claim_p50": _ratio(some["claim"]["p50_ms"], none["claim"]["p50_ms"]),
+                    "ratio_claim_p99": _ratio(some["claim"]["p99_ms"], none["claim"]["p99_ms"]),
+                    "sweep_s": pair[held]["sweep"]["seconds"],
+                }
+            )
+        if rounds:
+            out.append(
+                {
+                    "backend": backend,
+                    "size": size,
+                    "held": held,
+                    "rounds": rounds,
+                    "median": {
+                        name: _median([r[name] for r in rounds])
+                        for name in ("ratio_tasks_per_s", "ratio_claim_p50", "ratio_claim_p99")
+                    },
+                }
+            )
+    return out
+
+
+def markdown_compare(compared: list[dict[str, Any]]) -> str:
+    out = [
+        "Held against none, each round on fresh databases (the two in alternating order): "
+        "figures with the held messages / without; medians, and each round's ratio.",
+        "",
+        "| database | ready backlog | held | claim+ack tasks/s, none / held | ratio "
+        "(rounds) | claim p50 ms, none / held | ratio (rounds) | claim p99 ms, none / held "
+        "| ratio (rounds) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in compared:
+        cells = [c["backend"], f"{c['size']:,}", f"{c['held']:,}"]
+        for name, spec in (
+            ("tasks_per_s", ",.0f"),
+            ("claim_p50_ms", ".2f"),
+            ("claim_p99_ms", ".2f"),
+        ):
+            none = _median([r[name][0] for r in c["rounds"]])
+            some = _median([r[name][1] for r in c["rounds"]])
+            ratio = "ratio_" + name.removesuffix("_ms")
+            each = ", ".join(_fmt(r[ratio], ".2f") for r in c["rounds"])
+            cells += [
+                f"{_fmt(none, spec)} / {_fmt(some, spec)}",
+                f"{_fmt(c['median'][ratio], '.2f')} ({each})",
+            ]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def markdown(rows: list[dict[str, Any]], args: argparse.Namespace, base: int) -> str:
+    held = (
+        f" {args.held:,} held messages ahead of the backlog (half at a full concurrency gate, "
+        "half behind a spent rate limit of 1/h; moved by one sweep after the fill)"
+        + (" or none (`--held-compare`);" if args.held_compare else ";")
+        if args.held
+        else ""
+    )
+    with_held = any(r["held"] for r in rows)
     out = [
         f"Ready backlog N on queue `q`, plus {args.eta:,} ETA messages and {args.runs:,} runs "
         f"(heads leased; {'ahead of' if args.runs_at_head else 'behind'} the backlog) on the "
-        f"same queue; {args.workers} worker processes, claim batch "
+        f"same queue;{held} {args.workers} worker processes, claim batch "
         f"{args.batch}, {args.windows} windows of {args.deliveries:,} deliveries "
         "(at most N/2; median of the windows); "
         f"{'ANALYZE after the fill' if not args.no_analyze else 'no ANALYZE'}.",
         "",
         "Medians over the rounds (the ratio: the median of each round's ratio).",
         "",
-        f"| database | ready backlog | messages | fill s | claim+ack tasks/s | ratio to "
-        f"{base:,} | claim p50 / p99 ms | probe publish→claim p50 / p99 ms | "
-        "enqueue p50 / p99 ms | bytes/task |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| database | ready backlog | {'held | sweep s | ' if with_held else ''}messages | "
+        f"fill s | claim+ack tasks/s | ratio to {base:,} | claim p50 / p99 ms | "
+        "probe publish→claim p50 / p99 ms | enqueue p50 / p99 ms | bytes/task |",
+        "|---|---:|"
+        + ("---:|---:|" if with_held else "")
+        + "---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        held_cells = f"{r['held']:,} | {_fmt(r['sweep_s'], '.2f')} | " if with_held else ""
         out.append(
-            f"| {r['backend']} | {r['size']:,} | {r['messages']:,} | {_fmt(r['fill_s'], '.1f')} "
+            f"| {r['backend']} | {r['size']:,} | {held_cells}{r['messages']:,} "
+            f"| {_fmt(r['fill_s'], '.1f')} "
             f"| {_fmt(r['tasks_per_s'])} | {_fmt(r['ratio'], '.2f')} "
             f"| {_fmt(r['claim_p50_ms'], '.2f')} / {_fmt(r['claim_p99_ms'], '.2f')} "
             f"| {_fmt(r['probe_p50_ms'], '.2f')} / {_fmt(r['probe_p99_ms'], '.2f')} "
@@ -1093,12 +1418,16 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace, base: int) ->
         "",
         "Bytes per row of each table (table + its indexes + TOAST / the table's rows):",
         "",
-        "| database | ready backlog | " + " | ".join(names) + " |",
-        "|---|---:|" + "---:|" * len(names),
+        "| database | ready backlog | "
+        + ("held | " if with_held else "")
+        + " | ".join(names)
+        + " |",
+        "|---|---:|" + ("---:|" if with_held else "") + "---:|" * len(names),
     ]
     for r in rows:
         cells = " | ".join(_fmt(r["bytes_per_row"].get(n)) for n in names)
-        out.append(f"| {r['backend']} | {r['size']:,} | {cells} |")
+        held_cell = f"{r['held']:,} | " if with_held else ""
+        out.append(f"| {r['backend']} | {r['size']:,} | {held_cell}{cells} |")
     return "\n".join(out)
 
 
@@ -1177,6 +1506,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "ago), so that every claim passes their leased heads and waiting messages",
     )
     parser.add_argument(
+        "--held",
+        type=lambda v: int(v.replace("_", "")),
+        default=0,
+        help="held messages on q ahead of the backlog: half at a full concurrency gate, half "
+        "behind a spent rate limit (0: none)",
+    )
+    parser.add_argument(
+        "--held-compare",
+        action="store_true",
+        help="measure each size with --held held messages and with none, in the same round "
+        "on fresh databases, and report the ratios",
+    )
+    parser.add_argument(
         "--no-analyze", action="store_true", help="skip ANALYZE / PRAGMA optimize after the fill"
     )
     parser.add_argument(
@@ -1189,6 +1531,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.held_compare and args.held <= 0:
+        raise SystemExit("--held-compare needs --held N")
+    helds = [0, args.held] if args.held_compare else [args.held]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = set(backends) - {"sqlite", "postgresql"}
     if unknown:
@@ -1218,12 +1563,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # first (on a cold server, say) or last.
                 shift = rnd % len(args.sizes)
                 for size in args.sizes[shift:] + args.sizes[:shift]:
-                    _note(f"[{rnd + 1}/{args.rounds}] {backend} N={size:,}")
-                    runs.append(run_one(backend, size, rnd, args, Path(tmp)))
+                    # With --held-compare, held and none alternate which goes first.
+                    for held in helds if rnd % 2 == 0 else helds[::-1]:
+                        _note(f"[{rnd + 1}/{args.rounds}] {backend} N={size:,} held={held:,}")
+                        one = run_one(backend, size, rnd, args, Path(tmp), held)
+                        runs.append(one | {"order": len(runs)})
     env["loadavg_end"] = os.getloadavg()
     env["elapsed_s"] = round(time.monotonic() - started, 1)
-    rows = summarize(runs, backends, args.sizes)
+    rows = summarize(runs, backends, args.sizes, helds)
     print(markdown(rows, args, min(args.sizes)))
+    compared = held_compare(runs, args.held) if args.held_compare else None
+    if compared:
+        print("\n" + markdown_compare(compared))
     output = args.output or HERE / "results" / f"cost-{dt.date.today().isoformat()}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     document = {
@@ -1236,9 +1587,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runner_lease_ms": RUNNER_LEASE_MS,
             "backlog_due_ms_ago": BACKLOG_AGE_MS,
             "eta_due_in_ms": [ETA_FROM_MS, ETA_TO_MS],
+            "held_due_ms_ago": HELD_AGE_MS,
+            "held_gate": {"concurrency_key": GATE_KEY, "limit": 1, "task": GATED_TASK},
+            "held_rate": {"limit": f"task:{RATED_TASK}", "rate": HELD_RATE},
             "payload_bytes": {
                 "plain": len(PLAIN_PAYLOAD.replace(ID, str(uuid.uuid4()))),
                 "eta": len(ETA_PAYLOAD.replace(ID, str(uuid.uuid4()))),
+                "gated": len(GATED_PAYLOAD.replace(ID, str(uuid.uuid4()))),
+                "rated": len(RATED_PAYLOAD.replace(ID, str(uuid.uuid4()))),
             },
             "table_prefix": PREFIX,
             "statistics": "none"
@@ -1257,6 +1613,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "environment": env,
         "summary": rows,
+        "held_compare": compared,
         "runs": runs,
     }
     output.write_text(json.dumps(document, indent=1, default=str) + "\n")
