@@ -113,8 +113,9 @@ def _warn_if_early_ack(sender: Any = None, **kwargs: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None or not uses_sqlease(app):
         return
-    from sqlease._celery import scheduled
+    from sqlease._celery import pool_room, scheduled
 
+    pool_room.remember(sender)  # its free pool processes: handoff offers while busy
     scheduled.install()  # inspect scheduled: the ETA tasks waiting in the database
     if not app.conf.task_acks_late:
         logger.warning(

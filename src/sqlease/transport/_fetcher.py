@@ -462,6 +462,9 @@ class Fetcher:
         delivered = self.hold_and_deliver(channel, live, offer, sent_at)
         if delivered:
             self._loop.kick()  # let the pool pick the new jobs up in the next iteration
+            # Fewer than asked for: the queues were drained (otherwise an offer would let a
+            # new publish pass the messages still waiting).
+            self.offer_while_room(drained=len(found) < limit)
         elif self.looks.found_nothing and self._loop.registered:
             self.look_ahead()
         return delivered
@@ -706,6 +709,36 @@ class Fetcher:
         if queues:
             self._submit(Kind.DUE, op=self._store().next_due_op(queues))
 
+    def offer_while_room(self, *, drained: bool) -> None:
+        """After a delivery: a worker with a pool process still free offers again at once if
+        its queues were ``drained`` (the offer a handoff used is spent), so a publish right
+        after is handed over too and starts in the free process; one left full withdraws
+        what may stand, so a message another worker could start now is never handed to
+        it."""
+        handoffs = self._handoffs
+        if not self._notifications or not handoffs.can_offer():
+            return
+        if not handoffs.has_room():
+            if handoffs.withdrawn():
+                store, owner = self._store(), self._terms.owner
+                self.side.run(lambda: store.withdraw_offers(owner))
+            return
+        if not drained or self.acks.pending:  # acks go with the next claim or offer
+            return
+        queues = self.consumed_queues(with_credit=True)
+        if not queues:
+            return
+        op = self._store().offer_op([], queues, self._terms.owner, **handoffs.terms())
+        self._submit(
+            Kind.OFFER,
+            op=op,
+            fences=[],
+            queues=queues,
+            covers=set(queues) == set(self.consumed_queues()),
+            heard=dict(handoffs.heard),
+            sent_at=time.monotonic(),
+        )
+
     def _offered(self, context: dict[str, Any], due_ms: int | None) -> None:
         self._handoffs.stood(context["queues"], context["heard"])
         if context["covers"]:
@@ -784,6 +817,7 @@ class Fetcher:
         offer = self._handoffs.offer_with_result([row], self.consumed_queues())
         if self.hold_and_deliver(channel, [row], offer, sent_at):
             self._loop.kick()  # let the pool pick the new job up in the next iteration
+        self.offer_while_room(drained=True)  # it came because the queues were idle
 
     # ---- settling and closing -----------------------------------------------------------
 
