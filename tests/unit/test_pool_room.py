@@ -65,3 +65,17 @@ def test_nothing_is_known_before_the_pool_runs_or_outside_the_worker() -> None:
     assert pool_room.load() is None
     pool_room.remember(object())  # not weak-referenceable: a stand-in, not a worker
     assert pool_room.load() is None
+
+
+def test_a_stopped_pool_or_worker_is_forgotten() -> None:
+    pool = _Pool(2)
+    worker = _Worker(pool)
+    pool_room.remember(worker)
+    assert pool_room.load() is not None
+    pool.active = False  # type: ignore[attr-defined]  # BasePool.active: its state is RUN
+    assert pool_room.load() is None
+    pool.active = True  # type: ignore[attr-defined]
+    pool_room.forget(_Worker(pool))  # another worker's shutdown: not this one's
+    assert pool_room.load() is not None
+    pool_room.forget(worker)
+    assert pool_room.load() is None

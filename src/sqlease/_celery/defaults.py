@@ -108,6 +108,13 @@ def _run_first() -> None:
 _run_first()
 
 
+@signals.worker_shutdown.connect
+def _forget_the_pool(sender: Any = None, **kwargs: Any) -> None:
+    from sqlease._celery import pool_room
+
+    pool_room.forget(sender)
+
+
 @signals.worker_init.connect
 def _warn_if_early_ack(sender: Any = None, **kwargs: Any) -> None:
     app = getattr(sender, "app", None)

@@ -4,8 +4,8 @@ itself and names it in its notification (sqlease._core.handoff), and the worker 
 if it had claimed it. Only a worker that can start the message at once offers: in a Celery
 worker, one with a pool process free of every task it holds (sqlease._celery.pool_room);
 elsewhere, one holding nothing. A full or stalled one is never handed a message another could
-start now: a worker that fills up withdraws what stands. Liveness is the listening
-connection's advisory lock.
+start now (an offer is good for one message per queue; what stands for other queues is
+withdrawn at the next idle look). Liveness is the listening connection's advisory lock.
 
 This is the offers' state and the decisions about them; it does no database work. The
 fetcher sends the offers (with the acks that leave the worker idle, or on an idle look),
@@ -120,10 +120,6 @@ class Handoffs:
         # A running task acked late is both a delivery held and a task received: the larger
         # count covers both (a task acked early is only the latter).
         return max(held, tasks) < size
-
-    def stands(self) -> bool:
-        """An offer of ours may stand (made, not known used or withdrawn)."""
-        return bool(self._offer_queues)
 
     def terms(self) -> dict[str, Any]:
         """This worker's offer, as the store's offer calls (and a result's stamp) take it."""
