@@ -12,6 +12,9 @@ broker once, on fresh tables, in alternating order; medians of the rounds.
     .venv/bin/python benchmarks/b2b_split.py [--samples 200] [--rounds 2] [--gaps 0,10]
         [--only sqlease-pg,rabbitmq]
 
+For sqlease on PostgreSQL, also the share of the tasks a publish handed straight to the
+worker's offer (from the ``claimed`` events), the rest being claimed after a notification.
+
 Prints a Markdown table; writes JSON to benchmarks/results/b2b-split-<date>.json.
 """
 
@@ -27,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from celery_bench import (
     HERE,
     Broker,
@@ -67,6 +71,22 @@ def split(mod: Any, counter: Counter, samples: int, gap_ms: float) -> dict[str, 
     }
 
 
+def handed_share(broker: Broker, prefix: str, since_ms: float) -> float | None:
+    """sqlease: the share of the deliveries since ``since_ms`` that a publish handed to the
+    worker's offer (the rest were claimed after a notification); None for other brokers."""
+    if not broker.url.startswith("sqlease+postgresql"):
+        return None
+    with psycopg.connect(broker.url.removeprefix("sqlease+"), autocommit=True) as conn:
+        handed, total = conn.execute(
+            "SELECT count(*) FILTER (WHERE kind = 'claimed' "
+            "AND CAST(data AS JSONB) ->> 'handoff' = 'true'), "
+            f"count(*) FILTER (WHERE kind = 'enqueued') FROM {prefix}events "
+            "WHERE at_ms >= %s",
+            (int(since_ms),),
+        ).fetchone()
+    return round(handed / total, 3) if total else None
+
+
 def run(
     broker: Broker, counter: Counter, tmp: Path, prefix: str, samples: int, gaps: list[float]
 ) -> list[dict[str, Any]]:
@@ -77,10 +97,13 @@ def run(
         mod.stamp.delay(time.time())  # connect, declare, and wait for the worker
         if not counter.wait(1, 60):
             raise RuntimeError(f"{broker.name}: worker did not start (see {tmp})")
-        return [
-            {"broker": broker.name, "gap_ms": gap, **split(mod, counter, samples, gap)}
-            for gap in gaps
-        ]
+        rows = []
+        for gap in gaps:
+            since_ms = time.time() * 1000
+            row = {"broker": broker.name, "gap_ms": gap, **split(mod, counter, samples, gap)}
+            row["handed_share"] = handed_share(broker, prefix, since_ms)
+            rows.append(row)
+        return rows
     finally:
         stop_worker(worker)
 
@@ -111,15 +134,20 @@ def main() -> int:
                 print(json.dumps(row), flush=True)
     keys = ("publish_p50_ms", "worker_side_p50_ms", "start_p50_ms")
     medians = []
-    print("| broker | gap ms | delay() | worker side | start |")
-    print("|---|---:|---:|---:|---:|")
+    print("| broker | gap ms | delay() | worker side | start | handed over |")
+    print("|---|---:|---:|---:|---:|---:|")
     for broker in chosen:
         for gap in gaps:
             runs = [r for r in found if r["broker"] == broker.name and r["gap_ms"] == gap]
-            row = {k: round(statistics.median(r[k] for r in runs), 2) for k in keys}
+            row: dict[str, Any] = {k: round(statistics.median(r[k] for r in runs), 2) for k in keys}
+            shares = [r["handed_share"] for r in runs if r["handed_share"] is not None]
+            row["handed_share"] = round(statistics.median(shares), 3) if shares else None
             medians.append({"broker": broker.name, "gap_ms": gap, **row})
+            handed = "-" if row["handed_share"] is None else f"{row['handed_share']:.0%}"
             print(
-                f"| {broker.name} | {gap:g} | " + " | ".join(f"{row[k]:.2f}" for k in keys) + " |"
+                f"| {broker.name} | {gap:g} | "
+                + " | ".join(f"{row[k]:.2f}" for k in keys)
+                + f" | {handed} |"
             )
     output = args.output or HERE / "results" / f"b2b-split-{dt.date.today().isoformat()}.json"
     output.write_text(
