@@ -29,8 +29,9 @@ runner's outcomes to the part that made the job), ``drain`` (when to look and wh
 claim), ``acks`` (ack batching), ``runners``, ``loop_calls`` and ``background`` (the database
 jobs of the event loop, sent by the loop itself or done on a thread), ``completion`` (what
 follows a claim: exhausted, already completed, redelivered), ``handoff`` (the offers' state),
-``wakeups`` (what the event loop's events mean), ``loop`` (the event-loop mechanics),
-``control`` (revokes across processes).
+``queues`` (the queues declared, auto-delete ones kept alive while consumed), ``wakeups``
+(what the event loop's events mean), ``loop`` (the event-loop mechanics), ``control``
+(revokes across processes).
 """
 
 from __future__ import annotations
