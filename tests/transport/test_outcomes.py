@@ -207,7 +207,7 @@ def test_a_redelivery_whose_stored_outcome_cannot_be_read_is_claimed_again(
     it lets the lease run out, and the next claim checks again."""
     from sqlalchemy.exc import OperationalError
 
-    from sqlease.transport import _fetcher
+    from sqlease.transport import _deliveries
 
     app.conf.broker_transport_options = {
         **app.conf.broker_transport_options,
@@ -229,7 +229,7 @@ def test_a_redelivery_whose_stored_outcome_cannot_be_read_is_claimed_again(
     assert gone.task_id == result.id
     time.sleep(0.3)
     checks: list[int] = []
-    real = _fetcher.settle_redelivered
+    real = _deliveries.settle_redelivered
 
     def flaky(*args: object) -> object:
         checks.append(1)
@@ -237,7 +237,7 @@ def test_a_redelivery_whose_stored_outcome_cannot_be_read_is_claimed_again(
             raise OperationalError("SELECT …", {}, Exception("server closed the connection"))
         return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_fetcher, "settle_redelivered", flaky)
+    monkeypatch.setattr(_deliveries, "settle_redelivered", flaky)
     with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
         assert result.get(timeout=30) == "ran"
     assert len(checks) >= 2, checks

@@ -22,13 +22,16 @@ each given what it needs and no more; their imports form a tree, rooted here:
 publish; it builds the parts), ``channel`` (``Channel``: publish, consume, fenced
 ack/reject/restore, queues and bindings; it asks the fetcher for messages), ``qos`` (unacked
 bookkeeping), ``codec`` (Kombu message <-> stored row), ``fetcher`` (the one thing a channel
-calls for messages: the claim decision, the runner's jobs and their outcomes, the pipeline
-after a claim, how acks are written), ``drain`` (when to look and whether to claim), ``acks``
-(ack batching), ``runners``, ``loop_calls`` and ``background`` (the database jobs of the
-event loop, sent by the loop itself or done on a thread), ``completion`` (what follows a
-claim: exhausted, already completed, redelivered), ``handoff`` (the offers' state),
-``wakeups`` (what the event loop's events mean), ``loop`` (the event-loop mechanics),
-``control`` (revokes across processes).
+calls for messages: it owns the runner and builds its parts: ``claims``, claims, takes and
+sweeps; ``deliveries``, what they bring to the consumer; ``acking``, how acks and rejects are
+written; ``idle``, offers and due times; ``handed``, handoffs accepted; ``outcomes``, the
+runner's outcomes to the part that made the job), ``drain`` (when to look and whether to
+claim), ``acks`` (ack batching), ``runners``, ``loop_calls`` and ``background`` (the database
+jobs of the event loop, sent by the loop itself or done on a thread), ``completion`` (what
+follows a claim: exhausted, already completed, redelivered), ``handoff`` (the offers' state),
+``queues`` (the queues declared, auto-delete ones kept alive while consumed), ``wakeups``
+(what the event loop's events mean), ``loop`` (the event-loop mechanics), ``control``
+(revokes across processes).
 """
 
 from __future__ import annotations

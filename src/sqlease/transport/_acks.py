@@ -1,7 +1,7 @@
 """Ack batching: in the worker's event loop, the acks of one loop iteration are written
 together, in one statement, at the start of the next (or with the next claim); elsewhere an
 ack is written at once. How a batch is written (with the idle worker's offer, on the runner,
-or at once) is the ``write`` function's decision (sqlease.transport._fetcher): this is the
+or at once) is the ``write`` function's decision (sqlease.transport._acking): this is the
 one place an ack enters, the fetcher the one place it leaves."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The Kombu ``Transport``: options, owner, store, connect and close, publish, ``as_uri``. It
 builds the parts that do the rest, each given what it needs and no more: the fetcher (claims,
-acks, takes and what follows them), the handoffs' state, the event-loop glue and what its
-events mean (sqlease.transport._wakeups); and it closes them in one sequence."""
+acks, takes and what follows them), the handoffs' state, the queues it declared and keeps
+alive (sqlease.transport._queues), the event-loop glue and what its events mean
+(sqlease.transport._wakeups); and it closes them in one sequence."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from sqlease.transport._codec import new_message
 from sqlease.transport._fetcher import Fetcher
 from sqlease.transport._handoff import Handoffs
 from sqlease.transport._loop import EventLoop
+from sqlease.transport._queues import DeclaredQueues
 from sqlease.transport._wakeups import Wakeups
 from sqlease.types import NewMessage
 from sqlease.urls import client_url, display_url, to_sqlalchemy_url
@@ -102,11 +104,6 @@ class Transport(virtual.Transport):
         self._store: Store | None = None
         self._results: ResultStore | None = None
         self._waker: Waker | None = None
-        self._declared: set[str] = set()
-        #: This process's auto-delete queues and their idle expiry (ms): consumed, they are
-        #: touched every queue_touch_seconds (see keep_queues_alive).
-        self._expiring: dict[str, int] = {}
-        self._next_touch = 0.0
         self._maintenance: Any = None
         self.loop = EventLoop()
         self.handoffs = Handoffs(
@@ -133,6 +130,13 @@ class Transport(virtual.Transport):
             cycle=lambda: self.cycle,
             connection_errors=self.connection_errors,
         )
+        self._queues = DeclaredQueues(
+            store=lambda: self.store,
+            options=self.options,
+            caller_transaction=self.caller_transaction,
+            channels=self.sql_channels,
+            side=self.fetcher.side,
+        )
         self.wakeups = Wakeups(
             fetcher=self.fetcher,
             handoffs=self.handoffs,
@@ -140,7 +144,7 @@ class Transport(virtual.Transport):
             waker=lambda: self.waker,
             owner=self.owner,
             polling_interval=self.polling_interval,
-            keep_alive=self.keep_queues_alive,
+            keep_alive=self._queues.keep_alive,
             connection_errors=self.connection_errors,
         )
 
@@ -217,57 +221,10 @@ class Transport(virtual.Transport):
     def declare_queue(
         self, queue: str, *, auto_delete: bool = False, arguments: Any = None
     ) -> None:
-        expires_ms = self.options.queue_expiry_ms(auto_delete, arguments)
-        if expires_ms is not None:
-            self._expiring[queue] = expires_ms
-        if queue not in self._declared or expires_ms is not None:
-            # In a transactional enqueue the declaration joins the caller's transaction too:
-            # on SQLite a second connection would wait for the caller's write lock.
-            with self.caller_transaction() as connection:
-                self.store.declare_queue(queue, expires_ms=expires_ms, connection=connection)
-            if connection is None:
-                self._declared.add(queue)
+        self._queues.declare(queue, auto_delete=auto_delete, arguments=arguments)
 
     def forget_queue(self, queue: str) -> None:
-        self._declared.discard(queue)
-        self._expiring.pop(queue, None)
-
-    def keep_queues_alive(self) -> None:
-        """Touch the auto-delete queues this process consumes, every queue_touch_seconds,
-        so that the maintenance pass never expires a queue with a live consumer. One that
-        expired all the same (this process stood still longer than its expiry) is declared
-        and bound again, as Kombu would after a reconnect."""
-        if not self._expiring:
-            return
-        clock = time.monotonic()
-        if clock < self._next_touch:
-            return
-        self._next_touch = clock + self.options.queue_touch_seconds
-        consumed = {
-            queue
-            for channel in self.sql_channels()
-            if channel.consuming
-            for queue in channel.active_queues()
-            if queue in self._expiring
-        }
-        if not consumed:
-            return
-        store = self.store
-
-        def touch() -> set[str]:
-            return consumed - store.touch_queues(consumed)
-
-        self.fetcher.side.run(touch, self._declare_again)
-
-    def _declare_again(self, gone: set[str]) -> None:
-        for queue in sorted(gone):
-            logger.warning(
-                "sqlease: auto-delete queue %r had expired under its consumer; declaring it again",
-                queue,
-            )
-            self.store.declare_queue(queue, expires_ms=self._expiring[queue])
-            for channel in self.sql_channels():
-                channel.bind_again(queue)
+        self._queues.forget(queue)
 
     # ---- wake-ups --------------------------------------------------------------------------
 
@@ -343,7 +300,7 @@ class Transport(virtual.Transport):
         fetcher = self.fetcher
         assert self.cycle is not None
         while True:
-            self.keep_queues_alive()
+            self._queues.keep_alive()
             if fetcher.take_noack_first():
                 return
             try:

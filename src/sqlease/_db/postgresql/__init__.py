@@ -1,6 +1,7 @@
 """PostgreSQL: its statements (one module per aggregate, its constants in ``dialect.py``), its
-driver (``driver.py``, the operations) and what the driver runs on (``direct.py``, the
-lanes; ``engine.py``; ``listener.py``; ``pooler.py``)."""
+driver (``driver.py``, the operations, and ``lease_ops.py``, the lease operations it inherits)
+and what the driver runs on (``direct.py``, the lanes; ``engine.py``; ``listener.py``;
+``pooler.py``)."""
 
 from __future__ import annotations
 

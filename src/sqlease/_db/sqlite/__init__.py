@@ -1,6 +1,8 @@
 """SQLite: its statements (one module per aggregate, its constants in ``dialect.py``), its
-driver (``driver.py``, the operations) and what the driver runs on (``direct.py``, the kept
-sqlite3 connections; ``engine.py``; ``watcher.py``; ``checkpoints.py``; ``fork_guard.py``)."""
+driver (``driver.py``, the operations, with the bases it inherits: ``lease_ops.py``, the lease
+operations, and ``bookkeeping.py``, the writes beside their statements) and what the driver
+runs on (``direct.py``, the kept sqlite3 connections; ``engine.py``; ``watcher.py``;
+``checkpoints.py``; ``fork_guard.py``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,162 @@
+"""PostgreSQL's lease operations for ``PostgresDriver`` (sqlease._db.postgresql.driver, whose
+base this is): claim, ack, ack + claim, renew and transition, each one autocommit statement
+that also writes the run locks and the events (sqlease._db.postgresql.leases), or a
+transaction of one statement per owner when a batch names several."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+
+from sqlease._db.driver import Change, Claim, Driver, Lane, Op, by_owner
+from sqlease._db.postgresql import PgStatements
+from sqlease._db.postgresql.dialect import fence_params
+from sqlease._db.rows import Acked, acked_ids_of, acked_of, expiries_of, messages_of
+from sqlease.types import Fence, Message
+
+
+class PostgresLeaseOps(Driver):
+    """PostgreSQL's claims, acks, renewals and transitions."""
+
+    sql: PgStatements
+
+    def _claim(self, claim: Claim) -> tuple[Any, dict[str, Any]]:
+        params: dict[str, Any] = {
+            "owner": claim.owner,
+            "lease_ms": int(claim.lease_ms),
+            "limit": int(claim.limit),
+            "now": claim.now,
+        }
+        if len(claim.queues) == 1:
+            params["queue"] = claim.queues[0]
+            return self.sql.claim_single, params
+        params["queues"] = list(claim.queues)
+        return self.sql.claim, params
+
+    def message_claim(self, claim: Claim) -> Op[list[Message]]:
+        statement, params = self._claim(claim)
+        return Op(Lane.LEASES, statement, params, messages_of)
+
+    def _each_owner(
+        self,
+        conn: Connection,
+        statement: Any,
+        groups: Mapping[str, list[Fence]],
+        terms: Mapping[str, Any],
+    ) -> Acked:
+        """``statement`` once per owner's fences: the ids changed, the runs owed."""
+        ids: set[int] = set()
+        owed: list[str] = []
+        gates: list[str] = []
+        for owner, group in groups.items():
+            params = {**fence_params(group), "owner": owner, **terms}
+            done = acked_of([dict(r._mapping) for r in conn.execute(statement, params)])
+            ids.update(done)
+            owed.extend(done.owed_runs)
+            gates.extend(done.owed_gates)
+        return Acked(ids, owed, gates)
+
+    def _ack_all(
+        self, conn: Connection, groups: Mapping[str, list[Fence]], now: int | None
+    ) -> Acked:
+        terms = {"now": now, "channel": self.wakeup_channel}
+        return self._each_owner(conn, self.sql.ack, groups, terms)
+
+    def message_ack(self, fences: Sequence[Fence], now: int | None) -> Op[Acked]:
+        groups = by_owner(fences)
+        if not groups:
+            return Op.answer(Acked())
+        if len(groups) == 1:
+            ((owner, group),) = groups.items()
+            params = {**fence_params(group), "owner": owner, "now": now}
+            params["channel"] = self.wakeup_channel
+            return Op(Lane.LEASES, self.sql.ack, params, acked_of)
+        return Op(
+            Lane.LEASES, body=lambda conn: self._ack_all(conn, groups, now), statements=len(groups)
+        )
+
+    def message_ack_claim(
+        self, fences: Sequence[Fence], claim: Claim
+    ) -> Op[tuple[Acked, list[Message]]]:
+        if not fences:
+            return self.message_claim(claim).then(lambda claimed: (Acked(), claimed))
+        statement, params = self._claim(claim)
+        groups = by_owner(fences)
+        if list(groups) == [claim.owner]:
+            # One statement: the claim does not see the acks' effects (a run's next message
+            # waits for the next claim).
+            combined = self.sql.ack_claim_single if len(claim.queues) == 1 else self.sql.ack_claim
+            params.update(fence_params(fences), channel=self.wakeup_channel)
+
+            def finish(rows: list[dict[str, Any]]) -> tuple[Acked, list[Message]]:
+                return acked_ids_of(rows), messages_of([r for r in rows if r["id"] is not None])
+
+            return Op(Lane.LEASES, combined, params, finish)
+
+        def body(conn: Connection) -> tuple[Acked, list[Message]]:
+            acked = self._ack_all(conn, groups, claim.now)
+            rows = [dict(r._mapping) for r in conn.execute(statement, params)]
+            return acked, messages_of(rows)
+
+        return Op(Lane.LEASES, body=body, statements=len(groups) + 1)
+
+    def message_renew(
+        self, fences: Sequence[Fence], lease_ms: int, now: int | None
+    ) -> Op[dict[int, int]]:
+        groups = by_owner(fences)
+        each = [
+            {**fence_params(group), "owner": owner, "lease_ms": int(lease_ms), "now": now}
+            for owner, group in groups.items()
+        ]
+        if len(each) <= 1:
+            if not each:
+                return Op.answer({})
+            return Op(Lane.PLANNED, self.sql.renew, each[0], expiries_of)
+
+        def body(conn: Connection) -> dict[int, int]:
+            held: dict[int, int] = {}
+            for params in each:
+                held.update(
+                    expiries_of([dict(r._mapping) for r in conn.execute(self.sql.renew, params)])
+                )
+            return held
+
+        return Op(Lane.PLANNED, body=body, statements=len(each))
+
+    def message_transition(
+        self,
+        fences: Sequence[Fence],
+        change: Change,
+        now: int | None,
+        also: Callable[[Connection], None] | None = None,
+    ) -> Op[Acked]:
+        groups = by_owner(fences)
+        if not groups:
+            return Op.answer(Acked())
+        terms = {
+            "now": now,
+            "delay_ms": max(0, int(change.delay_ms)),
+            "refund": 1 if change.refund else 0,
+            "new_state": change.new_state,
+            "reason": change.reason,
+            "error": change.error,
+            "kind": change.kind,
+            "data": change.data,
+            "channel": self.wakeup_channel,
+        }
+
+        if len(groups) == 1 and also is None:
+            # One statement in autocommit, on the main engine as a transaction would be.
+            ((owner, group),) = groups.items()
+            params = {**fence_params(group), "owner": owner, **terms}
+            return Op(Lane.PLANNED, self.sql.transition, params, acked_of)
+
+        def body(conn: Connection) -> Acked:
+            changed = self._each_owner(conn, self.sql.transition, groups, terms)
+            if changed and also is not None:
+                also(conn)  # the caller's write, in the same transaction
+            return changed
+
+        return Op(Lane.DEFAULT, body=body, statements=len(groups) + (also is not None))
