@@ -234,6 +234,18 @@ def test_a_sweep_gives_rate_held_messages_their_turn_as_due_time(store: Store) -
     assert claim(store) == [ids[2]]  # a changed rate starts afresh: one now
 
 
+def test_a_rate_removed_makes_its_timed_messages_due_on_the_stores_clock(store: Store) -> None:
+    # The store's clock here is a fake one, far from the database's: the release must use
+    # the clock the sweep gave the turns by (the store model found the mismatch).
+    store.set_rate_limits({"queue:q": "1/s"})
+    ids = store.enqueue_many([NewMessage("q", f"r{i}", task_id=f"r{i}") for i in range(5)])
+    assert claim(store) == ids[:1]
+    assert store.park_held(["q"]) == ids[3:]
+    assert store.remove_limit("queue:q")
+    assert [due(store)[i] for i in ids[3:]] == [(store.now_ms(), None)] * 2
+    assert claim(store) == ids[1:]
+
+
 def test_the_claim_stays_the_final_word_for_rates(store: Store) -> None:
     store.set_rate_limits({"queue:q": "1/m"})
     ids = store.enqueue_many([NewMessage("q", f"r{i}", task_id=f"r{i}") for i in range(3)])

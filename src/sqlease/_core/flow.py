@@ -194,14 +194,16 @@ class FlowLimits(Aggregate):
             self.driver.execute(self.driver.rate_release(changed, self._now(now)))
 
     @transient
-    def remove_limit(self, name: str) -> bool:
+    def remove_limit(self, name: str, *, now: int | None = None) -> bool:
         """Drop the concurrency and the rate limit named ``name``."""
         fl = self.tables.flow_limits
         with self.driver.writing() as conn:
             removed = bool(conn.execute(delete(fl).where(fl.c.name == name)).rowcount)
         if removed:  # its gate has no limit now: every message parked there goes
-            promote_gates(self.driver, [name], None)
-            self.driver.execute(self.driver.rate_release([name], None))
+            # On the store's clock (an injected one too), as the sweep that timed them.
+            at = self._now(now)
+            promote_gates(self.driver, [name], at)
+            self.driver.execute(self.driver.rate_release([name], at))
         return removed
 
     @transient
