@@ -216,6 +216,19 @@ class Change:
     #: the event's data, already JSON
     data: str | None = None
 
+    def params(self, now: int | None) -> dict[str, Any]:
+        """The transition statement's parameters (both dialects')."""
+        return {
+            "now": now,
+            "delay_ms": max(0, int(self.delay_ms)),
+            "refund": 1 if self.refund else 0,
+            "new_state": self.new_state,
+            "reason": self.reason,
+            "error": self.error,
+            "kind": self.kind,
+            "data": self.data,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class ResultWrite:

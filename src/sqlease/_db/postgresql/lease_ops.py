@@ -135,17 +135,7 @@ class PostgresLeaseOps(Driver):
         groups = by_owner(fences)
         if not groups:
             return Op.answer(Acked())
-        terms = {
-            "now": now,
-            "delay_ms": max(0, int(change.delay_ms)),
-            "refund": 1 if change.refund else 0,
-            "new_state": change.new_state,
-            "reason": change.reason,
-            "error": change.error,
-            "kind": change.kind,
-            "data": change.data,
-            "channel": self.wakeup_channel,
-        }
+        terms = {**change.params(now), "channel": self.wakeup_channel}
 
         if len(groups) == 1 and also is None:
             # One statement in autocommit, on the main engine as a transaction would be.

@@ -116,16 +116,7 @@ class SqliteLeaseOps(SqliteBookkeeping):
         groups = by_owner(fences)
         if not groups:
             return Op.answer(Acked())
-        terms = {
-            "now": now,
-            "delay_ms": max(0, int(change.delay_ms)),
-            "refund": 1 if change.refund else 0,
-            "new_state": change.new_state,
-            "reason": change.reason,
-            "error": change.error,
-            "kind": change.kind,
-            "data": change.data,
-        }
+        terms = change.params(now)
 
         def body(conn: Connection) -> Acked:
             changed = Acked()
