@@ -153,6 +153,39 @@ def test_a_dropped_connection_is_ridden_out_on_a_fresh_one(
     calls.stop()
 
 
+def test_a_statement_sent_again_counts_its_leases_from_that_send(
+    store: Store, hub: Hub, pg_database_url: str
+) -> None:
+    """What a statement leased counts its lease from when the statement was sent (the job's
+    ``sent_at``): sent again after its connection dropped, it ran no earlier than the last
+    send, and ``sent_at`` moves there (else a lease clock would be nearly spent on arrival
+    after an outage, the task interrupted as it starts)."""
+
+    def prepare(jobs: list[Job]) -> tuple[Op[list[Done]], list[Job]]:
+        job = jobs[0]
+        op = store.ack_op(job.context["fences"])
+        return op.then(lambda acked: [Done(job.key, value=acked, context=job.context)]), [job]
+
+    calls = LoopCalls(hub, store.driver, prepare, lambda: None)
+    first, second = leased(store, 2)
+    submitted = time.monotonic()
+    calls.submit("a", fences=[first], sent_at=submitted)
+    run_until(hub, lambda: bool(calls._done))
+    [a] = calls.collect()
+    assert submitted <= a.context["sent_at"] <= time.monotonic()
+    admin = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (backend_pid(calls),))
+    submitted = time.monotonic()
+    calls.submit("b", fences=[second], sent_at=submitted)
+    run_until(hub, lambda: bool(calls._done))
+    [b] = calls.collect()
+    assert b.error is None and b.value == {second.message_id}
+    # Sent again after the first backoff (0.05 s) on a new connection: counted from there.
+    assert b.context["sent_at"] >= submitted + 0.05
+    calls.stop()
+
+
 def test_a_database_that_stays_away_fails_the_calls_after_the_retry_time(
     store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -102,3 +102,101 @@ def test_only_tasks_that_opted_in_are_armed(restore_signal: None) -> None:
         lease_interrupt.arm(found)
         assert (threading.get_ident() in lease_interrupt._armed) is armed
         lease_interrupt.disarm()
+
+
+class _Task:
+    """A Celery task as the prerun receiver sees it (hashable: a signal's sender)."""
+
+    def __init__(self, **attributes: Any) -> None:
+        self.__dict__.update(attributes)
+
+
+def _lost_at_start(monkeypatch: pytest.MonkeyPatch, run: Any) -> Any:
+    """A task whose delivery's lease is already lost when Celery starts it (its claim's answer
+    came late, or it waited in the pool while the database was out of reach)."""
+    clock = DeliveryClock(3.0)
+    clock.mark_lost()
+    monkeypatch.setattr(
+        lease_interrupt.DeliveryLease,
+        "of",
+        classmethod(lambda cls, f, ms, ref: DeliveryLease(f, clock)),
+    )
+    info = {ID_KEY: 41, ATTEMPT_KEY: 3, OWNER_KEY: "w1", LEASE_KEY: 3000}
+    request = SimpleNamespace(properties={"delivery_info": info})
+    return _Task(app=None, request=request, run=run, interrupt_on_lease_lost=True)
+
+
+def test_a_lease_lost_before_the_body_starts_is_raised_in_the_body(
+    restore_signal: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Celery sends task_prerun robustly: what a receiver raises is logged and the body runs
+    # all the same. The interruption must wait for the body.
+    from celery import signals
+
+    assert lease_interrupt._install_handler()
+    ran: list[str] = []
+
+    def body(seconds: float) -> None:
+        ran.append("started")
+        time.sleep(seconds)
+        ran.append("finished")
+
+    task = _lost_at_start(monkeypatch, body)
+    signals.task_prerun.send(sender=task, task_id="t1", task=task, args=(), kwargs={})
+    started = time.monotonic()
+    with pytest.raises(LeaseInterrupted) as caught:
+        task.run(10)
+    assert time.monotonic() - started < 5
+    assert ran == ["started"] and caught.value.message_id == 41
+    assert "could not watch" not in caplog.text
+    lease_interrupt.disarm()
+
+
+def test_in_another_thread_too(restore_signal: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from celery import signals
+
+    caught: list[BaseException] = []
+
+    def body() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # pure Python: interruptible
+            pass
+
+    task = _lost_at_start(monkeypatch, body)
+
+    def run() -> None:
+        signals.task_prerun.send(sender=task, task_id="t2", task=task, args=(), kwargs={})
+        try:
+            task.run()
+        except LeaseLost as exc:
+            caught.append(exc)
+        finally:
+            lease_interrupt.disarm()
+
+    thread = threading.Thread(target=run)
+    started = time.monotonic()
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive() and time.monotonic() - started < 5
+    [error] = caught
+    assert isinstance(error, LeaseInterrupted)
+
+
+def test_after_the_body_returned_nothing_is_raised(restore_signal: None) -> None:
+    # The body returned; the result is being written: an interruption sent now is held
+    # back (outside the body) and withdrawn by disarm.
+    assert lease_interrupt._install_handler()
+
+    def body() -> None:
+        pass
+
+    lease = DeliveryLease(FENCE, DeliveryClock(3.0))
+    ident = threading.get_ident()
+    lease_interrupt._armed[ident] = lease_interrupt._Armed(
+        FENCE, lease, body=lease_interrupt._body_of(SimpleNamespace(run=body))
+    )
+    body()
+    lease_interrupt._interrupt(ident)  # lands here, outside the body
+    time.sleep(0.05)  # resent meanwhile: still outside
+    lease_interrupt.disarm()
+    time.sleep(0.05)

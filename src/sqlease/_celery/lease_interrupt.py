@@ -15,9 +15,13 @@ limit raises ``SoftTimeLimitExceeded``:
   ``PyThreadState_SetAsyncExc``: raised at the thread's next Python instruction, so a call
   blocked in C code finishes first.
 
-It lands wherever the task happens to be, like any asynchronous exception: inside a library's
-code, a ``finally`` block, a lock's acquisition. What that costs is the task's to judge (see
-docs/howto/checkpoints-and-steps.md, "Stopping a task whose lease is lost").
+It lands in the task's body: one that arrives while Celery's own code runs (the lease was already
+lost when the task started, or the body has just returned) is held back and sent again a few
+milliseconds later, until the body raised it or the task is done (``disarm``); Celery would
+otherwise log it as a failing ``task_prerun`` receiver and run the body all the same. Within
+the body it lands wherever the task happens to be, like any asynchronous exception: inside a
+library's code, a ``finally`` block, a lock's acquisition. What that costs is the task's to
+judge (see docs/howto/checkpoints-and-steps.md, "Stopping a task whose lease is lost").
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ import ctypes
 import logging
 import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass
+from types import CodeType, FrameType
 from typing import Any
 
 from celery import signals
@@ -43,6 +49,8 @@ logger = logging.getLogger(__name__)
 OPTION = "interrupt_on_lease_lost"
 SIGNAL: int | None = getattr(signal, "SIGUSR2", None)
 DETAIL = "interrupted: the lease is lost (interrupt_on_lease_lost)"
+#: Seconds after which an interruption that arrived outside the task's body is sent again.
+RESEND_S = 0.01
 
 
 @dataclass
@@ -53,6 +61,9 @@ class _Armed:
     sent: bool = False
     #: Sent as a pending asynchronous exception (cleared if the task returns first).
     pending_async: bool = False
+    #: The code of the task's body (its ``run``): the interruption is raised only while it
+    #: runs (None: wherever the thread is).
+    body: CodeType | None = None
 
 
 #: By thread ident: the delivery whose task that thread runs, while it may be interrupted.
@@ -103,10 +114,36 @@ def _install_handler() -> bool:
     return True
 
 
-def _on_signal(signum: int, frame: Any) -> None:
-    armed = _armed.get(threading.get_ident())
+def _body_of(task: Any) -> CodeType | None:
+    """The code of ``task``'s body (its ``run``, unwrapped), or None if it has none."""
+    run = getattr(task, "run", None)
+    function: Any = getattr(run, "__func__", run)
+    seen = 0
+    while hasattr(function, "__wrapped__") and seen < 20:
+        function, seen = function.__wrapped__, seen + 1
+    code = getattr(function, "__code__", None)
+    return code if isinstance(code, CodeType) else None
+
+
+def _in_body(frame: FrameType | None, body: CodeType | None) -> bool:
+    """Whether ``frame`` is the task's body or called from it."""
+    if body is None:
+        return True
+    while frame is not None:
+        if frame.f_code is body:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    ident = threading.get_ident()
+    armed = _armed.get(ident)
     if armed is None or not armed.sent:
         return  # not ours (the task returned meanwhile): nothing to raise
+    if not _in_body(frame, armed.body):
+        _send_later(ident)  # Celery's code around the body: sent again once the body runs
+        return
     armed.sent = False
     raise LeaseInterrupted(armed.fence.message_id, armed.fence.attempt)
 
@@ -123,20 +160,40 @@ def _interrupt(ident: int) -> None:
         if armed is None or armed.sent:
             return
         armed.sent = True
-        by_signal = (
-            _handler_installed and SIGNAL is not None and ident == threading.main_thread().ident
-        )
-        if not by_signal:
-            armed.pending_async = True
-            _set_async(ident, LeaseInterrupted)
     logger.warning(
         "sqlease: interrupting the task of message %s attempt %s: its lease is lost",
         armed.fence.message_id,
         armed.fence.attempt,
     )
-    if by_signal:
-        assert SIGNAL is not None
-        signal.pthread_kill(ident, SIGNAL)
+    _send(ident)
+
+
+def _send(ident: int) -> None:
+    """The interruption of the task in thread ``ident``, sent (again): a signal to the main
+    thread, whose handler raises it if the body runs; in another thread, the exception set
+    pending if the body runs, else sent again later."""
+    with _lock:
+        armed = _armed.get(ident)
+        if armed is None or not armed.sent:
+            return  # raised meanwhile, or the task is done
+        by_signal = (
+            _handler_installed and SIGNAL is not None and ident == threading.main_thread().ident
+        )
+        if not by_signal:
+            if not _in_body(sys._current_frames().get(ident), armed.body):
+                _send_later(ident)
+                return
+            armed.pending_async = True
+            _set_async(ident, LeaseInterrupted)
+            return
+    assert SIGNAL is not None
+    signal.pthread_kill(ident, SIGNAL)
+
+
+def _send_later(ident: int) -> None:
+    later = threading.Timer(RESEND_S, _send, args=(ident,))
+    later.daemon = True
+    later.start()
 
 
 def arm(task: Any) -> None:
@@ -151,7 +208,7 @@ def arm(task: Any) -> None:
     ident = threading.get_ident()
     _install_handler()
     with _lock:
-        _armed[ident] = _Armed(fence, lease)
+        _armed[ident] = _Armed(fence, lease, body=_body_of(task))
     lease.watch(lambda: _interrupt(ident))
 
 

@@ -230,12 +230,13 @@ class LoopCalls:
         if not line.holds_connection:
             self._connect(line, attempt)
             return
+        sent_at = time.monotonic()  # before: the statement may run as soon as it is sent
         try:
             pending = line.send(op)
         except BaseException as exc:  # the line dropped its connection: none is under way
             self._failed(attempt.jobs, exc, again=attempt)
             return
-        self._sending = Sent(pending, attempt, time.monotonic())
+        self._sending = Sent(pending, attempt, sent_at)
         if self._give_up_after is not None and self._patrol is None:
             # One timer for the runner's life, a few looks per lease, rather than one per
             # statement (the hot path).
@@ -338,10 +339,17 @@ class LoopCalls:
             self._watch(pending.fileno, writing=bool(pending.waits_for & WAIT_WRITE))
             return
         self._unwatch()
-        self._sending = None
+        since, self._sending = self._sending.since, None
         if pending.error is not None:
             self._failed(attempt.jobs, pending.error, again=attempt)
         else:
+            # The statement ran no earlier than this send of it (after a retry, a reconnection
+            # through an outage: seconds after the job was submitted). What it leased counts
+            # its lease from here, not from the submission, which would leave its lease clock
+            # nearly spent on arrival.
+            for job in attempt.jobs:
+                if job.context.get("sent_at", since) < since:
+                    job.context["sent_at"] = since
             assert attempt.op.finish is not None
             try:
                 outcomes = attempt.op.finish(pending.rows)
