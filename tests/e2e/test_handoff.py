@@ -70,3 +70,58 @@ def test_idle_worker_is_handed_the_task_and_a_killed_ones_offer_is_never_used(e2
     assert execution["attempt"] == 1 and execution["hostname"] == second.nodename
     owners = {(e.data or {}).get("owner") for e in e2e.store.events(task_id=after.id)}
     assert owner not in owners
+
+
+def live_offers(e2e: E2E, owner: str) -> int:
+    """The worker's offers a publish could use now (not handed, not expired)."""
+    offers = e2e.store.tables.offers
+    with e2e.store.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    f"SELECT count(*) FROM {offers.name} WHERE owner = :o AND NOT handed "
+                    "AND expires_at_ms > CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 "
+                    "AS BIGINT)"
+                ),
+                {"o": owner},
+            ).scalar_one()
+        )
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_with_a_free_pool_process_is_handed_the_next_task(e2e: E2E) -> None:
+    # Two pool processes, one busy with a long task: the other can start a task at once, so
+    # the worker offers while the first runs, and the next publish is handed to it.
+    worker = e2e.start_worker(app="durable_app", concurrency=2, E2E_LEASE_SECONDS=LEASE)
+    sender = e2e.app(lease_seconds=LEASE)
+    [owner] = wait_for(lambda: offer_owners(e2e), 15, "the idle worker to offer")
+    long = sender.send_task("durable.slow", args=(30.0,))
+    wait_for(lambda: e2e.executions(task_id=long.id), 15, "the long task to start")
+    wait_for(lambda: live_offers(e2e, owner) > 0, 15, "the busy worker to offer its free process")
+    short = sender.send_task("durable.slow", args=(0.0,))
+    wait_for(lambda: e2e.finished(task_id=short.id), 15, "the short task to finish")
+    claimed = [e for e in e2e.store.events(task_id=short.id) if e.kind == "claimed"]
+    assert [(e.attempt, e.data) for e in claimed] == [(1, {"owner": owner, "handoff": True})]
+    assert not e2e.finished(task_id=long.id)  # ran beside the long one, not after it
+    [execution] = e2e.executions(task_id=short.id)
+    assert execution["hostname"] == worker.nodename
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_whose_pool_is_full_offers_nothing(e2e: E2E) -> None:
+    # One pool process, busy: a task handed to this worker would wait for it while another
+    # worker could start it now, so no offer of its stands until the task ends.
+    e2e.start_worker(app="durable_app", concurrency=1, E2E_LEASE_SECONDS=LEASE)
+    sender = e2e.app(lease_seconds=LEASE)
+    [owner] = wait_for(lambda: offer_owners(e2e), 15, "the idle worker to offer")
+    long = sender.send_task("durable.slow", args=(3.0,))
+    wait_for(lambda: e2e.executions(task_id=long.id), 15, "the long task to start")
+    assert live_offers(e2e, owner) == 0
+    second = e2e.start_worker(app="durable_app", concurrency=1, E2E_LEASE_SECONDS=LEASE)
+    wait_for(lambda: len(offer_owners(e2e)) == 2, 15, "the second worker to offer")
+    short = sender.send_task("durable.slow", args=(0.0,))
+    wait_for(lambda: e2e.finished(task_id=short.id), 15, "the short task to finish")
+    [execution] = e2e.executions(task_id=short.id)
+    assert execution["hostname"] == second.nodename  # not queued behind the long task
+    assert not e2e.finished(task_id=long.id)
+    wait_for(lambda: live_offers(e2e, owner) > 0, 15, "the first worker to offer once free")

@@ -258,16 +258,10 @@ def offers_of(store: Store) -> dict[tuple[str, str], int]:
 
 
 def handed_seq(listener: PostgresListener, message_id: int) -> int:
-    """The offer number the handoff of ``message_id`` carried (as the worker hears it). A
-    read returns what has arrived when it wakes: on a busy machine an earlier publish's
-    notification may come alone, and this one's with the next read."""
-    deadline = time.monotonic() + 5
-    while True:
-        mine, _ = split(heard(listener), OWNER)
-        found = [h for h in mine if h.message_id == message_id]
-        if found:
-            return found[0].offer_seq
-        assert time.monotonic() < deadline, f"the handoff of message {message_id} never came"
+    """The offer number the handoff of ``message_id`` carried (as the worker hears it)."""
+    mine, _ = split(heard(listener), OWNER)
+    [handoff] = [h for h in mine if h.message_id == message_id]
+    return handoff.offer_seq
 
 
 def owner_of(store: Store, message_id: int) -> str | None:

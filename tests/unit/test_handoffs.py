@@ -88,3 +88,70 @@ def test_a_handoff_keeps_the_due_time_read_with_the_offer_it_used() -> None:
     part.handed_off(named=True)  # a notification named the queues meanwhile: claim
     part.notified({"celery"}, ["celery"])
     assert looks.should_claim(part, _Credit(), notifications=True)
+
+
+class _Look:
+    claiming = False
+
+
+class _Channel:
+    """A channel holding deliveries with the tags ``held``."""
+
+    def __init__(self, *held: str) -> None:
+        self.look = _Look()
+        self.held = set(held)
+
+    def holds_besides(self, acking: object) -> bool:
+        return bool(self.held - set(acking))  # type: ignore[call-overload]
+
+    def held_besides(self, acking: object) -> int:
+        return len(self.held - set(acking))  # type: ignore[call-overload]
+
+
+def _with_channels(*channels: _Channel) -> Handoffs:
+    return Handoffs(
+        enabled=True,
+        owner="w1",
+        lock_key=7,
+        lease_ms=30_000,
+        polling_interval=1.0,
+        channels=lambda: list(channels),  # type: ignore[arg-type,list-item]
+        waker=lambda: None,
+        in_loop=lambda: True,
+        closing=lambda: False,
+    )
+
+
+def test_a_celery_worker_has_room_while_a_pool_process_is_free(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from sqlease._celery import pool_room
+    from sqlease.store import Fence
+
+    load: list[tuple[int, int] | None] = [(2, 1)]
+    monkeypatch.setattr(pool_room, "load", lambda: load[0])
+    channel = _Channel("5.1")
+    h = _with_channels(channel)
+    assert h.has_room()  # one task running (held and received), one process free
+    load[0] = (2, 2)
+    assert not h.has_room()  # both busy
+    channel.held = {"5.1", "6.1"}
+    load[0] = (2, 0)  # delivered, not yet received by Celery: the deliveries count
+    assert not h.has_room()
+    # The acks being written do not count: they leave room with their offer.
+    assert h.has_room(besides=[Fence(6, "w1", 1)])
+    assert h.acks_leave_idle([Fence(6, "w1", 1)], ["celery"]) is False  # no listener: no offer
+    channel.look.claiming = True
+    load[0] = (4, 0)
+    assert not h.has_room()  # a claim under way: what it brings is not known yet
+    channel.look.claiming = False
+    assert h.has_room()
+
+
+def test_elsewhere_only_a_worker_holding_nothing_has_room(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from sqlease._celery import pool_room
+
+    monkeypatch.setattr(pool_room, "load", lambda: None)
+    channel = _Channel("5.1")
+    h = _with_channels(channel)
+    assert not h.has_room()
+    channel.held = set()
+    assert h.has_room() == h.holds_nothing()

@@ -108,13 +108,21 @@ def _run_first() -> None:
 _run_first()
 
 
+@signals.worker_shutdown.connect
+def _forget_the_pool(sender: Any = None, **kwargs: Any) -> None:
+    from sqlease._celery import pool_room
+
+    pool_room.forget(sender)
+
+
 @signals.worker_init.connect
 def _warn_if_early_ack(sender: Any = None, **kwargs: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None or not uses_sqlease(app):
         return
-    from sqlease._celery import scheduled
+    from sqlease._celery import pool_room, scheduled
 
+    pool_room.remember(sender)  # its free pool processes: handoff offers while busy
     scheduled.install()  # inspect scheduled: the ETA tasks waiting in the database
     if not app.conf.task_acks_late:
         logger.warning(

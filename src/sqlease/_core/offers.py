@@ -109,18 +109,20 @@ class Offers(Aggregate):
         ttl_ms: int,
         seen: Mapping[str, int] | None = None,
         now: int | None = None,
+        keep_live: bool = False,
     ) -> Op[tuple[Acked, int | None, int | None]]:
         """``ack_and_offer`` (or, without fences, ``offer``) as one op, for the worker's event
         loop: the ids acked, when the next delayed message is due, and the database's time
         (None when the offers were withdrawn). No queues: the offers are withdrawn (and there
-        must be no fences)."""
+        must be no fences). ``keep_live``: as the acks' offer, a live offer is left as it
+        stands (not refreshed, so not locked while a publish may be looking for it)."""
         if not queues:
             if fences:
                 raise ValueError("acks go with an offer for queues, or with a claim")
             op = self.driver.offer_withdraw(owner)
             return op.then(lambda _none: (Acked(), None, None))
         terms = self._offer(queues, owner, lease_ms, lock_key, ttl_ms, seen, now)
-        if fences:
+        if fences or keep_live:
             return self.driver.offer_ack(list(fences), terms)
         return self.driver.offer_put(terms).then(lambda found: (Acked(), found[0], found[1]))
 

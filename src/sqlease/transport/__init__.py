@@ -25,7 +25,7 @@ bookkeeping), ``codec`` (Kombu message <-> stored row), ``fetcher`` (the one thi
 calls for messages: it owns the runner and builds its parts: ``claims``, claims, takes and
 sweeps; ``deliveries``, what they bring to the consumer; ``acking``, how acks and rejects are
 written; ``idle``, offers and due times; ``handed``, handoffs accepted; ``outcomes``, the
-runner's outcomes to the part that made the job), ``looks`` (when to look and whether to
+runner's outcomes to the part that made the job), ``drain`` (when to look and whether to
 claim), ``acks`` (ack batching), ``runners``, ``loop_calls`` and ``background`` (the database
 jobs of the event loop, sent by the loop itself or done on a thread), ``completion`` (what
 follows a claim: exhausted, already completed, redelivered), ``handoff`` (the offers' state),

@@ -130,6 +130,10 @@ class Channel(virtual.Channel):
         """Whether a delivery is held other than those with the tags ``acking``."""
         return self.qos.holds_besides(acking)
 
+    def held_besides(self, acking: Collection[str]) -> int:
+        """How many deliveries are held other than those with the tags ``acking``."""
+        return int(self.qos.held_besides(acking))
+
     # ---- publishing --------------------------------------------------------------------
 
     def basic_publish(

@@ -46,8 +46,9 @@ class Claims:
     ``looks`` / ``acks``: the drain state and the acks waiting; ``db_time``: the database's
     clock as this worker knows it; ``submit(kind, **context)``: a job for the fetcher's
     runner; ``closing()``: whether the connection is closing; ``promote(runs)``: the runs'
-    next messages made ready; ``look_ahead()``: the idle look; ``notifications``: publishes
-    name their queues to idle clients."""
+    next messages made ready; ``look_ahead()``: the idle look; ``offer_while_room()``: the
+    offer of a worker with room after a claim that emptied its queues; ``notifications``:
+    publishes name their queues to idle clients."""
 
     def __init__(
         self,
@@ -68,6 +69,7 @@ class Claims:
         closing: Callable[[], bool],
         promote: Callable[[list[str]], None],
         look_ahead: Callable[[], None],
+        offer_while_room: Callable[[], None],
         notifications: bool,
     ) -> None:
         self._store = store
@@ -86,6 +88,7 @@ class Claims:
         self._closing = closing
         self._promote = promote
         self._look_ahead = look_ahead
+        self._offer_while_room = offer_while_room
         self._notifications = notifications
         self._swept_at = 0.0
 
@@ -223,6 +226,8 @@ class Claims:
         delivered = self._deliveries.hold_and_deliver(channel, live, offer, sent_at)
         if delivered:
             self._loop.kick()  # let the pool pick the new jobs up in the next iteration
+            if len(found) < limit:  # drained: an offer lets no publish pass a waiting one
+                self._offer_while_room()
         elif self._looks.found_nothing and self._loop.registered:
             self._look_ahead()
         return delivered

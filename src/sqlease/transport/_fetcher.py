@@ -151,6 +151,7 @@ class Fetcher:
             closing=self._is_closing,
             promote=self._acking.promote,
             look_ahead=self._idle.look_ahead,
+            offer_while_room=self._idle.offer_while_room,
             notifications=notifications,
         )
         self._outcomes = Outcomes(

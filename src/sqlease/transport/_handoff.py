@@ -1,9 +1,11 @@
 """Handoffs on the transport's side (PostgreSQL, ``handoff`` on): an idle worker in its event
 loop offers its queues; a publish that finds the offer leases the message to it in the publish
 itself and names it in its notification (sqlease._core.handoff), and the worker delivers it as
-if it had claimed it. Only a worker holding nothing offers: a busy or stalled one is never
-handed a message another could start now. Liveness is the listening connection's advisory
-lock.
+if it had claimed it. Only a worker that can start the message at once offers: in a Celery
+worker, one with a pool process free of every task it holds (sqlease._celery.pool_room);
+elsewhere, one holding nothing. A full or stalled one is never handed a message another could
+start now (an offer is good for one message per queue; what stands for other queues is
+withdrawn at the next idle look). Liveness is the listening connection's advisory lock.
 
 This is the offers' state and the decisions about them; it does no database work. The
 fetcher sends the offers (with the acks that leave the worker idle, or on an idle look),
@@ -19,6 +21,14 @@ from sqlease._core.handoff import Handoff
 from sqlease._db.wakeup import Waker
 from sqlease.store import Fence
 from sqlease.transport._looks import Consumer
+
+
+def _celery_pool_load() -> tuple[int, int] | None:
+    """In a Celery worker whose pool is known: its size and its tasks received and not
+    finished; None elsewhere."""
+    from sqlease._celery import pool_room
+
+    return pool_room.load()
 
 
 def _celery_holds_tasks() -> bool:
@@ -93,6 +103,24 @@ class Handoffs:
             return False
         return not _celery_holds_tasks()
 
+    def has_room(self, besides: Iterable[Fence] = ()) -> bool:
+        """The worker can start one more message now: no claim under way, and, in a Celery
+        worker whose pool is known, a pool process free of every delivery held (but
+        ``besides``, being acked) and of every task received and not finished; elsewhere,
+        nothing held at all (``holds_nothing``)."""
+        load = _celery_pool_load()
+        if load is None:
+            return self.holds_nothing(besides)
+        channels = self._channels()
+        if any(c.look.claiming for c in channels):
+            return False
+        size, tasks = load
+        acking = {f"{f.message_id}.{f.attempt}" for f in besides}
+        held = sum(c.held_besides(acking) for c in channels)
+        # A running task acked late is both a delivery held and a task received: the larger
+        # count covers both (a task acked early is only the latter).
+        return max(held, tasks) < size
+
     def terms(self) -> dict[str, Any]:
         """This worker's offer, as the store's offer calls (and a result's stamp) take it."""
         return {
@@ -110,18 +138,19 @@ class Handoffs:
     # ---- offering ----------------------------------------------------------------------
 
     def acks_leave_idle(self, fences: Sequence[Fence], queues: Sequence[str]) -> bool:
-        """These acks, once written, leave the worker idle: they go with its offer."""
+        """These acks, once written, leave the worker room for a message: they go with its
+        offer."""
         return (
             bool(queues)
             and self.can_offer()
             and all(f.owner == self._owner for f in fences)
-            and self.holds_nothing(besides=fences)
+            and self.has_room(besides=fences)
         )
 
     def idle_queues(self, *, acks_pending: bool, open_queues: Callable[[], list[str]]) -> list[str]:
         """The queues an idle look offers: those consumed with prefetch credit when the worker
-        holds nothing (and no ack waits), else none (an offer that stands is withdrawn)."""
-        if acks_pending or not self.holds_nothing():
+        has room (and no ack waits), else none (an offer that stands is withdrawn)."""
+        if acks_pending or not self.has_room():
             return []
         return open_queues()
 
@@ -140,9 +169,9 @@ class Handoffs:
     def offer_with_result(
         self, claimed: Sequence[Any], queues: Sequence[str]
     ) -> dict[str, Any] | None:
-        """For the one message an idle worker is about to deliver: the offer its final result
-        will write (handoff on, PostgreSQL, in the event loop, nothing else held), else None."""
-        if len(claimed) != 1 or not queues or not self.can_offer() or not self.holds_nothing():
+        """For the one message a worker with room is about to deliver: the offer its final
+        result will write (handoff on, PostgreSQL, in the event loop), else None."""
+        if len(claimed) != 1 or not queues or not self.can_offer() or not self.has_room():
             return None
         self.offered = True
         self._offer_queues.update(queues)

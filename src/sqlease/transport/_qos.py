@@ -26,6 +26,11 @@ class QoS(virtual.QoS):
         dirty = self._dirty
         return any(t not in dirty and t not in acking for t in self._delivered)
 
+    def held_besides(self, acking: Collection[str]) -> int:
+        """How many deliveries are held other than those with the tags ``acking``."""
+        dirty = self._dirty
+        return sum(1 for t in self._delivered if t not in dirty and t not in acking)
+
     def refill_later(self) -> bool:
         """While messages are still buffered, wait until half of the prefetch credit is free
         before claiming: one claim (one commit) then fetches several, instead of one commit
