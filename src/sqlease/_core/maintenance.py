@@ -165,11 +165,6 @@ def leftover_statements(store: Store, now: int, broadcast_names: list[str]) -> d
     ``broadcast_names`` from ``broadcast_queues``."""
     t = store.tables
     m, runs = t.messages, t.runs
-    stray = (
-        update(m)
-        .where(m.c.state != "ready", m.c.lease_owner.isnot(None))
-        .values(lease_owner=None, lease_expires_at_ms=None)
-    )
     # runs holds one row per run being delivered (bounded by the live leases) and is
     # renewed by every heartbeat: it has no index on the expiry, so its renewals stay HOT.
     holder_alive = exists().where(m.c.id == runs.c.message_id, m.c.state == "ready")
@@ -186,13 +181,13 @@ def leftover_statements(store: Store, now: int, broadcast_names: list[str]) -> d
         store.driver.one_of(m.c.id, old_copies.limit(retention.PRUNE_BATCH))
     )
     found: dict[str, Any] = {
-        "stray_leases_cleared": stray,
         "run_locks_pruned": run_locks,
         "broadcasts_dropped": broadcasts,
         # Gate slots whose lease expired (PostgreSQL's; a claim reuses them anyway).
         "gate_slots_pruned": delete(t.slots).where(t.slots.c.lease_expires_at_ms <= now),
     }
-    # What only the dialect writes (PostgreSQL: dead workers' handoff offers).
+    # What only the dialect writes or leaves (PostgreSQL: dead workers' handoff offers;
+    # SQLite: leases left on rows that are no longer ready).
     found.update(store.driver.leftovers(now))
     return found
 

@@ -50,7 +50,7 @@ from sqlease._db.tables import Tables
 
 if TYPE_CHECKING:
     from sqlalchemy import Select
-    from sqlalchemy.sql.dml import Delete
+    from sqlalchemy.sql.dml import Delete, Update
 
     from sqlease._db.wakeup import Waker
     from sqlease.types import Fence, Message, Outcome
@@ -175,8 +175,9 @@ class Driver(ABC):
         ``batch`` a statement, once none of their tasks has a message left."""
         return {}
 
-    def leftovers(self, now: int) -> dict[str, Delete]:
-        """The maintenance pass's cleanups of what only this dialect writes, by kind."""
+    def leftovers(self, now: int) -> dict[str, Delete | Update]:
+        """The maintenance pass's cleanups of what only this dialect writes or leaves, by
+        kind."""
         return {}
 
     @abstractmethod

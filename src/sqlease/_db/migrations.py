@@ -186,6 +186,12 @@ def _migration_13(conn: Connection, tables: Tables) -> None:
             ensure_index(conn, index)
 
 
+def _migration_14(conn: Connection, tables: Tables) -> None:
+    # Claims and renewals as HOT updates on PostgreSQL: its step drops the indexes that named
+    # the lease's columns (sqlease._db.postgresql.schema). Nothing shared: SQLite keeps them.
+    pass
+
+
 # Each entry moves the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_1,
@@ -201,6 +207,7 @@ MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_11,
     _migration_12,
     _migration_13,
+    _migration_14,
 ]
 CURRENT_VERSION = len(MIGRATIONS)
 

@@ -161,14 +161,15 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         postgresql_where=messages.c.state == "dead",
         sqlite_where=messages.c.state == "dead",
     )
-    # Migration 7: leases left on rows that are no longer ready (the maintenance pass
-    # clears them). Normally empty: it holds exactly the rows that statement changes.
+    # Migration 7: leases left on rows that are no longer ready (SQLite's maintenance pass
+    # clears them). Normally empty: it holds exactly the rows that statement changes. Not on
+    # PostgreSQL, where an index naming the lease's owner would keep every claim from being
+    # a HOT update; nothing leaves a lease on a row it parks there (migration 14).
     Index(
         f"{p}messages_stray_ix",
         messages.c.id,
-        postgresql_where=(messages.c.state != "ready") & messages.c.lease_owner.isnot(None),
         sqlite_where=(messages.c.state != "ready") & messages.c.lease_owner.isnot(None),
-    )
+    ).ddl_if(dialect="sqlite")
     # One row per run whose head is (or was) leased: the per-run lock that concurrent
     # claimers serialise on (a NOT EXISTS read alone lets two transactions both pass).
     runs = Table(

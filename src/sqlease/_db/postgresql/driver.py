@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Select, Table, any_, delete, exists, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Engine
-from sqlalchemy.sql.dml import Delete
+from sqlalchemy.sql.dml import Delete, Update
 
 from sqlease._db.driver import (
     Admit,
@@ -179,7 +179,7 @@ class PostgresDriver(PostgresLeaseOps):
         rows = old.where(ev.c.task_ids.isnot(None), none_queued).limit(batch)
         return {"events_batch": delete(ev).where(self.one_of(ev.c.id, rows))}
 
-    def leftovers(self, now: int) -> dict[str, Delete]:
+    def leftovers(self, now: int) -> dict[str, Delete | Update]:
         offers = self.tables.offers
         # The lock test runs last (SQL does not promise an order; a live worker's lock only
         # makes the test fail, it never waits). A dead worker's offer: its listening

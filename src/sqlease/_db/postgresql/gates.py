@@ -71,7 +71,9 @@ def park(t: Tables) -> TextClause:
         "(SELECT DISTINCT h.gate FROM held h JOIN mine USING (id)) "
         "ORDER BY s.gate, s.slot FOR SHARE OF s), "
         "still AS (SELECT gate FROM locked GROUP BY gate HAVING count(*) >= min(lim)), "
-        f"pk AS (UPDATE {m} m SET state = 'parked', reason = 'gate', gate = h.gate "
+        # Parked without the lease that ran out on it: no row but a ready one holds a lease.
+        f"pk AS (UPDATE {m} m SET state = 'parked', reason = 'gate', gate = h.gate, "
+        "lease_owner = NULL, lease_expires_at_ms = NULL "
         f"FROM held h WHERE m.id = h.id AND {one_of_ids('m.id', 'SELECT id FROM mine')} "
         "AND h.gate IN (SELECT gate FROM still) RETURNING m.id) "
         "SELECT id FROM pk"

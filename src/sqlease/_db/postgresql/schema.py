@@ -1,5 +1,6 @@
 """What PostgreSQL's schema needs besides the shared tables: table settings, the offers'
-sequence, the batch events' index, and a lock that serializes concurrent migrators."""
+sequence, the batch events' index, the messages' indexes that keep claims HOT, and a lock that
+serializes concurrent migrators."""
 
 from __future__ import annotations
 
@@ -46,8 +47,35 @@ def _batch_event_keys(conn: Connection, tables: Tables) -> None:
     conn.execute(text(f"DROP INDEX IF EXISTS {events.name}_batch_ix"))
 
 
+def _hot_claims(conn: Connection, tables: Tables) -> None:
+    # A claim writes the lease's owner and expiry and the attempt, a renewal the expiry: no
+    # index of the messages may name those columns (not even in its WHERE), or PostgreSQL
+    # adds a new entry to every index for each of them instead of a HOT update on the same
+    # page. The leases left on rows that are not ready are cleared (the maintenance pass did
+    # it through the index dropped here; parking at a gate now clears them as it parks), and
+    # the gate index that held the lease's expiry gives way to one of a gate's ready rows.
+    m = tables.messages.name
+    conn.execute(
+        text(
+            f"UPDATE {m} SET lease_owner = NULL, lease_expires_at_ms = NULL "
+            "WHERE state <> 'ready' AND lease_owner IS NOT NULL"
+        )
+    )
+    conn.execute(text(f"DROP INDEX IF EXISTS {m}_stray_ix"))
+    conn.execute(text(f"DROP INDEX IF EXISTS {m}_gate_ix"))
+    for index in tables.messages.indexes:
+        if index.name == f"{m}_gate_ready_ix":
+            ensure_index(conn, index)
+
+
 #: Per migration version, what PostgreSQL does after the shared part.
-STEPS = {2: _fillfactor, 5: _offers_sequence, 7: storage.apply, 11: _batch_event_keys}
+STEPS = {
+    2: _fillfactor,
+    5: _offers_sequence,
+    7: storage.apply,
+    11: _batch_event_keys,
+    14: _hot_claims,
+}
 
 
 def step(version: int, conn: Connection, tables: Tables) -> None:

@@ -15,9 +15,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection, Table, literal
+from sqlalchemy import Connection, Table, literal, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Engine
+from sqlalchemy.sql.dml import Delete, Update
 
 from sqlease._db.driver import (
     Admit,
@@ -105,6 +106,18 @@ class SqliteDriver(SqliteLeaseOps):
 
     def events_per_row(self) -> Any:
         return literal(1)  # one row per message's event
+
+    def leftovers(self, now: int) -> dict[str, Delete | Update]:
+        # Leases left on rows that are no longer ready, through their own partial index (not
+        # on PostgreSQL, where that index would keep claims from being HOT updates, and
+        # nothing leaves them).
+        m = self.tables.messages
+        stray = (
+            update(m)
+            .where(m.c.state != "ready", m.c.lease_owner.isnot(None))
+            .values(lease_owner=None, lease_expires_at_ms=None)
+        )
+        return {"stray_leases_cleared": stray}
 
     def notify(self, conn: Connection, channel: str, payload: str) -> None:
         pass  # watchers see the commit change the file's data_version

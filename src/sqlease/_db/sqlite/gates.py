@@ -51,8 +51,8 @@ def gates_of(t: Tables) -> TextClause:
 
 def park_set(t: Tables) -> TextClause:
     return text(
-        f"UPDATE {t.messages.name} SET state = 'parked', reason = 'gate', gate = :gate "
-        "WHERE id = :id AND state = 'ready'"
+        f"UPDATE {t.messages.name} SET state = 'parked', reason = 'gate', gate = :gate, "
+        "lease_owner = NULL, lease_expires_at_ms = NULL WHERE id = :id AND state = 'ready'"
     )
 
 
