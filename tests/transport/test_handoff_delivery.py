@@ -288,3 +288,39 @@ def test_a_ttl_of_zero_reaches_an_idle_consumer_by_handoff(
     assert event.data == {"owner": worker.transport.owner, "handoff": True}
     message.ack()
     run_until(hub, lambda: rows(db_store, "work") == 0)
+
+
+def test_a_handoff_past_the_prefetch_limit_is_given_back(
+    connect: Connect, db_store: Store, hub: Hub
+) -> None:
+    """An offer can stand for a moment after a claim filled the worker (a publish raced its
+    first look; the offer goes at the next idle look). A publish that uses it hands the
+    message to a consumer with no prefetch credit left: it gives the message back at once,
+    attempt refunded, ready for another worker (and for a purge)."""
+    got: list[Message] = []
+    producer = connect()
+    publish(producer, "work", {"n": "declare"})
+    worker = consuming_worker(_with(connect, {"polling_interval": 30}), hub, got, prefetch=1)
+    run_until(hub, lambda: len(got) == 1)
+    got.pop().ack()
+    owner = worker.transport.owner
+    run_until(hub, lambda: offered_queues(db_store, owner) == {"work"})
+    publish(connect(), "work", {"n": 1})
+    run_until(hub, lambda: len(got) == 1)  # handed over: held, the offer used up
+    offers = db_store.tables.offers
+    with db_store.engine.begin() as c:  # the offer standing again while the message is held
+        c.execute(offers.update().where(offers.c.owner == owner).values(handed=False))
+    publish(connect(), "work", {"n": 2})
+    [second] = [m for m in _work_rows(db_store) if m.id != msg_id(got[0])]
+
+    def given_back() -> bool:
+        row = db_store.get_message(second.id)
+        return row is not None and row.lease_owner is None
+
+    run_until(hub, given_back)
+    assert len(got) == 1
+    released = [e for e in db_store.events(message_id=second.id) if e.kind == "released"]
+    assert [e.data for e in released] == [{"delay_ms": 0, "refund": True}]
+    [other] = db_store.claim(["work"], "other", lease_ms=5_000)
+    assert other.id == second.id
+    got[0].ack()

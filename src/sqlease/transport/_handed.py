@@ -101,6 +101,16 @@ class Handed:
         if channel is None:  # no channel consumes it any more
             self._deliveries.give_back([row])
             return
+        if not channel.qos.can_consume():
+            # No prefetch credit left: the offer stood while a claim filled the worker (it is
+            # withdrawn at the next idle look). Kept, the message would wait here beyond the
+            # prefetch limit, out of another worker's and a purge's reach.
+            logger.info(
+                "sqlease: message %s handed over to a consumer without prefetch credit; given back",
+                row.id,
+            )
+            self._deliveries.give_back([row])
+            return
         # It came because the queues were idle: nothing more to claim until something
         # notifies them (unless something just did). The next offer goes with its result
         # or with the ack that leaves the worker idle.
