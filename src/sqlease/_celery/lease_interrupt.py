@@ -27,6 +27,7 @@ judge (see docs/howto/checkpoints-and-steps.md, "Stopping a task whose lease is 
 from __future__ import annotations
 
 import ctypes
+import inspect
 import logging
 import os
 import signal
@@ -118,9 +119,10 @@ def _body_of(task: Any) -> CodeType | None:
     """The code of ``task``'s body (its ``run``, unwrapped), or None if it has none."""
     run = getattr(task, "run", None)
     function: Any = getattr(run, "__func__", run)
-    seen = 0
-    while hasattr(function, "__wrapped__") and seen < 20:
-        function, seen = function.__wrapped__, seen + 1
+    try:
+        function = inspect.unwrap(function)
+    except ValueError:  # a cycle of __wrapped__: the outermost is what runs first anyway
+        pass
     code = getattr(function, "__code__", None)
     return code if isinstance(code, CodeType) else None
 

@@ -343,10 +343,8 @@ class LoopCalls:
         if pending.error is not None:
             self._failed(attempt.jobs, pending.error, again=attempt)
         else:
-            # The statement ran no earlier than this send of it (after a retry, a reconnection
-            # through an outage: seconds after the job was submitted). What it leased counts
-            # its lease from here, not from the submission, which would leave its lease clock
-            # nearly spent on arrival.
+            # It ran no earlier than this send (after a retry through an outage, seconds after
+            # the submission): what it leased counts its lease from here.
             for job in attempt.jobs:
                 if job.context.get("sent_at", since) < since:
                     job.context["sent_at"] = since
