@@ -132,15 +132,35 @@ def test_run_and_delayed_messages_are_never_handed_off(
     store: Store, listener: PostgresListener
 ) -> None:
     """A run's message needs the claim's per-run lock; a delayed one is not due. Both wait
-    for an ordinary claim, and the offer stays for the next plain message."""
+    for an ordinary claim, and the offer stays for the next plain message (once the run's
+    message, ready before it, is claimed: a handoff never passes a message waiting)."""
     offer(store)
     in_run = store.enqueue("q", "{}", run_id="R")
     delayed = store.enqueue("q", "{}", delay_ms=60_000)
+    [head] = store.claim(["q"], "other", lease_ms=LEASE_MS)
+    assert head.id == in_run
     plain = store.enqueue("q", "{}")
     owners = {
         i: getattr(store.get_message(i), "lease_owner", "?") for i in (in_run, delayed, plain)
     }
-    assert owners == {in_run: None, delayed: None, plain: OWNER}
+    assert owners == {in_run: "other", delayed: None, plain: OWNER}
+
+
+def test_a_handoff_never_passes_a_message_waiting_in_its_queue(
+    store: Store, listener: PostgresListener
+) -> None:
+    """An offer can stand a moment after a message it missed went to the table (the publish
+    raced the worker's look). A publish behind that message is not handed over: it waits
+    its turn, and a claim takes both in order. A message already leased (running) is not
+    waiting."""
+    first = store.enqueue("q", "{}")  # before the offer: in the table, ready
+    offer(store)
+    second = store.enqueue("q", "{}")
+    assert [store.get_message(i).lease_owner for i in (first, second)] == [None, None]  # type: ignore[union-attr]
+    claimed = store.claim(["q"], "other", lease_ms=LEASE_MS, limit=2)
+    assert [m.id for m in claimed] == [first, second]
+    third = store.enqueue("q", "{}")  # the others are leased: nothing waits
+    assert getattr(store.get_message(third), "lease_owner", None) == OWNER
 
 
 def test_a_message_no_offer_could_take_is_published_without_the_offer_lookup(
@@ -162,6 +182,7 @@ def test_a_message_no_offer_could_take_is_published_without_the_offer_lookup(
     store.enqueue("q", "{}", run_id="R")
     store.enqueue("q", "{}", delay_ms=60_000)
     store.enqueue_many([NewMessage("q", "{}", concurrency_key="k", concurrency_limit=2)])
+    store.claim(["q"], "other", lease_ms=LEASE_MS, limit=10)  # none left waiting ahead
     plain = store.enqueue("q", "{}")
     looked = [store.tables.offers.name in sql for sql in sent]
     assert looked == [False, False, False, True]
@@ -289,6 +310,7 @@ def test_a_used_offer_stands_again_only_once_its_worker_has_heard_of_the_handoff
     on_b = store.enqueue("b", "{}")  # the other queue's offer was refreshed all along
     assert owner_of(store, on_b) == OWNER
     heard(listener)
+    store.claim(["a"], "other", lease_ms=LEASE_MS, limit=10)  # those not handed: claimed
     offer(store, ["a", "b"], seen={"a": seq})
     third = store.enqueue("a", "{}")
     assert owner_of(store, third) == OWNER
@@ -315,6 +337,7 @@ def test_withdrawing_keeps_used_offers_until_the_worker_closes(
     t = store.tables.offers
     with store.engine.connect() as conn:
         assert conn.execute(select(t.c.queue).where(t.c.owner == OWNER)).all() == []
+    store.claim(["q"], "other", lease_ms=LEASE_MS)  # the one not handed: claimed
     offer(store)
     assert owner_of(store, store.enqueue("q", "{}")) == OWNER
     assert owner_of(store, used) == OWNER

@@ -56,13 +56,25 @@ def _handoff(t: Tables) -> str:
     (one-shot, for that queue; SKIP LOCKED: two publishes never share one). Live: not
     handed, unexpired, and the worker's listening connection still holds its advisory lock,
     so a killed worker (its connections closed) is never chosen. A message under a
-    concurrency limit is never handed over: only a claim can take its gate's slot."""
-    off = t.offers.name
+    concurrency limit is never handed over: only a claim can take its gate's slot. Nor is
+    one that would pass a message waiting in its queue (an offer can stand a moment after
+    the message it missed went to the table): it waits its turn for a claim. (Read per
+    candidate offer only: a publish with no idle worker pays nothing for it.)"""
+    off, m = t.offers.name, t.messages.name
+    # A scalar subquery in the claim index's order, not EXISTS: PostgreSQL would turn NOT
+    # EXISTS into an anti-join that may read the messages whole; this stays a probe of the
+    # claim index, per candidate offer.
+    waiting = (
+        f"(SELECT 1 FROM {m} x WHERE x.state = 'ready' AND x.queue = w.queue "
+        f"AND x.available_at_ms <= {NOW} "
+        f"AND (x.lease_expires_at_ms IS NULL OR x.lease_expires_at_ms <= {NOW}) "
+        "ORDER BY x.priority DESC, x.available_at_ms, x.id LIMIT 1)"
+    )
     return (
         f"o AS (UPDATE {off} SET handed = true WHERE queue = :queue AND owner = "
         f"(SELECT w.owner FROM {off} w WHERE CAST(:run_id AS TEXT) IS NULL "
         f"AND :delay_ms <= 0 AND {_ungated(t)} AND w.queue = :queue AND NOT w.handed "
-        f"AND w.expires_at_ms > {NOW} "
+        f"AND w.expires_at_ms > {NOW} AND {waiting} IS NULL "
         "AND NOT pg_try_advisory_xact_lock_shared(w.lock_key) "
         "ORDER BY w.expires_at_ms DESC LIMIT 1 FOR UPDATE SKIP LOCKED) "
         "RETURNING owner, lease_ms, offer_seq), "
