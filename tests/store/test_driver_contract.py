@@ -14,8 +14,10 @@ import pytest
 from sqlalchemy import select
 
 from sqlease._db.driver import Change, Claim, Driver, Lane, Offer, Op, ResultWrite
+from sqlease._db.postgresql.lease_ops import FULL_SPELL
+from sqlease._db.rows import held_ahead
 from sqlease.errors import ConfigurationError
-from sqlease.store import Fence, Outcome, Store
+from sqlease.store import Fence, NewMessage, Outcome, Store
 from sqlease.testing import FakeClock
 
 LEASE = 30_000
@@ -51,9 +53,15 @@ def _new(queue: str, payload: str, **extra: Any) -> dict[str, Any]:
 
 
 def _claim(store: Store, queues: list[str], owner: str = "w", limit: int = 10) -> Any:
-    """A claim on the store's (fake) clock."""
-    claim = Claim(queues, owner, LEASE, limit, store.now_ms())
-    return store.driver.execute(store.driver.message_claim(claim))
+    """A claim on the store's (fake) clock, made again (as its callers do) while it stops in
+    front of a message whose run, gate or rate it does not judge."""
+    found: list[Any] = []
+    while True:
+        claim = Claim(queues, owner, LEASE, limit - len(found), store.now_ms())
+        more = store.driver.execute(store.driver.message_claim(claim))
+        found += more
+        if not held_ahead(more) or len(found) >= limit:
+            return found
 
 
 # ---- running ops ------------------------------------------------------------------------
@@ -206,6 +214,70 @@ def test_ack_claim_sees_a_runs_next_message_where_the_dialect_does(store: Store)
     if not claimed:
         claimed = _claim(store, ["q"])
     assert [m.payload for m in claimed] == ["second"]
+
+
+def test_a_claim_stops_in_front_of_what_it_does_not_judge_and_says_so(store: Store) -> None:
+    """PostgreSQL claims plain messages (no run, key, limit or rate) with a statement whose
+    plan holds none of those checks: it stops in front of the first message that has one
+    and says so; the claims of those queues then judge everything for a while. SQLite's
+    claim always judges everything. Either way nothing passes a held message."""
+    ticks = [0.0]
+    plans = getattr(store.driver, "plans", None)
+    if plans is not None:
+        plans._monotonic = lambda: ticks[0]
+    store.enqueue("q", "a")
+    store.enqueue("q", "r1", run_id="r")
+    store.enqueue("q", "b")
+    store.enqueue("q", "c")
+    now = store.now_ms()
+    first = store.driver.execute(store.driver.message_claim(Claim(["q"], "w", LEASE, 10, now)))
+    if plans is None:
+        assert [m.payload for m in first] == ["a", "r1", "b", "c"] and not held_ahead(first)
+        return
+    assert [m.payload for m in first] == ["a"] and held_ahead(first)
+    assert not plans.plain(["q"]) and plans.plain(["other"])
+    store.enqueue("q", "d")
+    rest = store.driver.execute(store.driver.message_claim(Claim(["q"], "w", LEASE, 2, now)))
+    assert [m.payload for m in rest] == ["r1", "b"] and not held_ahead(rest)
+    # A spell later the plain statement is back; with nothing held in front it takes all.
+    ticks[0] += FULL_SPELL
+    assert plans.plain(["q"])
+    acked, last = store.driver.execute(
+        store.driver.message_ack_claim(
+            [m.fence for m in rest], Claim(["q"], "w", LEASE, 10, store.now_ms())
+        )
+    )
+    assert acked == {m.id for m in rest} and [m.payload for m in last] == ["c", "d"]
+    assert not held_ahead(last)
+
+
+def test_a_plain_claim_judges_limits_on_the_task_the_queue_and_the_key(store: Store) -> None:
+    """A limit or a rate on a message's task or queue, or a concurrency key, makes it one
+    the plain claim stops in front of; a limit removed makes it plain again."""
+    store.set_limits({"task:slow": 1})
+    store.set_rate_limits({"queue:rated": "1/m"})
+    store.enqueue_many(
+        [
+            NewMessage("q", "s1", task_name="slow"),
+            NewMessage("q", "s2", task_name="slow"),
+            NewMessage("q", "k1", concurrency_key="k", concurrency_limit=1),
+            NewMessage("q", "k2", concurrency_key="k", concurrency_limit=1),
+            NewMessage("q", "p", task_name="fast"),
+            NewMessage("rated", "x1"),
+            NewMessage("rated", "x2"),
+        ]
+    )
+    # One at a time of each gate's messages, the plain one behind them too; one per minute
+    # of the rated queue's.
+    assert [m.payload for m in _claim(store, ["q"])] == ["s1", "k1", "p"]
+    assert [m.payload for m in _claim(store, ["rated"])] == ["x1"]
+    store.set_limits({}, replace=True)
+    plans = getattr(store.driver, "plans", None)
+    if plans is not None:
+        plans._full_until.clear()  # the spell of full claims over
+    store.enqueue("q", "s3", task_name="slow")
+    assert [m.payload for m in _claim(store, ["q"])] == ["s2", "s3"]
+    assert [m.payload for m in _claim(store, ["rated"])] == []
 
 
 def test_renew_extends_held_leases_only(store: Store, clock: FakeClock) -> None:

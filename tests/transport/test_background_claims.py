@@ -115,7 +115,7 @@ def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
         assert isinstance(worker.transport.fetcher.runner, LoopCalls)
         # Prepared and sent by the loop itself, which never waited for a statement's rows.
         assert sent and all(thread == loop_thread for thread, _ in sent)
-        assert store.sql.ack_claim_single in [statement for _, statement in sent]
+        assert store.sql.ack_claim_plain_single in [statement for _, statement in sent]
         assert blocking == []
         assert combined and all(thread == loop_thread for thread, _ in combined)
     else:
@@ -211,4 +211,36 @@ def test_a_background_claim_without_acks_reports_the_queue_drained(
     fetcher.claim(channel, ["work"], 4)
     run_until(hub, lambda: not channel.look.claiming)
     assert len(got) == 10 and not channel.look.known_empty
+    worker.release()
+
+
+def test_a_claim_that_stops_in_front_of_a_run_claims_again_at_once(
+    connect: Connect, hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL's claim of plain messages stops in front of a run's head; the worker
+    claims again at once with the full claim (not a polling interval later), and delivers
+    in publish order."""
+    producer = connect()
+    publish(producer, "work", {"n": "a"})
+    publish(producer, "work", {"n": "r1"}, headers={"run_id": "R"})
+    publish(producer, "work", {"n": "b"})
+    publish(producer, "work", {"n": "r2"}, headers={"run_id": "R"})
+    got: list[Message] = []
+    worker = consuming_worker(connect, hub, got)
+    store = worker.transport.store
+    # Every statement the worker sends or runs, on every lane.
+    lanes = {id(store.driver.lane(x)): store.driver.lane(x) for x in Lane}.values()
+    recorded = [threads_of(monkeypatch, lane, how) for lane in lanes for how in ("send", "rows")]
+    started = time.monotonic()
+    run_until(hub, lambda: len(got) == 3, timeout=5.0)
+    # Well within the polling interval (1 s): the second claim did not wait for it.
+    assert time.monotonic() - started < 0.9
+    assert [m.payload["n"] for m in got] == ["a", "r1", "b"]
+    statements = [s for calls in recorded for _, s in calls]
+    # The plain claim, then at once the full one: no offer or idle look between them.
+    assert statements[:2] == [store.sql.claim_plain_single, store.sql.claim_single]
+    # r2 waits for r1's ack, then comes.
+    got[1].ack()
+    run_until(hub, lambda: len(got) == 4)
+    assert got[3].payload["n"] == "r2"
     worker.release()

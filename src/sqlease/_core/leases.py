@@ -17,7 +17,7 @@ from sqlalchemy import Connection
 from sqlease._core.base import Aggregate
 from sqlease._db.driver import Claim, Driver, Op
 from sqlease._db.retry import transient
-from sqlease._db.rows import Acked
+from sqlease._db.rows import Acked, held_ahead
 from sqlease.errors import ConfigurationError
 from sqlease.types import Fence, Message
 
@@ -116,9 +116,10 @@ class Leases(Aggregate):
             self._runs_go_on(exhausted, now)
             if exhausted and on_exhausted is not None:
                 on_exhausted(exhausted)
-            # Only when the batch was spent on exhausted messages is another look useful:
-            # a delivery must not wait a polling interval behind a dead message.
-            if not exhausted:
+            # Only when the batch was spent on exhausted messages, or stopped in front of a
+            # message its run, gate or rate may hold back (the next claim judges it), is
+            # another look useful: a delivery must not wait a polling interval behind it.
+            if not exhausted and not held_ahead(found):
                 break
         return delivery_order(delivered)
 
@@ -222,7 +223,7 @@ class Leases(Aggregate):
         self._runs_go_on(exhausted, now)
         if exhausted and on_exhausted is not None:
             on_exhausted(exhausted)
-        if exhausted and len(delivered) < limit:
+        if (exhausted or held_ahead(found)) and len(delivered) < limit:
             delivered += self.claim(
                 queues,
                 owner,

@@ -61,6 +61,31 @@ def messages_of(rows: list[dict[str, Any]]) -> list[Message]:
     return [message_from(r, has_last_error="last_error" in r) for r in rows]
 
 
+class Claimed(list[Message]):
+    """A claim's messages. ``held_ahead``: the claim stopped in front of a message whose run,
+    gate or rate it does not judge (PostgreSQL's claim of plain messages,
+    sqlease._db.postgresql.plain_claims): there may be more to claim at once."""
+
+    held_ahead: bool
+
+    def __init__(self, messages: Any = (), *, held_ahead: bool = False) -> None:
+        super().__init__(messages)
+        self.held_ahead = held_ahead
+
+
+def held_ahead(found: list[Message]) -> bool:
+    """Whether a claim's answer stopped in front of a held message (``Claimed``)."""
+    return bool(getattr(found, "held_ahead", False))
+
+
+def plain_claimed(rows: list[dict[str, Any]]) -> Claimed:
+    """A claim of plain messages: its rows (one of NULLs when none) and ``held_ahead``."""
+    return Claimed(
+        messages_of([r for r in rows if r["id"] is not None]),
+        held_ahead=bool(rows and rows[0]["held_ahead"]),
+    )
+
+
 def ids_of(rows: list[dict[str, Any]]) -> set[int]:
     return {int(row["id"]) for row in rows}
 

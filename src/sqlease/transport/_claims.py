@@ -199,17 +199,25 @@ class Claims:
         return self._deliveries.deliver_taken(channel, taken)
 
     def claimed(
-        self, channel: Consumer, found: list[Message], short: bool, limit: int, sent_at: float
+        self,
+        channel: Consumer,
+        found: list[Message],
+        short: bool,
+        limit: int,
+        sent_at: float,
+        *,
+        held_ahead: bool = False,
     ) -> int:
         """A claim's answer (loop thread): the dead get their FAILURE result, the rest are
-        delivered (given back if the channel no longer takes them)."""
+        delivered (given back if the channel no longer takes them). ``held_ahead``: it
+        stopped in front of a message the next claim judges, which goes out at once."""
         self._looks.begin_pass()
         self._note_db_time(found, sent_at)
         if self._closing() or not channel.accepts_deliveries():
             live, _ = split_exhausted(found)
             self._deliveries.give_back(live)
             return 0
-        self._looks.claimed(channel.look, len(found), limit, short=short)
+        self._looks.claimed(channel.look, len(found), limit, short=short, again=held_ahead)
         live, exhausted = split_exhausted(found)
         live = delivery_order(live)
         if exhausted:
@@ -226,8 +234,8 @@ class Claims:
         delivered = self._deliveries.hold_and_deliver(channel, live, offer, sent_at)
         if delivered:
             self._loop.kick()  # let the pool pick the new jobs up in the next iteration
-            if len(found) < limit:  # drained: an offer lets no publish pass a waiting one
-                self._offer_while_room()
+            if len(found) < limit and not held_ahead:
+                self._offer_while_room()  # drained: an offer lets no publish pass a waiting one
         elif self._looks.found_nothing and self._loop.registered:
             self._look_ahead()
         return delivered

@@ -188,12 +188,15 @@ class LookState:
             return False
         return True
 
-    def claimed(self, part: ChannelLook, count: int, limit: int, *, short: bool) -> None:
+    def claimed(
+        self, part: ChannelLook, count: int, limit: int, *, short: bool, again: bool = False
+    ) -> None:
         """A claim of ``limit`` brought ``count``; ``short``: the store had fewer than asked
-        (never reported for a claim that carried acks)."""
+        (never reported for a claim that carried acks); ``again``: it stopped in front of a
+        message the next claim judges (look again at once)."""
         part.known_empty = short
         part.due_checked = False
-        if count == limit:
+        if count == limit or again:
             self.more = True
         elif not count:
             self.found_nothing = True

@@ -103,7 +103,12 @@ class Outcomes:
             if done.error is not None:
                 raise done.error
             return self._claims.claimed(
-                channel, done.value, context["short"], context["limit"], context["sent_at"]
+                channel,
+                done.value,
+                context["short"],
+                context["limit"],
+                context["sent_at"],
+                held_ahead=context.get("held_ahead", False),
             )
         if kind is Kind.TAKE:
             channel.look.take_finished()

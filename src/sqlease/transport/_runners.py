@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sqlease._db.driver import Driver, Lane, Op
+from sqlease._db.rows import held_ahead
 from sqlease.store import Message, Store
 from sqlease.transport._background import BackgroundCalls, Done, Job
 from sqlease.transport._loop_calls import LoopCalls
@@ -136,8 +137,8 @@ class Batcher:
             done = [Done(j.key, value=None, context=j.context, acked=acked) for j in acks]
             # Never "short" when acks went with the claim: it may not have seen them free a
             # run's next message, so its queues are not known to be drained.
-            short = not fences and len(messages) < limit
-            context = {**claim.context, "short": short}
+            short = not fences and len(messages) < limit and not held_ahead(messages)
+            context = {**claim.context, "short": short, "held_ahead": held_ahead(messages)}
             return [*done, Done(claim.key, value=messages, context=context, acked=acked)]
 
         return op.then(outcomes)

@@ -12,7 +12,16 @@ from sqlalchemy import TextClause
 from sqlease._db import sql_common as c
 from sqlease._db.held_tables import parked_gates, stuck_runs
 from sqlease._db.leaders import leader_statements
-from sqlease._db.postgresql import events, gates, held, leases, messages, offers, results
+from sqlease._db.postgresql import (
+    events,
+    gates,
+    held,
+    leases,
+    messages,
+    offers,
+    plain_claims,
+    results,
+)
 from sqlease._db.postgresql.dialect import GREATEST, NOW
 from sqlease._db.statements import Statements
 from sqlease._db.tables import Tables
@@ -39,6 +48,11 @@ class PgStatements(Statements):
     #: The acks and the refill claim in one statement.
     ack_claim: TextClause
     ack_claim_single: TextClause
+    #: The same for queues whose messages nothing holds back (sqlease._db.postgresql.plain_claims).
+    claim_plain: TextClause
+    claim_plain_single: TextClause
+    ack_claim_plain: TextClause
+    ack_claim_plain_single: TextClause
     renew: TextClause
     ack: TextClause
     #: Release, park or fail fenced deliveries.
@@ -102,6 +116,10 @@ def statements(t: Tables) -> PgStatements:
         claim_single=leases.claim(t, single_queue=True),
         ack_claim=leases.ack_claim(t, single_queue=False),
         ack_claim_single=leases.ack_claim(t, single_queue=True),
+        claim_plain=plain_claims.claim(t, single_queue=False),
+        claim_plain_single=plain_claims.claim(t, single_queue=True),
+        ack_claim_plain=plain_claims.ack_claim(t, single_queue=False),
+        ack_claim_plain_single=plain_claims.ack_claim(t, single_queue=True),
         renew=leases.renew(t),
         ack=leases.ack(t),
         transition=leases.transition(t),

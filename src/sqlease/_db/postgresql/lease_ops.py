@@ -5,6 +5,7 @@ transaction of one statement per owner when a batch names several."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -13,31 +14,73 @@ from sqlalchemy import Connection
 from sqlease._db.driver import Change, Claim, Driver, Lane, Op, by_owner
 from sqlease._db.postgresql import PgStatements
 from sqlease._db.postgresql.dialect import fence_params
-from sqlease._db.rows import Acked, acked_ids_of, acked_of, expiries_of, messages_of
+from sqlease._db.rows import (
+    Acked,
+    acked_ids_of,
+    acked_of,
+    expiries_of,
+    messages_of,
+    plain_claimed,
+)
 from sqlease.types import Fence, Message
+
+#: Seconds a set of queues is claimed with the full statement after a claim of plain
+#: messages met a held one at its front: a queue of runs or limits pays one short claim
+#: per spell, a queue of plain tasks none.
+FULL_SPELL = 2.0
+
+
+class ClaimPlans:
+    """Which claim statement a set of queues gets: the one for plain messages
+    (sqlease._db.postgresql.plain_claims), unless such a claim of those queues stopped in
+    front of a held message less than ``FULL_SPELL`` seconds ago. Only the statement's cost
+    depends on it, never what is claimed."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        #: Until when (monotonic) each set of queues is claimed in full.
+        self._full_until: dict[frozenset[str], float] = {}
+
+    def plain(self, queues: Sequence[str]) -> bool:
+        until = self._full_until.get(frozenset(queues))
+        return until is None or self._monotonic() >= until
+
+    def held_ahead(self, queues: Sequence[str]) -> None:
+        self._full_until[frozenset(queues)] = self._monotonic() + FULL_SPELL
 
 
 class PostgresLeaseOps(Driver):
     """PostgreSQL's claims, acks, renewals and transitions."""
 
     sql: PgStatements
+    plans: ClaimPlans
 
-    def _claim(self, claim: Claim) -> tuple[Any, dict[str, Any]]:
+    def _claim(self, claim: Claim, *, plain: bool) -> tuple[Any, dict[str, Any]]:
         params: dict[str, Any] = {
             "owner": claim.owner,
             "lease_ms": int(claim.lease_ms),
             "limit": int(claim.limit),
             "now": claim.now,
         }
+        sql = self.sql
         if len(claim.queues) == 1:
             params["queue"] = claim.queues[0]
-            return self.sql.claim_single, params
+            return (sql.claim_plain_single if plain else sql.claim_single), params
         params["queues"] = list(claim.queues)
-        return self.sql.claim, params
+        return (sql.claim_plain if plain else sql.claim), params
+
+    def _plain_claimed(self, claim: Claim, rows: list[dict[str, Any]]) -> list[Message]:
+        claimed = plain_claimed(rows)
+        if claimed.held_ahead:
+            self.plans.held_ahead(claim.queues)
+        return claimed
 
     def message_claim(self, claim: Claim) -> Op[list[Message]]:
-        statement, params = self._claim(claim)
-        return Op(Lane.LEASES, statement, params, messages_of)
+        plain = self.plans.plain(claim.queues)
+        statement, params = self._claim(claim, plain=plain)
+        if not plain:
+            return Op(Lane.LEASES, statement, params, messages_of)
+        return Op(Lane.LEASES, statement, params, lambda rows: self._plain_claimed(claim, rows))
 
     def _each_owner(
         self,
@@ -82,18 +125,27 @@ class PostgresLeaseOps(Driver):
     ) -> Op[tuple[Acked, list[Message]]]:
         if not fences:
             return self.message_claim(claim).then(lambda claimed: (Acked(), claimed))
-        statement, params = self._claim(claim)
         groups = by_owner(fences)
         if list(groups) == [claim.owner]:
             # One statement: the claim does not see the acks' effects (a run's next message
             # waits for the next claim).
-            combined = self.sql.ack_claim_single if len(claim.queues) == 1 else self.sql.ack_claim
+            plain = self.plans.plain(claim.queues)
+            _, params = self._claim(claim, plain=plain)
+            sql, single = self.sql, len(claim.queues) == 1
+            if plain:
+                combined = sql.ack_claim_plain_single if single else sql.ack_claim_plain
+            else:
+                combined = sql.ack_claim_single if single else sql.ack_claim
             params.update(fence_params(fences), channel=self.wakeup_channel)
 
             def finish(rows: list[dict[str, Any]]) -> tuple[Acked, list[Message]]:
+                if plain:
+                    return acked_ids_of(rows), self._plain_claimed(claim, rows)
                 return acked_ids_of(rows), messages_of([r for r in rows if r["id"] is not None])
 
             return Op(Lane.LEASES, combined, params, finish)
+
+        statement, params = self._claim(claim, plain=False)
 
         def body(conn: Connection) -> tuple[Acked, list[Message]]:
             acked = self._ack_all(conn, groups, claim.now)

@@ -1,0 +1,147 @@
+"""PostgreSQL: the claim of queues whose messages nothing holds back, and its acks.
+
+The full claim (sqlease._db.postgresql.leases) carries every held-work check in its plan: the
+full gates, the rate limits' allowances, the free gate slots, the run locks. PostgreSQL
+initialises every node of a plan on each execution whether or not any row reaches it, and on
+a backlog of plain tasks that start-up was 27% of the server's time per claim. Here the plan
+holds only what a plain message needs: its candidates, each marked ``plain`` (no run, no
+concurrency key, no limit or rate on its task or queue), and the claim of those in front of
+the first that is not. The claim stops there, so nothing passes a held message; its answer
+says so (``held_ahead``) and the caller claims again with the full statement, which sees
+the held message's run, gate or rate (sqlease._db.postgresql.lease_ops keeps to it for a
+while). The acks that go with it leave their runs' next messages to the caller
+(``owed_runs``): the promotion's plan is as large as the claim's checks.
+
+Measured on one connection, ack + claim of 4 over a backlog of 30,000 plain messages, median
+round trip: 1,030 us for the full statement, 740 us for this one."""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+from sqlease._db import sql_common as c
+from sqlease._db import task_rows
+from sqlease._db.postgresql.dialect import (
+    FENCES,
+    JSON_OWNER,
+    NOW,
+    ROW_PREFIX,
+    batch_event,
+    each_queue,
+    one_of_ids,
+)
+from sqlease._db.tables import Tables
+
+
+def _plain(t: Tables) -> str:
+    """A message ``m`` the full claim would lease as it is: no run, no concurrency key, and
+    no concurrency or rate limit on its task or its queue (``sql_common.gate_joins``)."""
+    return (
+        "(m.run_id IS NULL AND m.gate_key IS NULL AND NOT EXISTS (SELECT 1 FROM "
+        f"{t.flow_limits.name} fl WHERE fl.name IN ('task:' || m.task_name, 'queue:' || m.queue) "
+        "AND (fl.concurrency IS NOT NULL OR fl.interval_ms IS NOT NULL)))"
+    )
+
+
+def _candidates(t: Tables, queue: str) -> str:
+    """The claimable rows of ``queue`` (a predicate on ``m.queue``) in claim order, locked
+    with SKIP LOCKED, each marked ``plain``."""
+    return (
+        "SELECT m.id, m.state, m.attempt, (m.attempt >= m.max_attempts) AS exhausted, "
+        f"m.priority, m.available_at_ms, {_plain(t)} AS plain "
+        f"FROM {t.messages.name} m WHERE {c.ready(t, NOW, queue)} "
+        f"{c.ORDER} LIMIT :limit FOR UPDATE OF m SKIP LOCKED"
+    )
+
+
+def _cand(t: Tables, *, single_queue: bool) -> str:
+    """The first ``:limit`` candidates over the queue's priorities (or each queue's), with
+    their rank in claim order (``rk``), as the full claim reads them."""
+    if single_queue:
+        source = (
+            f"{c.ready_priorities(t, ':queue')} pp CROSS JOIN LATERAL "
+            f"({_candidates(t, 'm.queue = :queue AND m.priority = pp.pr')}) x"
+        )
+    else:
+        source = each_queue(
+            f"SELECT y.* FROM {c.ready_priorities(t, 'qn.name')} pp CROSS JOIN LATERAL "
+            f"({_candidates(t, 'm.queue = qn.name AND m.priority = pp.pr')}) y"
+        )
+    order = "x.priority DESC, x.available_at_ms, x.id"
+    return (
+        f"SELECT x.*, row_number() OVER (ORDER BY {order}) AS rk FROM {source} "
+        f"ORDER BY {order} LIMIT :limit"
+    )
+
+
+def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
+    """CTEs ``cand``, ``stop`` (the rank of the first candidate that is not plain; NULL when
+    all are), ``claimed`` (those in front of it: leased, or dead when exhausted), their
+    events and their task rows' attempts."""
+    claimed_batch = batch_event(t, "claimed", JSON_OWNER, "claimed", "m.state = 'ready'")
+    return (
+        f"cand AS ({_cand(t, single_queue=single_queue)}), "
+        "stop AS (SELECT min(rk) AS rk FROM cand WHERE NOT plain), "
+        f"claimed AS (UPDATE {t.messages.name} m SET "
+        "attempt = CASE WHEN c.exhausted THEN m.attempt ELSE m.attempt + 1 END, "
+        "lease_owner = CASE WHEN c.exhausted THEN NULL ELSE CAST(:owner AS TEXT) END, "
+        f"lease_expires_at_ms = CASE WHEN c.exhausted THEN NULL ELSE {NOW} + :lease_ms "
+        "END, "
+        "state = CASE WHEN c.exhausted THEN 'dead' ELSE 'ready' END, "
+        "reason = CASE WHEN c.exhausted THEN 'attempts_exhausted' "
+        "ELSE NULLIF(m.reason, 'rate') END, "
+        "gate = CASE WHEN c.exhausted THEN m.gate END, "
+        "rate_gate = CASE WHEN c.exhausted THEN m.rate_gate END "
+        f"FROM cand c WHERE m.id = c.id AND {one_of_ids('m.id', 'SELECT id FROM cand')} "
+        "AND m.state = c.state "
+        f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
+        "AND c.rk < COALESCE((SELECT rk FROM stop), :limit + 1) "
+        f"{c.returning(ROW_PREFIX)}), "
+        f"e AS (INSERT INTO {t.events.name} (task_id, message_id, attempt, kind, data, at_ms) "
+        f"SELECT m.task_id, m.id, m.attempt, 'attempts_exhausted', NULL, {NOW} "
+        "FROM claimed m WHERE m.state = 'dead'), "
+        f"eb AS ({claimed_batch}), "
+        f"{task_rows.claim_cte(t)}"
+    )
+
+
+#: The answer's column: the claim stopped in front of a message the full claim must judge.
+HELD_AHEAD = "((SELECT rk FROM stop) IS NOT NULL) AS held_ahead"
+
+
+def claim(t: Tables, *, single_queue: bool) -> TextClause:
+    """Lease up to ``:limit`` plain messages of ``:queue`` (``single_queue``) or ``:queues``
+    to ``:owner``, stopping at the first that is not plain (one row of NULLs with
+    ``held_ahead`` when nothing was claimed)."""
+    return text(
+        f"WITH {_claim_ctes(t, single_queue=single_queue)} "
+        f"SELECT c.*, {HELD_AHEAD} FROM (SELECT 1) one LEFT JOIN claimed c ON true"
+    )
+
+
+def _ack_ctes(t: Tables) -> str:
+    """The fenced delete of ``:owner``'s acks (CTE ``del``) with their run locks, gate slots
+    and batch event; their runs' next messages are the caller's (``owed_runs``)."""
+    return (
+        f"f AS ({FENCES}), "
+        f"del AS (DELETE FROM {t.messages.name} m USING f WHERE {c.fenced_join(NOW)} "
+        "RETURNING m.id, m.task_id, m.attempt, m.run_id), "
+        f"r AS (DELETE FROM {t.runs.name} r USING del WHERE r.run_id = del.run_id "
+        "AND r.message_id = del.id), "
+        f"ds AS (DELETE FROM {t.slots.name} x USING del WHERE x.message_id = del.id "
+        "RETURNING x.gate), "
+        f"ea AS ({batch_event(t, 'acked', 'NULL', 'del', 'true')})"
+    )
+
+
+def ack_claim(t: Tables, *, single_queue: bool) -> TextClause:
+    """A busy worker's acks and its refill claim of plain messages in one statement. Every
+    claimed row comes back with the ids the acks removed, the runs they leave for the caller
+    to go on with, the gates whose places they freed, and ``held_ahead``."""
+    return text(
+        f"WITH {_ack_ctes(t)}, {_claim_ctes(t, single_queue=single_queue)} "
+        f"SELECT c.*, (SELECT array_agg(id) FROM del) AS acked_ids, "
+        "(SELECT array_agg(DISTINCT run_id) FROM del WHERE run_id IS NOT NULL) AS owed_runs, "
+        "(SELECT array_agg(DISTINCT gate) FROM ds) AS owed_gates, "
+        f"{HELD_AHEAD} FROM (SELECT 1) one LEFT JOIN claimed c ON true"
+    )
