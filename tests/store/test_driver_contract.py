@@ -251,6 +251,31 @@ def test_a_claim_stops_in_front_of_what_it_does_not_judge_and_says_so(store: Sto
     assert not held_ahead(last)
 
 
+def test_acks_that_go_with_a_plain_claim_make_their_runs_next_message_ready(
+    store: Store,
+) -> None:
+    """The acks carried by a claim of plain messages are the full ack: a run's next message,
+    parked behind the acked head, is ready when the statement commits (a crash before a
+    second statement must not leave it parked)."""
+    store.enqueue("q", "head", run_id="r")
+    store.enqueue("q", "next", run_id="r")
+    [head] = _claim(store, ["q"])
+    plans = getattr(store.driver, "plans", None)
+    if plans is not None:
+        plans._full_until.clear()  # the plain statement, as a spell later
+        assert plans.plain(["q"])
+    acked, claimed = store.driver.execute(
+        store.driver.message_ack_claim([head.fence], Claim(["q"], "w", LEASE, 5, store.now_ms()))
+    )
+    assert acked == {head.id} and not acked.owed_runs
+    state = {m.payload: m.state for m in (store.get_message(r.id) for r in _rows(store)) if m}
+    if claimed:  # SQLite's transaction sees the ack free the run
+        assert [m.payload for m in claimed] == ["next"]
+    else:
+        assert state == {"next": "ready"}
+        assert [m.payload for m in _claim(store, ["q"])] == ["next"]
+
+
 def test_a_plain_claim_judges_limits_on_the_task_the_queue_and_the_key(store: Store) -> None:
     """A limit or a rate on a message's task or queue, or a concurrency key, makes it one
     the plain claim stops in front of; a limit removed makes it plain again."""

@@ -10,6 +10,7 @@ from sqlalchemy import select, update
 
 from sqlease import Admin, NewMessage, Store
 from sqlease._core.maintenance import run_pass
+from sqlease._db.rows import held_ahead
 from sqlease.testing import FakeClock
 
 LEASE = 10_000
@@ -115,6 +116,8 @@ def test_a_message_exhausted_at_its_claim_frees_its_place(store: Store, clock: F
     # The transport's pipeline claims by op and promotes off its loop, as here.
     clock.advance(LEASE + 1)
     found = store.driver.execute(store.claim_op(["q"], "w", LEASE, 5, None))
+    if held_ahead(found):  # PostgreSQL's plain claim stopped in front of it: the full one
+        found = store.driver.execute(store.claim_op(["q"], "w", LEASE, 5, None))
     assert [(m.id, m.state) for m in found] == [(ids[1], "dead")]
     assert parked(store) == ids[2:]
     assert store.promote_gates_of([m.id for m in found]) == [ids[2]]

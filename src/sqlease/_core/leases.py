@@ -188,7 +188,9 @@ class Leases(Aggregate):
     def claim_op(
         self, queues: Sequence[str], owner: str, lease_ms: int, limit: int, now: int | None
     ) -> Op[list[Message]]:
-        """One claim (exhausted messages included, as the claim marks them)."""
+        """One claim (exhausted messages included, as the claim marks them). When it
+        stopped in front of a message it does not judge (``held_ahead`` of its answer),
+        there may be more to claim at once."""
         return self.driver.message_claim(Claim(queues, owner, int(lease_ms), int(limit), now))
 
     # ---- ack and claim together --------------------------------------------------------

@@ -258,7 +258,9 @@ class Driver(ABC):
     @abstractmethod
     def message_claim(self, claim: Claim) -> Op[list[Message]]:
         """Lease ready messages (exhausted ones come back marked dead), with their run locks,
-        gate slots, rate limits, task attempts and ``claimed`` events."""
+        gate slots, rate limits, task attempts and ``claimed`` events. A claim may stop in
+        front of a message it does not judge and say so (``rows.held_ahead`` of its answer,
+        PostgreSQL's claim of plain messages): its caller claims again at once."""
 
     @abstractmethod
     def message_ack(self, fences: Sequence[Fence], now: int | None) -> Op[Acked]:

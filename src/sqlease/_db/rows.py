@@ -68,7 +68,7 @@ class Claimed(list[Message]):
 
     held_ahead: bool
 
-    def __init__(self, messages: Any = (), *, held_ahead: bool = False) -> None:
+    def __init__(self, messages: Iterable[Message] = (), *, held_ahead: bool = False) -> None:
         super().__init__(messages)
         self.held_ahead = held_ahead
 

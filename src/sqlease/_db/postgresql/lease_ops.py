@@ -69,6 +69,12 @@ class PostgresLeaseOps(Driver):
         params["queues"] = list(claim.queues)
         return (sql.claim_plain if plain else sql.claim), params
 
+    def _ack_claim_statement(self, claim: Claim, *, plain: bool) -> Any:
+        sql, single = self.sql, len(claim.queues) == 1
+        if plain:
+            return sql.ack_claim_plain_single if single else sql.ack_claim_plain
+        return sql.ack_claim_single if single else sql.ack_claim
+
     def _plain_claimed(self, claim: Claim, rows: list[dict[str, Any]]) -> list[Message]:
         claimed = plain_claimed(rows)
         if claimed.held_ahead:
@@ -130,12 +136,8 @@ class PostgresLeaseOps(Driver):
             # One statement: the claim does not see the acks' effects (a run's next message
             # waits for the next claim).
             plain = self.plans.plain(claim.queues)
-            _, params = self._claim(claim, plain=plain)
-            sql, single = self.sql, len(claim.queues) == 1
-            if plain:
-                combined = sql.ack_claim_plain_single if single else sql.ack_claim_plain
-            else:
-                combined = sql.ack_claim_single if single else sql.ack_claim
+            combined = self._ack_claim_statement(claim, plain=plain)
+            params = self._claim(claim, plain=plain)[1]
             params.update(fence_params(fences), channel=self.wakeup_channel)
 
             def finish(rows: list[dict[str, Any]]) -> tuple[Acked, list[Message]]:
