@@ -167,7 +167,6 @@ def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
     candidate's own (``'ready'``), not against a constant: ``m.state = 'ready'`` is the claim
     index's predicate, and on a table without statistics the planner ANDed the whole claim
     index into the id lookup (3.6 ms per claim at 100,000 messages)."""
-    claimed_batch = batch_event(t, "claimed", JSON_OWNER, "claimed", "m.state = 'ready'")
     return (
         f"{_full_gates(t)}"
         f"cand AS ({_cand(t, single_queue=single_queue)}), "
@@ -186,6 +185,24 @@ def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
         f"WHERE r.lease_expires_at_ms <= {NOW} OR r.message_id = excluded.message_id "
         "RETURNING r.run_id), "
         f"{_gate_locks(t)}"
+        + claimed_ctes(
+            t,
+            gate="c.gate",
+            rate="c.rate",
+            passes=f"(c.exhausted OR ({RATE_PASSED} AND (c.run_id IS NULL "
+            "OR c.run_id IN (SELECT run_id FROM run_locks)) AND (c.gate IS NULL "
+            "OR c.id IN (SELECT message_id FROM gate_locks))))",
+        )
+    )
+
+
+def claimed_ctes(t: Tables, *, gate: str, rate: str, passes: str) -> str:
+    """CTEs ``claimed`` (the candidates ``cand`` as ``c`` that ``passes``, a predicate,
+    leased to ``:owner``, or dead when exhausted; a leased row's ``gate`` and ``rate_gate``
+    become ``gate`` and ``rate``), ``e`` and ``eb`` (their events: the deliveries' ``claimed``
+    is one batch row listing them) and the task rows' attempts (migration 9)."""
+    claimed_batch = batch_event(t, "claimed", JSON_OWNER, "claimed", "m.state = 'ready'")
+    return (
         f"claimed AS (UPDATE {t.messages.name} m SET "
         "attempt = CASE WHEN c.exhausted THEN m.attempt ELSE m.attempt + 1 END, "
         "lease_owner = CASE WHEN c.exhausted THEN NULL ELSE CAST(:owner AS TEXT) END, "
@@ -194,20 +211,18 @@ def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
         "state = CASE WHEN c.exhausted THEN 'dead' ELSE 'ready' END, "
         "reason = CASE WHEN c.exhausted THEN 'attempts_exhausted' "
         "ELSE NULLIF(m.reason, 'rate') END, "
-        "gate = CASE WHEN c.exhausted THEN m.gate ELSE c.gate END, "
-        "rate_gate = CASE WHEN c.exhausted THEN m.rate_gate ELSE c.rate END "
+        f"gate = CASE WHEN c.exhausted THEN m.gate ELSE {gate} END, "
+        f"rate_gate = CASE WHEN c.exhausted THEN m.rate_gate ELSE {rate} END "
         f"FROM cand c WHERE m.id = c.id AND {one_of_ids('m.id', 'SELECT id FROM cand')} "
         "AND m.state = c.state "
         f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
-        f"AND (c.exhausted OR ({RATE_PASSED} AND (c.run_id IS NULL "
-        "OR c.run_id IN (SELECT run_id FROM run_locks)) AND (c.gate IS NULL "
-        "OR c.id IN (SELECT message_id FROM gate_locks)))) "
+        f"AND {passes} "
         f"{c.returning(ROW_PREFIX)}), "
         f"e AS (INSERT INTO {t.events.name} (task_id, message_id, attempt, kind, data, at_ms) "
         f"SELECT m.task_id, m.id, m.attempt, 'attempts_exhausted', NULL, {NOW} "
         "FROM claimed m WHERE m.state = 'dead'), "
         f"eb AS ({claimed_batch}), "
-        f"{task_rows.claim_cte(t)}"  # the task rows' attempts (migration 9)
+        f"{task_rows.claim_cte(t)}"
     )
 
 

@@ -19,15 +19,10 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
-from sqlease._db import task_rows
 from sqlease._db.postgresql import leases
 from sqlease._db.postgresql.dialect import (
-    JSON_OWNER,
     NOW,
-    ROW_PREFIX,
-    batch_event,
     each_queue,
-    one_of_ids,
 )
 from sqlease._db.postgresql.held import NOTIFIED, OWED
 from sqlease._db.tables import Tables
@@ -78,30 +73,15 @@ def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
     """CTEs ``cand``, ``stop`` (the rank of the first candidate that is not plain; NULL when
     all are), ``claimed`` (those in front of it: leased, or dead when exhausted), their
     events and their task rows' attempts."""
-    claimed_batch = batch_event(t, "claimed", JSON_OWNER, "claimed", "m.state = 'ready'")
     return (
         f"cand AS ({_cand(t, single_queue=single_queue)}), "
         "stop AS (SELECT min(rk) AS rk FROM cand WHERE NOT plain), "
-        f"claimed AS (UPDATE {t.messages.name} m SET "
-        "attempt = CASE WHEN c.exhausted THEN m.attempt ELSE m.attempt + 1 END, "
-        "lease_owner = CASE WHEN c.exhausted THEN NULL ELSE CAST(:owner AS TEXT) END, "
-        f"lease_expires_at_ms = CASE WHEN c.exhausted THEN NULL ELSE {NOW} + :lease_ms "
-        "END, "
-        "state = CASE WHEN c.exhausted THEN 'dead' ELSE 'ready' END, "
-        "reason = CASE WHEN c.exhausted THEN 'attempts_exhausted' "
-        "ELSE NULLIF(m.reason, 'rate') END, "
-        "gate = CASE WHEN c.exhausted THEN m.gate END, "
-        "rate_gate = CASE WHEN c.exhausted THEN m.rate_gate END "
-        f"FROM cand c WHERE m.id = c.id AND {one_of_ids('m.id', 'SELECT id FROM cand')} "
-        "AND m.state = c.state "
-        f"AND (m.lease_expires_at_ms IS NULL OR m.lease_expires_at_ms <= {NOW}) "
-        "AND c.rk < COALESCE((SELECT rk FROM stop), :limit + 1) "
-        f"{c.returning(ROW_PREFIX)}), "
-        f"e AS (INSERT INTO {t.events.name} (task_id, message_id, attempt, kind, data, at_ms) "
-        f"SELECT m.task_id, m.id, m.attempt, 'attempts_exhausted', NULL, {NOW} "
-        "FROM claimed m WHERE m.state = 'dead'), "
-        f"eb AS ({claimed_batch}), "
-        f"{task_rows.claim_cte(t)}"
+        + leases.claimed_ctes(
+            t,
+            gate="NULL",
+            rate="NULL",
+            passes="c.rk < COALESCE((SELECT rk FROM stop), :limit + 1)",
+        )
     )
 
 
