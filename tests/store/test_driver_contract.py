@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import select
 
 from sqlease._db.driver import Change, Claim, Driver, Lane, Offer, Op, ResultWrite
-from sqlease._db.postgresql.lease_ops import FULL_SPELL
+from sqlease._db.postgresql.lease_ops import FULL_SPELL, OutsideRuns
 from sqlease._db.rows import held_ahead
 from sqlease.errors import ConfigurationError
-from sqlease.store import Fence, NewMessage, Outcome, Store
+from sqlease.store import Fence, Message, NewMessage, Outcome, Store
 from sqlease.testing import FakeClock
 
 LEASE = 30_000
@@ -274,6 +274,85 @@ def test_acks_that_go_with_a_plain_claim_make_their_runs_next_message_ready(
     else:
         assert state == {"next": "ready"}
         assert [m.payload for m in _claim(store, ["q"])] == ["next"]
+
+
+def test_acks_outside_any_run_skip_the_runs_promotion_and_nothing_else(store: Store) -> None:
+    """PostgreSQL acks deliveries its claims leased outside any run with a statement whose
+    plan holds no run's promotion; an ack with one delivery of a run in it (or one it does
+    not know: another attempt, another process's) takes the full ack, which makes the run's
+    next message ready. What is acked, refused and promoted is the same on every dialect."""
+    store.enqueue_many([NewMessage("q", "a"), NewMessage("q", "b")])
+    store.enqueue("q", "head", run_id="r")
+    store.enqueue("q", "next", run_id="r")
+    a, b, head = _claim(store, ["q"])
+    driver, sql = store.driver, store.sql
+    pg = getattr(driver, "outside_runs", None) is not None
+    lean = driver.message_ack([a.fence], store.now_ms())
+    if pg:
+        assert lean.statement is sql.ack_outside_runs
+    assert driver.execute(lean) == {a.id}
+    # Acked already: a second ack of it is refused, and is not known outside runs any more.
+    again = driver.message_ack([a.fence], store.now_ms())
+    if pg:
+        assert again.statement is sql.ack
+    assert driver.execute(again) == set()
+    # Another attempt of b (a stale fence) is not known: the full ack, refused.
+    stale = driver.message_ack([Fence(b.id, "w", b.attempt + 1)], store.now_ms())
+    if pg:
+        assert stale.statement is sql.ack
+    assert driver.execute(stale) == set()
+    # b (forgotten by the stale ack's look) with the run's head: the full ack; the run goes on.
+    mixed = driver.message_ack([b.fence, head.fence], store.now_ms())
+    if pg:
+        assert mixed.statement is sql.ack
+    acked = driver.execute(mixed)
+    assert acked == {b.id, head.id} and not acked.owed_runs
+    assert [m.payload for m in _claim(store, ["q"])] == ["next"]
+
+
+def test_an_ack_outside_runs_with_a_claim_frees_the_gate_place_it_held(store: Store) -> None:
+    """A delivery outside any run may hold a gate's place (a limit on its task): the ack
+    that skips the runs' promotion still gives the place back and names the gate, and the
+    gate's next message is claimed after it."""
+    store.set_limits({"task:slow": 1})
+    store.enqueue_many([NewMessage("q", f"s{i}", task_name="slow") for i in (1, 2)])
+    store.enqueue("q", "p")
+    first = _claim(store, ["q"])
+    assert [m.payload for m in first] == ["s1", "p"]
+    plans = getattr(store.driver, "plans", None)
+    if plans is not None:
+        plans._full_until.clear()  # the plain claim's statement, as a spell later
+    op = store.driver.message_ack_claim(
+        [m.fence for m in first], Claim(["q"], "w", LEASE, 5, store.now_ms())
+    )
+    if plans is not None:
+        assert op.statement is store.sql.ack_outside_runs_claim_plain_single
+    acked, claimed = store.driver.execute(op)
+    assert acked == {m.id for m in first}
+    # PostgreSQL's one statement does not see the place freed: it names the gate, which the
+    # caller promotes; SQLite's transaction sees it. Either way s2 is claimed next.
+    store.promote_gates(acked.owed_gates)
+    rest = [m.payload for m in claimed] or [m.payload for m in _claim(store, ["q"])]
+    assert rest == ["s2"]
+
+
+def test_outside_runs_forgets_what_it_cannot_keep() -> None:
+    """The deliveries known outside runs are bounded: past the bound they are all forgotten
+    (their acks take the full statement); released ones are forgotten at once."""
+
+    def row(i: int, run_id: str | None = None, owner: str | None = "w") -> Message:
+        return Message(i, "q", "", 0, 0, 0, run_id, None, "ready", None, owner, 1, 1, 3)
+
+    known = OutsideRuns(kept=3)
+    known.leased([row(1), row(2), row(3, run_id="r"), row(4, owner=None)])
+    assert len(known) == 2  # not the run's, nor the dead (unleased) one
+    assert known.all_outside([Fence(1, "w", 1)]) and len(known) == 1
+    assert not known.all_outside([Fence(2, "w", 1), Fence(5, "w", 1)]) and len(known) == 0
+    known.leased([row(6), row(7)])
+    known.forget([Fence(6, "w", 1)])
+    assert not known.all_outside([Fence(6, "w", 1)])
+    known.leased([row(i) for i in range(10, 14)])
+    assert len(known) == 0
 
 
 def test_a_plain_claim_judges_limits_on_the_task_the_queue_and_the_key(store: Store) -> None:

@@ -130,9 +130,11 @@ def test_each_statement_runs_on_the_engine_its_durability_needs(
     assert store.ack([second.fence]) == {second.id}
     assert on(store.sql.enqueue) == {"fast"}
     assert on(store.sql.result_put) == {"fast"}
-    # Plain messages: the claims without the held-work checks (plain_claims).
+    # Plain messages: the claims without the held-work checks, their acks (outside any run)
+    # without the runs' promotion (plain_claims).
     assert on(store.sql.claim_plain_single) == {"fast_leases"}
-    assert on(store.sql.ack_claim_plain_single) == {"fast_leases"}
+    assert on(store.sql.ack_outside_runs_claim_plain_single) == {"fast_leases"}
+    assert on(store.sql.ack_outside_runs) == {"fast_leases"}
     store.enqueue("q", "in a run", run_id="r")
     store.enqueue("q", "behind it", run_id="r")
     # t3, then the run's head: the plain claim stops in front of it, the full one takes it.
@@ -141,6 +143,8 @@ def test_each_statement_runs_on_the_engine_its_durability_needs(
     store.ack_and_claim([third.fence, head.fence], ["q"], "w", lease_ms=60_000, limit=1)
     assert on(store.sql.claim_single) == {"fast_leases"}
     assert on(store.sql.ack_claim_single) == {"fast_leases"}
+    [behind] = store.claim(["q"], "w", lease_ms=60_000, limit=1)
+    assert store.ack([behind.fence]) == {behind.id}
     assert on(store.sql.ack) == {"fast_leases"}
 
 

@@ -115,7 +115,7 @@ def test_a_busy_consumer_refills_off_the_loop_with_its_acks(
         assert isinstance(worker.transport.fetcher.runner, LoopCalls)
         # Prepared and sent by the loop itself, which never waited for a statement's rows.
         assert sent and all(thread == loop_thread for thread, _ in sent)
-        assert store.sql.ack_claim_plain_single in [statement for _, statement in sent]
+        assert store.sql.ack_outside_runs_claim_plain_single in [s for _, s in sent]
         assert blocking == []
         assert combined and all(thread == loop_thread for thread, _ in combined)
     else:

@@ -53,6 +53,10 @@ class PgStatements(Statements):
     claim_plain_single: TextClause
     ack_claim_plain: TextClause
     ack_claim_plain_single: TextClause
+    #: Acks of deliveries outside any run: without the runs' promotion in the plan.
+    ack_outside_runs: TextClause
+    ack_outside_runs_claim_plain: TextClause
+    ack_outside_runs_claim_plain_single: TextClause
     renew: TextClause
     ack: TextClause
     #: Release, park or fail fenced deliveries.
@@ -120,6 +124,11 @@ def statements(t: Tables) -> PgStatements:
         claim_plain_single=plain_claims.claim(t, single_queue=True),
         ack_claim_plain=plain_claims.ack_claim(t, single_queue=False),
         ack_claim_plain_single=plain_claims.ack_claim(t, single_queue=True),
+        ack_outside_runs=plain_claims.ack_outside_runs(t),
+        ack_outside_runs_claim_plain=plain_claims.ack_outside_runs_claim(t, single_queue=False),
+        ack_outside_runs_claim_plain_single=plain_claims.ack_outside_runs_claim(
+            t, single_queue=True
+        ),
         renew=leases.renew(t),
         ack=leases.ack(t),
         transition=leases.transition(t),

@@ -48,7 +48,7 @@ from sqlease._db.postgresql.direct import NONBLOCKING, DirectLane
 from sqlease._db.postgresql.engine import warn_if_jit
 from sqlease._db.postgresql.gates import LOCK_TIMEOUT
 from sqlease._db.postgresql.lanes import KeptLine, LaneRunner, build_lanes
-from sqlease._db.postgresql.lease_ops import ClaimPlans, PostgresLeaseOps
+from sqlease._db.postgresql.lease_ops import ClaimPlans, OutsideRuns, PostgresLeaseOps
 from sqlease._db.postgresql.listener import PostgresListener
 from sqlease._db.postgresql.results import result_params
 from sqlease._db.rows import Acked, acked_ids_of, db_now_of, due_of, messages_of
@@ -86,6 +86,7 @@ class PostgresDriver(PostgresLeaseOps):
         super().__init__(engine, tables)
         self.sql = statements(tables)
         self.plans = ClaimPlans()
+        self.outside_runs = OutsideRuns()
         self.results_channel = f"{tables.prefix}results"
         self.publish_sync_commit = publish_sync_commit
         #: What the URL says about a pooler in front of the server (see pooler.py).

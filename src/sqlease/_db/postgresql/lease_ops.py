@@ -49,11 +49,55 @@ class ClaimPlans:
         self._full_until[frozenset(queues)] = self._monotonic() + FULL_SPELL
 
 
+#: Most deliveries ``OutsideRuns`` keeps: beyond, it forgets them all (their acks, if they
+#: come, take the full statement).
+OUTSIDE_RUNS_KEPT = 65_536
+
+
+class OutsideRuns:
+    """The deliveries this driver's claims leased outside any run, by id (and attempt), until
+    their ack: acks that are all of those take the statement without the runs' promotion
+    (sqlease._db.postgresql.plain_claims). A message's run is fixed when it is published, so
+    a fence whose attempt matches is outside any run; anything not known (a handoff's
+    delivery, another process's, one forgotten) takes the full ack. Only the statement's cost
+    depends on it, never what is written."""
+
+    def __init__(self, kept: int = OUTSIDE_RUNS_KEPT) -> None:
+        self._kept = kept
+        self._attempts: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._attempts)
+
+    def leased(self, messages: Sequence[Message]) -> None:
+        attempts = self._attempts
+        for m in messages:
+            if m.run_id is None and m.lease_owner is not None:
+                attempts[m.id] = m.attempt
+        if len(attempts) > self._kept:  # deliveries never acked here (lost, released)
+            attempts.clear()
+
+    def all_outside(self, fences: Sequence[Fence]) -> bool:
+        """Whether every fence is a delivery leased outside any run; each is forgotten (it
+        is being acked)."""
+        pop, outside = self._attempts.pop, True
+        for f in fences:
+            if pop(f.message_id, None) != f.attempt:
+                outside = False
+        return outside
+
+    def forget(self, fences: Sequence[Fence]) -> None:
+        """Deliveries that leave without an ack (released, parked, failed)."""
+        for f in fences:
+            self._attempts.pop(f.message_id, None)
+
+
 class PostgresLeaseOps(Driver):
     """PostgreSQL's claims, acks, renewals and transitions."""
 
     sql: PgStatements
     plans: ClaimPlans
+    outside_runs: OutsideRuns
 
     def _claim(self, claim: Claim, *, plain: bool) -> tuple[Any, dict[str, Any]]:
         params: dict[str, Any] = {
@@ -69,8 +113,12 @@ class PostgresLeaseOps(Driver):
         params["queues"] = list(claim.queues)
         return (sql.claim_plain if plain else sql.claim), params
 
-    def _ack_claim_statement(self, claim: Claim, *, plain: bool) -> Any:
+    def _ack_claim_statement(self, claim: Claim, *, plain: bool, outside_runs: bool) -> Any:
         sql, single = self.sql, len(claim.queues) == 1
+        if plain and outside_runs:
+            if single:
+                return sql.ack_outside_runs_claim_plain_single
+            return sql.ack_outside_runs_claim_plain
         if plain:
             return sql.ack_claim_plain_single if single else sql.ack_claim_plain
         return sql.ack_claim_single if single else sql.ack_claim
@@ -79,13 +127,19 @@ class PostgresLeaseOps(Driver):
         claimed = plain_claimed(rows)
         if claimed.held_ahead:
             self.plans.held_ahead(claim.queues)
+        self.outside_runs.leased(claimed)
+        return claimed
+
+    def _claimed(self, rows: list[dict[str, Any]]) -> list[Message]:
+        claimed = messages_of([r for r in rows if r["id"] is not None])
+        self.outside_runs.leased(claimed)
         return claimed
 
     def message_claim(self, claim: Claim) -> Op[list[Message]]:
         plain = self.plans.plain(claim.queues)
         statement, params = self._claim(claim, plain=plain)
         if not plain:
-            return Op(Lane.LEASES, statement, params, messages_of)
+            return Op(Lane.LEASES, statement, params, self._claimed)
         return Op(Lane.LEASES, statement, params, lambda rows: self._plain_claimed(claim, rows))
 
     def _each_owner(
@@ -121,7 +175,9 @@ class PostgresLeaseOps(Driver):
             ((owner, group),) = groups.items()
             params = {**fence_params(group), "owner": owner, "now": now}
             params["channel"] = self.wakeup_channel
-            return Op(Lane.LEASES, self.sql.ack, params, acked_of)
+            outside = self.outside_runs.all_outside(group)
+            statement = self.sql.ack_outside_runs if outside else self.sql.ack
+            return Op(Lane.LEASES, statement, params, acked_of)
         return Op(
             Lane.LEASES, body=lambda conn: self._ack_all(conn, groups, now), statements=len(groups)
         )
@@ -136,14 +192,15 @@ class PostgresLeaseOps(Driver):
             # One statement: the claim does not see the acks' effects (a run's next message
             # waits for the next claim).
             plain = self.plans.plain(claim.queues)
-            combined = self._ack_claim_statement(claim, plain=plain)
+            outside = self.outside_runs.all_outside(fences)
+            combined = self._ack_claim_statement(claim, plain=plain, outside_runs=outside)
             params = self._claim(claim, plain=plain)[1]
             params.update(fence_params(fences), channel=self.wakeup_channel)
 
             def finish(rows: list[dict[str, Any]]) -> tuple[Acked, list[Message]]:
                 if plain:
                     return acked_ids_of(rows), self._plain_claimed(claim, rows)
-                return acked_ids_of(rows), messages_of([r for r in rows if r["id"] is not None])
+                return acked_ids_of(rows), self._claimed(rows)
 
             return Op(Lane.LEASES, combined, params, finish)
 
@@ -152,7 +209,7 @@ class PostgresLeaseOps(Driver):
         def body(conn: Connection) -> tuple[Acked, list[Message]]:
             acked = self._ack_all(conn, groups, claim.now)
             rows = [dict(r._mapping) for r in conn.execute(statement, params)]
-            return acked, messages_of(rows)
+            return acked, self._claimed(rows)
 
         return Op(Lane.LEASES, body=body, statements=len(groups) + 1)
 
@@ -189,6 +246,7 @@ class PostgresLeaseOps(Driver):
         groups = by_owner(fences)
         if not groups:
             return Op.answer(Acked())
+        self.outside_runs.forget(fences)
         terms = {**change.params(now), "channel": self.wakeup_channel}
 
         if len(groups) == 1 and also is None:
