@@ -55,6 +55,8 @@ class PgStatements(Statements):
     ack_claim_plain_single: TextClause
     #: Acks of deliveries outside any run: without the runs' promotion in the plan.
     ack_outside_runs: TextClause
+    ack_outside_runs_claim: TextClause
+    ack_outside_runs_claim_single: TextClause
     ack_outside_runs_claim_plain: TextClause
     ack_outside_runs_claim_plain_single: TextClause
     renew: TextClause
@@ -124,7 +126,9 @@ def statements(t: Tables) -> PgStatements:
         claim_plain_single=plain_claims.claim(t, single_queue=True),
         ack_claim_plain=plain_claims.ack_claim(t, single_queue=False),
         ack_claim_plain_single=plain_claims.ack_claim(t, single_queue=True),
-        ack_outside_runs=plain_claims.ack_outside_runs(t),
+        ack_outside_runs=leases.ack_outside_runs(t),
+        ack_outside_runs_claim=leases.ack_outside_runs_claim(t, single_queue=False),
+        ack_outside_runs_claim_single=leases.ack_outside_runs_claim(t, single_queue=True),
         ack_outside_runs_claim_plain=plain_claims.ack_outside_runs_claim(t, single_queue=False),
         ack_outside_runs_claim_plain_single=plain_claims.ack_outside_runs_claim(
             t, single_queue=True

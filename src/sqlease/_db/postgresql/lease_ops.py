@@ -121,6 +121,8 @@ class PostgresLeaseOps(Driver):
             return sql.ack_outside_runs_claim_plain
         if plain:
             return sql.ack_claim_plain_single if single else sql.ack_claim_plain
+        if outside_runs:
+            return sql.ack_outside_runs_claim_single if single else sql.ack_outside_runs_claim
         return sql.ack_claim_single if single else sql.ack_claim
 
     def _plain_claimed(self, claim: Claim, rows: list[dict[str, Any]]) -> list[Message]:

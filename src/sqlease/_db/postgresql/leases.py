@@ -270,6 +270,46 @@ def ack_claim(t: Tables, *, single_queue: bool) -> TextClause:
     )
 
 
+def ack_outside_runs_ctes(t: Tables) -> str:
+    """The fenced delete of ``:owner``'s acks (CTE ``del``), the gate places they held
+    (``ds``) and their batch event: ``ack_ctes`` without what only a message of a run
+    needs (its run lock, its run's next message made ready), for acks the caller knows are
+    of messages outside any run. A message's run is fixed when it is published. Its place at
+    a gate is not (a limit set while it waited): those are deleted, and the gates named."""
+    return (
+        f"f AS ({FENCES}), "
+        f"del AS (DELETE FROM {t.messages.name} m USING f WHERE {c.fenced_join(NOW)} "
+        "RETURNING m.id, m.task_id, m.attempt), "
+        f"ds AS (DELETE FROM {t.slots.name} x USING del WHERE x.message_id = del.id "
+        "RETURNING x.gate), "
+        f"ea AS ({batch_event(t, 'acked', 'NULL', 'del', 'true')})"
+    )
+
+
+#: The answer's columns of an ack outside runs: no run owed, the gates whose places it freed.
+OWED_GATES = (
+    "CAST(NULL AS TEXT[]) AS owed_runs, (SELECT array_agg(DISTINCT gate) FROM ds) AS owed_gates"
+)
+
+
+def ack_outside_runs(t: Tables) -> TextClause:
+    """``ack`` for deliveries outside any run: one row per acked id (a NULL id when
+    none was)."""
+    return text(
+        f"WITH {ack_outside_runs_ctes(t)} SELECT d.id, {OWED_GATES} "
+        "FROM (SELECT 1) one LEFT JOIN del d ON true"
+    )
+
+
+def ack_outside_runs_claim(t: Tables, *, single_queue: bool) -> TextClause:
+    """``ack_claim`` whose acks are all of deliveries outside any run."""
+    return text(
+        f"WITH {ack_outside_runs_ctes(t)}, {_claim_ctes(t, single_queue=single_queue)} "
+        f"SELECT c.*, (SELECT array_agg(id) FROM del) AS acked_ids, {OWED_GATES} "
+        "FROM (SELECT 1) one LEFT JOIN claimed c ON true"
+    )
+
+
 def renew(t: Tables) -> TextClause:
     """The new expiry is max(old, now + lease): based on now, never on the old expiry, and
     never shortened. An expired lease is not renewed. The run locks follow."""

@@ -10,7 +10,7 @@ the first that is not. The claim stops there, so nothing passes a held message; 
 says so (``held_ahead``) and the caller claims again with the full statement, which sees
 the held message's run, gate or rate (sqlease._db.postgresql.lease_ops keeps to it for a
 while). The acks that go with it are the full ack's, or, when every acked delivery is outside
-any run, the ack without a run's promotion (``ack_outside_runs``).
+any run, the ack without a run's promotion (``leases.ack_outside_runs_ctes``).
 
 Measured on one connection, ack + claim of 4 over a backlog of 30,000 plain messages, median
 round trip: 1,030 us for the full statement, 835 us for this one."""
@@ -22,9 +22,7 @@ from sqlalchemy import TextClause, text
 from sqlease._db import sql_common as c
 from sqlease._db.postgresql import leases
 from sqlease._db.postgresql.dialect import (
-    FENCES,
     NOW,
-    batch_event,
     each_queue,
 )
 from sqlease._db.postgresql.held import NOTIFIED, OWED
@@ -115,42 +113,11 @@ def ack_claim(t: Tables, *, single_queue: bool) -> TextClause:
     )
 
 
-def _ack_outside_runs_ctes(t: Tables) -> str:
-    """The fenced delete of ``:owner``'s acks (CTE ``del``), the gate places they held
-    (``ds``) and their batch event: ``leases.ack_ctes`` without what only a message of a run
-    needs (its run lock, its run's next message made ready), for acks the caller knows are
-    of messages outside any run. A message's run is fixed when it is published. Its place at
-    a gate is not (a limit set while it waited): those are deleted, and the gates named."""
-    return (
-        f"f AS ({FENCES}), "
-        f"del AS (DELETE FROM {t.messages.name} m USING f WHERE {c.fenced_join(NOW)} "
-        "RETURNING m.id, m.task_id, m.attempt), "
-        f"ds AS (DELETE FROM {t.slots.name} x USING del WHERE x.message_id = del.id "
-        "RETURNING x.gate), "
-        f"ea AS ({batch_event(t, 'acked', 'NULL', 'del', 'true')})"
-    )
-
-
-#: The answer's columns of an ack outside runs: no run owed, the gates whose places it freed.
-_OWED_GATES = (
-    "CAST(NULL AS TEXT[]) AS owed_runs, (SELECT array_agg(DISTINCT gate) FROM ds) AS owed_gates"
-)
-
-
-def ack_outside_runs(t: Tables) -> TextClause:
-    """``leases.ack`` for deliveries outside any run: one row per acked id (a NULL id when
-    none was)."""
-    return text(
-        f"WITH {_ack_outside_runs_ctes(t)} SELECT d.id, {_OWED_GATES} "
-        "FROM (SELECT 1) one LEFT JOIN del d ON true"
-    )
-
-
 def ack_outside_runs_claim(t: Tables, *, single_queue: bool) -> TextClause:
     """``ack_claim`` whose acks are all of deliveries outside any run (the plan holds no
     promotion of a run: on a backlog of plain tasks every statement of a draining worker)."""
     return text(
-        f"WITH {_ack_outside_runs_ctes(t)}, {_claim_ctes(t, single_queue=single_queue)} "
-        f"SELECT c.*, (SELECT array_agg(id) FROM del) AS acked_ids, {_OWED_GATES}, "
+        f"WITH {leases.ack_outside_runs_ctes(t)}, {_claim_ctes(t, single_queue=single_queue)} "
+        f"SELECT c.*, (SELECT array_agg(id) FROM del) AS acked_ids, {leases.OWED_GATES}, "
         f"{HELD_AHEAD} FROM (SELECT 1) one LEFT JOIN claimed c ON true"
     )
