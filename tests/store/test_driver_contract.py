@@ -339,6 +339,27 @@ def test_an_ack_outside_runs_with_a_claim_frees_the_gate_place_it_held(store: St
     assert held[0].payload == "s3"
 
 
+def test_deliveries_that_leave_another_way_are_forgotten(store: Store) -> None:
+    """PostgreSQL: a delivery acked with an offer, released, or acked beside another owner's
+    is no longer kept as outside runs (what it keeps stays the deliveries still held)."""
+    outside = getattr(store.driver, "outside_runs", None)
+    if outside is None:
+        pytest.skip("the acks outside runs are PostgreSQL's")
+    driver = store.driver
+    store.enqueue_many([NewMessage("q", p) for p in "abc"])
+    a, b, c = _claim(store, ["q"])
+    assert len(outside) == 3
+    offer = Offer(["q"], [0], "w", LEASE, 12345, 10_000, store.now_ms())
+    assert driver.execute(driver.offer_ack([a.fence], offer))[0] == {a.id}
+    assert len(outside) == 2
+    release = Change("ready", "released", refund=True)
+    assert driver.execute(driver.message_transition([b.fence], release, store.now_ms())) == {b.id}
+    assert len(outside) == 1
+    other = Fence(c.id, "someone else", c.attempt)
+    assert driver.execute(driver.message_ack([c.fence, other], store.now_ms())) == {c.id}
+    assert len(outside) == 0
+
+
 def test_outside_runs_forgets_what_it_cannot_keep() -> None:
     """The deliveries known outside runs are bounded: past the bound they are all forgotten
     (their acks take the full statement); released ones are forgotten at once."""

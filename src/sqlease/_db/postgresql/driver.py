@@ -339,6 +339,7 @@ class PostgresDriver(PostgresLeaseOps):
         self, fences: Sequence[Fence], offer: Offer
     ) -> Op[tuple[Acked, int | None, int | None]]:
         groups = by_owner(fences)
+        self.outside_runs.forget(fences)  # the full ack here: no longer worth remembering
         if list(groups) == [offer.owner] or not fences:
             # Without acks: only the offers a publish used stand again (and missing ones are
             # made); a live one is left unlocked for the publish that may be looking for it.

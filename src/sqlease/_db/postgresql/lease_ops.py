@@ -180,6 +180,7 @@ class PostgresLeaseOps(Driver):
             outside = self.outside_runs.all_outside(group)
             statement = self.sql.ack_outside_runs if outside else self.sql.ack
             return Op(Lane.LEASES, statement, params, acked_of)
+        self.outside_runs.forget(fences)
         return Op(
             Lane.LEASES, body=lambda conn: self._ack_all(conn, groups, now), statements=len(groups)
         )
@@ -206,6 +207,7 @@ class PostgresLeaseOps(Driver):
 
             return Op(Lane.LEASES, combined, params, finish)
 
+        self.outside_runs.forget(fences)
         statement, params = self._claim(claim, plain=False)
 
         def body(conn: Connection) -> tuple[Acked, list[Message]]:
