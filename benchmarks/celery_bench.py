@@ -5,7 +5,10 @@ The like-for-like anchors of a durable publish run beside them: ``rabbitmq-confi
 (RabbitMQ with publisher confirms, ``broker_transport_options={"confirm_publish": True}``,
 persistent messages: Celery's default delivery mode) and ``redis-fsync`` (a throwaway
 ``redis-server`` of the benchmark's own, its own port and directory, ``--appendonly yes
---appendfsync always --save ''``, started for each round and stopped after it).
+--appendfsync always --save ''``, started for each round and stopped after it). And for the
+drain, ``rabbitmq-acks-late``: RabbitMQ acking as sqlease does by default (``task_acks_late``
+and ``task_reject_on_worker_lost``: a worker killed mid-task loses nothing), where the other
+brokers run Celery's default (the ack before the task runs).
 
 For each broker:
 - ``delay()`` rate: N no-op tasks published from one process (no worker running);
@@ -62,6 +65,7 @@ class Broker:
     options: dict[str, Any] | None = None  # sqlease transport options of this run
     broker_options: dict[str, Any] | None = None  # another broker's transport options
     throwaway_redis: bool = False  # runs on the round's own redis-server (url: its port)
+    acks_late: bool = False  # another broker's app acks late, as sqlease's does by default
 
 
 def brokers(tmp: Path, prefix: str, fsync_port: int = 0) -> list[Broker]:
@@ -90,6 +94,7 @@ def brokers(tmp: Path, prefix: str, fsync_port: int = 0) -> list[Broker]:
             "amqp://guest:guest@127.0.0.1:5672//",
             broker_options={"confirm_publish": True},
         ),
+        Broker("rabbitmq-acks-late", "amqp://guest:guest@127.0.0.1:5672//", acks_late=True),
         Broker(
             "redis-fsync",
             f"redis://127.0.0.1:{fsync_port}/0",
@@ -226,6 +231,8 @@ def stop_worker(proc: subprocess.Popen[bytes]) -> None:
 
 def app_for(broker: Broker, backend: str | None, env: dict[str, str]) -> Any:
     os.environ.update({k: v for k, v in env.items() if k.startswith("BENCH_")})
+    if "BENCH_ACKS_LATE" not in env:  # an earlier broker's, in this process
+        os.environ.pop("BENCH_ACKS_LATE", None)
     if backend:
         os.environ["BENCH_BACKEND"] = backend
     else:
@@ -258,6 +265,9 @@ def broker_env(broker: Broker, counter: Counter, prefix: str) -> dict[str, str]:
         BENCH_BROKER_OPTIONS=json.dumps(broker.broker_options or {}),
     )
     env.pop("BENCH_BACKEND", None)
+    env.pop("BENCH_ACKS_LATE", None)
+    if broker.acks_late:
+        env["BENCH_ACKS_LATE"] = "1"
     return env
 
 
@@ -491,6 +501,7 @@ RATIOS = [
     ("pg_delay_vs_rabbitmq_confirms", "sqlease-pg", "rabbitmq-confirms", "delay_per_s"),
     ("pg_delay_vs_redis_fsync", "sqlease-pg", "redis-fsync", "delay_per_s"),
     ("pg_drain_vs_rabbitmq_confirms", "sqlease-pg", "rabbitmq-confirms", "drain_per_s"),
+    ("pg_drain_vs_rabbitmq_acks_late", "sqlease-pg", "rabbitmq-acks-late", "drain_per_s"),
     ("pg_drain_vs_redis_fsync", "sqlease-pg", "redis-fsync", "drain_per_s"),
     ("pg_get_p50_vs_redis_fsync", "sqlease-pg", "redis-fsync", "get_p50_ms"),
     # Back to back, the worker hot.
