@@ -57,7 +57,7 @@ OUTSIDE_RUNS_KEPT = 65_536
 class OutsideRuns:
     """The deliveries this driver's claims leased outside any run, by id (and attempt), until
     their ack: acks that are all of those take the statement without the runs' promotion
-    (sqlease._db.postgresql.plain_claims). A message's run is fixed when it is published, so
+    (``leases.ack_outside_runs_ctes``). A message's run is fixed when it is published, so
     a fence whose attempt matches is outside any run; anything not known (a handoff's
     delivery, another process's, one forgotten) takes the full ack. Only the statement's cost
     depends on it, never what is written."""
