@@ -8,9 +8,10 @@ sqlease._db.postgresql.leases and plain_claims). Both statements are run here on
 tables, through the driver's own ``execute`` (the prepared-statement path a worker uses), in
 ``--blocks`` alternating blocks of ``--per`` statements (each acks the ``--batch``
 deliveries the previous one claimed and claims as many again), so that the machine's drift
-and the backlog's growing dead index entries weigh on both alike. Twice: with the plain claim
-(a queue nothing holds back) and with the full claim (a limit on another task in the
-database: ``--limited``).
+and the backlog's growing dead index entries weigh on both alike. Three times: with the plain
+claim (a queue nothing holds back), with the full claim (a limit on another task in the
+database), and as an idle worker's ack of its one task with its next handoff offer
+(``ack_offer`` against ``ack_outside_runs_offer``; the task claimed before each, untimed).
 
 Also each statement's plan size (nodes) and the buffers it touches, from ``EXPLAIN (ANALYZE,
 BUFFERS, TIMING OFF)`` in a transaction rolled back: counts, steady whatever the load.
@@ -36,7 +37,7 @@ from celery_bench import PG, drop_tables
 from sqlalchemy import create_engine, text
 
 from sqlease import Store
-from sqlease._db.driver import Lane, Op
+from sqlease._db.driver import Lane, Offer, Op
 from sqlease._db.postgresql.dialect import fence_params
 from sqlease._db.rows import acked_ids_of, messages_of
 from sqlease.store import Fence, NewMessage
@@ -45,10 +46,16 @@ HERE = Path(__file__).resolve().parent
 PAIRS = {
     "plain claim": ("ack_claim_plain_single", "ack_outside_runs_claim_plain_single"),
     "full claim": ("ack_claim_single", "ack_outside_runs_claim_single"),
+    "offer": ("ack_offer", "ack_outside_runs_offer"),
 }
+#: The idle worker's ack of its one task with its next offer (no claim in the statement).
+OFFER = Offer(["q"], [0], "w", 60_000, 12345, 10_000, None)
 
 
-def params(store: Store, held: list[Fence], batch: int) -> dict[str, Any]:
+def params(store: Store, held: list[Fence], batch: int, offer: bool = False) -> dict[str, Any]:
+    if offer:
+        channel = store.driver.wakeup_channel  # type: ignore[attr-defined]
+        return {**fence_params(held), **OFFER.params(), "channel": channel}
     return {
         "owner": "w",
         "lease_ms": 60_000,
@@ -62,19 +69,23 @@ def params(store: Store, held: list[Fence], batch: int) -> dict[str, Any]:
 
 def round_trips(store: Store, names: tuple[str, str], args: argparse.Namespace) -> dict[str, Any]:
     """Median round trip (us) of each statement over the alternating blocks."""
-    held = [m.fence for m in store.claim(["q"], "w", lease_ms=60_000, limit=args.batch)]
+    offer = names[0] == "ack_offer"
+    batch = 1 if offer else args.batch
+    held = [m.fence for m in store.claim(["q"], "w", lease_ms=60_000, limit=batch)]
     times: dict[str, list[float]] = {name: [] for name in names}
     for block in range(args.blocks):
         for name in names if block % 2 else names[::-1]:
             statement = getattr(store.sql, name)
             for _ in range(args.per):
+                if offer and not held:  # the idle worker's next task, claimed untimed
+                    held = [m.fence for m in store.claim(["q"], "w", lease_ms=60_000, limit=1)]
                 op = Op(
                     Lane.LEASES,
                     statement,
-                    params(store, held, args.batch),
+                    params(store, held, batch, offer),
                     lambda rows: (
                         acked_ids_of(rows),
-                        messages_of([r for r in rows if r["id"] is not None]),
+                        [] if offer else messages_of([r for r in rows if r["id"] is not None]),
                     ),
                 )
                 started = time.perf_counter()
@@ -83,7 +94,7 @@ def round_trips(store: Store, names: tuple[str, str], args: argparse.Namespace) 
                 if len(acked) != len(held):
                     raise SystemExit(f"{name} acked {len(acked)} of {len(held)}")
                 held = [m.fence for m in claimed]
-                if not held:
+                if not held and not offer:
                     raise SystemExit("the backlog ran out: raise --backlog")
     return {name: round(statistics.median(v) * 1e6) for name, v in times.items()}
 
@@ -92,6 +103,8 @@ def plans(store: Store, names: tuple[str, str], batch: int) -> dict[str, dict[st
     def nodes(plan: dict[str, Any]) -> int:
         return 1 + sum(nodes(p) for p in plan.get("Plans", []))
 
+    offer = names[0] == "ack_offer"
+    batch = 1 if offer else batch
     held = [m.fence for m in store.claim(["q"], "w", lease_ms=60_000, limit=batch)]
     engine = create_engine(store.engine.url)
     found = {}
@@ -100,7 +113,7 @@ def plans(store: Store, names: tuple[str, str], batch: int) -> dict[str, dict[st
             with engine.connect() as conn, conn.begin() as tx:
                 explain = "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) "
                 statement = getattr(store.sql, name).text
-                plan = conn.execute(text(explain + statement), params(store, held, batch))
+                plan = conn.execute(text(explain + statement), params(store, held, batch, offer))
                 top = plan.scalar()[0]["Plan"]
                 tx.rollback()
             found[name] = {"nodes": nodes(top), "shared_hit": int(top["Shared Hit Blocks"])}

@@ -360,6 +360,29 @@ def test_deliveries_that_leave_another_way_are_forgotten(store: Store) -> None:
     assert len(outside) == 0
 
 
+def test_the_ack_with_an_offer_outside_runs_skips_the_runs_promotion_only(store: Store) -> None:
+    """PostgreSQL (offers are its own): the ack that leaves a worker idle, of deliveries
+    outside any run, takes the statement without a run's promotion; of a run's delivery, the
+    full one, which makes the run's next message ready."""
+    if not store.driver.caps.offers:
+        pytest.skip("handoff offers are PostgreSQL's")
+    store.enqueue("q", "a")
+    store.enqueue("q", "head", run_id="r")
+    store.enqueue("q", "next", run_id="r")
+    a, head = _claim(store, ["q"])
+    driver = store.driver
+    offer = Offer(["q"], [0], "w", LEASE, 12345, 10_000, store.now_ms())
+    lean = driver.offer_ack([a.fence], offer)
+    assert lean.statement is store.sql.ack_outside_runs_offer
+    acked = driver.execute(lean)[0]
+    assert acked == {a.id} and not acked.owed_runs
+    full = driver.offer_ack([head.fence], offer)
+    assert full.statement is store.sql.ack_offer
+    acked = driver.execute(full)[0]
+    assert acked == {head.id} and not acked.owed_runs
+    assert [m.payload for m in _claim(store, ["q"])] == ["next"]
+
+
 def test_outside_runs_forgets_what_it_cannot_keep() -> None:
     """The deliveries known outside runs are bounded: past the bound they are all forgotten
     (their acks take the full statement); released ones are forgotten at once."""

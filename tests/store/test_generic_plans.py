@@ -55,6 +55,16 @@ HOT = (
     "result_put",
     "result_put_offer",
     "ack_offer",
+    "ack_outside_runs_offer",
+    "ack_outside_runs",
+    "ack_outside_runs_claim",
+    "ack_outside_runs_claim_single",
+    "claim_plain",
+    "claim_plain_single",
+    "ack_claim_plain",
+    "ack_claim_plain_single",
+    "ack_outside_runs_claim_plain",
+    "ack_outside_runs_claim_plain_single",
 )
 
 #: Ready messages in one queue, no runs, each with its task row, event and result: the

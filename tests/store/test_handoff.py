@@ -417,3 +417,34 @@ def test_the_ack_keeps_an_offer_that_stands(
     assert claimed.id == other
     store.ack_and_offer([claimed.fence], ["q"], OWNER, **terms)
     assert offers_of(store) == {(OWNER, "q"): clock() + TTL_MS}  # none stood: made
+
+
+def test_the_ack_of_a_handed_delivery_with_the_next_offer_skips_the_runs_promotion(
+    store: Store, listener: PostgresListener
+) -> None:
+    """A handed message is never in a run (a run's message is not handed over): once its
+    worker has noted the delivery (``offers.handed``), the ack that leaves the worker idle
+    takes the statement without a run's promotion. It acks, offers again and records the
+    ack as the full statement does."""
+    offer(store)
+    message_id = store.enqueue("q", '{"n": 1}', task_id="t1")
+    row = store.get_message(message_id)
+    assert row is not None and row.lease_owner == OWNER
+    store.offers.handed([row])
+    terms = {"lease_ms": LEASE_MS, "lock_key": lock_key_for(OWNER), "ttl_ms": TTL_MS}
+    seen = {"q": handed_seq(listener, message_id)}
+    op = store.offer_op([row.fence], ["q"], OWNER, seen=seen, **terms)
+    assert op.statement is store.sql.ack_outside_runs_offer
+    acked, due, db_now = store.driver.execute(op)
+    assert acked == {message_id} and due is None and db_now is not None
+    assert [e.kind for e in store.events(task_id="t1")] == ["enqueued", "claimed", "acked"]
+    assert set(offers_of(store)) == {(OWNER, "q")}  # standing again
+    # Not noted (another process's delivery, or forgotten): the full statement, same effect.
+    second = store.enqueue("q", '{"n": 2}', task_id="t2")
+    row2 = store.get_message(second)
+    assert row2 is not None and row2.lease_owner == OWNER
+    seen = {"q": handed_seq(listener, second)}
+    op = store.offer_op([row2.fence], ["q"], OWNER, seen=seen, **terms)
+    assert op.statement is store.sql.ack_offer
+    assert store.driver.execute(op)[0] == {second}
+    assert [e.kind for e in store.events(task_id="t2")] == ["enqueued", "claimed", "acked"]

@@ -160,10 +160,21 @@ def test_the_ack_that_leaves_a_consumer_idle_carries_its_next_offer(
     connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One statement acks the last held message and offers again, so a publish right after a
-    task finished is handed over too; no separate offer or claim follows the ack."""
+    task finished is handed over too; no separate offer or claim follows the ack. The
+    handed delivery is known to be outside any run, so that statement holds no run's
+    promotion."""
     got: list[Message] = []
     worker = idle_worker(connect, hub, got, polling_interval=30)  # no safety poll meanwhile
     transport = worker.transport
+    driver, statements = transport.store.driver, []
+    offer_ack = driver.offer_ack
+
+    def noting(fences: Any, offer: Any) -> Any:
+        op = offer_ack(fences, offer)
+        statements.append(op.statement)
+        return op
+
+    monkeypatch.setattr(driver, "offer_ack", noting)
     run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
     publish(connect(), "work", {"n": 1})
     run_until(hub, lambda: len(got) == 1)
@@ -175,6 +186,7 @@ def test_the_ack_that_leaves_a_consumer_idle_carries_its_next_offer(
     got[0].ack()
     run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
     assert [[f.message_id for f in fences] for _, fences in combined] == [[msg_id(got[0])]]
+    assert statements == [transport.store.sql.ack_outside_runs_offer]
     for _ in range(3):  # what the loop's next iterations run: they look no further
         transport.wakeups.on_kick()
         transport.wakeups.on_tick()

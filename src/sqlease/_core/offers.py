@@ -11,7 +11,7 @@ from sqlease._db.driver import Offer, Op
 from sqlease._db.retry import transient
 from sqlease._db.rows import Acked
 from sqlease.errors import ConfigurationError
-from sqlease.types import Fence
+from sqlease.types import Fence, Message
 
 
 class Offers(Aggregate):
@@ -125,6 +125,11 @@ class Offers(Aggregate):
         if fences or keep_live:
             return self.driver.offer_ack(list(fences), terms)
         return self.driver.offer_put(terms).then(lambda found: (Acked(), found[0], found[1]))
+
+    def handed(self, messages: Sequence[Message]) -> None:
+        """Messages a publish leased to an offer reached their worker, which delivers them:
+        the driver notes what they are for their acks (no statement is run)."""
+        self.driver.offer_handed(messages)
 
     @transient
     def withdraw_offers(self, owner: str, *, handed_too: bool = False) -> None:

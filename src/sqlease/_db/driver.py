@@ -343,6 +343,11 @@ class Driver(ABC):
         delayed message is due, and the database's time."""
 
     @abstractmethod
+    def offer_handed(self, messages: Sequence[Message]) -> None:
+        """Messages a publish leased to an offer were delivered: noted by a driver that picks
+        an ack's statement by what its deliveries are (no statement is run)."""
+
+    @abstractmethod
     def offer_withdraw(self, owner: str, *, handed_too: bool = False) -> Op[None]:
         """Remove ``owner``'s offers (those a publish used too, with ``handed_too``)."""
 

@@ -130,6 +130,7 @@ class Handed:
             )
             self._deliveries.give_back([row])
             return
+        self._store().offers.handed([row])  # its ack may skip a run's promotion
         offer = self._handoffs.offer_with_result([row], self._consumed_queues())
         if self._deliveries.hold_and_deliver(channel, [row], offer, sent_at):
             self._loop.kick()  # let the pool pick the new job up in the next iteration

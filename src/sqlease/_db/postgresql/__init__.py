@@ -65,6 +65,8 @@ class PgStatements(Statements):
     transition: TextClause
     offer_and_next_due: TextClause
     ack_offer: TextClause
+    #: The same when every ack is of a delivery outside any run.
+    ack_outside_runs_offer: TextClause
     offer_withdraw: TextClause
     offer_withdraw_all: TextClause
     result_put: TextClause
@@ -138,6 +140,7 @@ def statements(t: Tables) -> PgStatements:
         transition=leases.transition(t),
         offer_and_next_due=offers.offer_and_next_due(t),
         ack_offer=offers.ack_offer(t),
+        ack_outside_runs_offer=offers.ack_outside_runs_offer(t),
         offer_withdraw=offers.offer_withdraw(t),
         offer_withdraw_all=offers.offer_withdraw_all(t),
         result_put=results.result_put(t, offer=False),

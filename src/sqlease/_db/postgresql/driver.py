@@ -339,19 +339,20 @@ class PostgresDriver(PostgresLeaseOps):
         self, fences: Sequence[Fence], offer: Offer
     ) -> Op[tuple[Acked, int | None, int | None]]:
         groups = by_owner(fences)
-        self.outside_runs.forget(fences)  # the full ack here: no longer worth remembering
         if list(groups) == [offer.owner] or not fences:
             # Without acks: only the offers a publish used stand again (and missing ones are
             # made); a live one is left unlocked for the publish that may be looking for it.
             # Not durable (an offer lost in a crash is only a claim more): no flush wait, so
             # the offer stands a millisecond sooner.
             params = {**fence_params(fences), **offer.params(), "channel": self.wakeup_channel}
+            outside = self.outside_runs.all_outside(fences)
             return Op(
                 Lane.LEASES,
-                self.sql.ack_offer,
+                self.sql.ack_outside_runs_offer if outside else self.sql.ack_offer,
                 params,
                 lambda r: (acked_ids_of(r), due_of(r), db_now_of(r)),
             )
+        self.outside_runs.forget(fences)
 
         def body(conn: Connection) -> tuple[Acked, int | None, int | None]:
             acked = self._ack_all(conn, groups, offer.now)
@@ -361,6 +362,9 @@ class PostgresDriver(PostgresLeaseOps):
             return acked, due_of(rows), db_now_of(rows)
 
         return Op(Lane.PLANNED, body=body, statements=len(groups) + 1)
+
+    def offer_handed(self, messages: Sequence[Message]) -> None:
+        self.outside_runs.leased(messages)
 
     def offer_withdraw(self, owner: str, *, handed_too: bool = False) -> Op[None]:
         statement = self.sql.offer_withdraw_all if handed_too else self.sql.offer_withdraw

@@ -9,7 +9,7 @@ from sqlalchemy import TextClause, text
 
 from sqlease._db.postgresql.dialect import NOW
 from sqlease._db.postgresql.held import NOTIFIED, OWED
-from sqlease._db.postgresql.leases import ack_ctes
+from sqlease._db.postgresql.leases import OWED_GATES, ack_ctes, ack_outside_runs_ctes
 from sqlease._db.postgresql.messages import next_due_of_queues
 from sqlease._db.tables import Tables, offers_sequence
 
@@ -76,19 +76,32 @@ def offer_and_next_due(t: Tables) -> TextClause:
     return text(f"WITH {offer_ctes(t)} SELECT ({next_due_of_queues(t)}) AS due, {NOW} AS now_ms")
 
 
+def _offer_keep(t: Tables) -> str:
+    """The offers an ack that leaves a worker idle makes stand: an offer that already stands
+    (the task's result wrote it) is kept, not updated: updating would lock its row just when
+    the client's next publish looks for it, and the publish, which skips locked offers, would
+    miss it."""
+    return _gone(t) + offer_writes(t.offers.name, offers_sequence(t), NOW, revive="handed only")
+
+
 def ack_offer(t: Tables) -> TextClause:
     """The ack that leaves a worker idle, with its handoff offer (and its next due time): one
-    statement instead of two, so the offer stands sooner. An offer that already stands (the
-    task's result wrote it) is kept, not updated: updating would lock its row just when the
-    client's next publish looks for it, and the publish, which skips locked offers, would
-    miss it."""
-    offer_keep = _gone(t) + offer_writes(
-        t.offers.name, offers_sequence(t), NOW, revive="handed only"
-    )
+    statement instead of two, so the offer stands sooner."""
     return text(
-        f"WITH {ack_ctes(t)}, {offer_keep} "
+        f"WITH {ack_ctes(t)}, {_offer_keep(t)} "
         "SELECT (SELECT array_agg(id) FROM del) AS acked_ids, "
         f"({next_due_of_queues(t)}) AS due, {NOW} AS now_ms, {OWED} WHERE {NOTIFIED}"
+    )
+
+
+def ack_outside_runs_offer(t: Tables) -> TextClause:
+    """``ack_offer`` whose acks are all of deliveries outside any run (an idle worker's plain
+    tasks, handed over or claimed): the plan holds no promotion of a run
+    (``leases.ack_outside_runs_ctes``)."""
+    return text(
+        f"WITH {ack_outside_runs_ctes(t)}, {_offer_keep(t)} "
+        "SELECT (SELECT array_agg(id) FROM del) AS acked_ids, "
+        f"({next_due_of_queues(t)}) AS due, {NOW} AS now_ms, {OWED_GATES}"
     )
 
 

@@ -261,5 +261,8 @@ class SqliteDriver(SqliteLeaseOps):
     ) -> Op[tuple[Acked, int | None, int | None]]:
         raise ConfigurationError("handoff offers need PostgreSQL")
 
+    def offer_handed(self, messages: Sequence[Message]) -> None:
+        raise ConfigurationError("handoff offers need PostgreSQL")
+
     def offer_withdraw(self, owner: str, *, handed_too: bool = False) -> Op[None]:
         return Op.answer(None)
