@@ -439,6 +439,7 @@ class StoreMachine(RuleBasedStateMachine):
             # queue:c's rate lets one delivery through when open (burst 0), then closes.
             rate_left = 1 if self.rate_interval is not None else len(batch)
             rated = 0
+            died_at: list[str | None] = []
             for m in batch:
                 if m.queue == RATE_QUEUE and m.attempt < m.max_attempts:
                     if rate_left <= 0:
@@ -453,6 +454,7 @@ class StoreMachine(RuleBasedStateMachine):
                     m.state, m.reason, m.owner, m.expires = "dead", "attempts_exhausted", None, None
                     self.expected_events.append((m.id, m.attempt, "attempts_exhausted"))
                     self._run_goes_on(m.run_id)
+                    died_at.append(m.gate)
                 else:
                     m.attempt += 1
                     m.owner, m.expires = worker, now + lease_ms
@@ -464,6 +466,9 @@ class StoreMachine(RuleBasedStateMachine):
                     self.expected_events.append((m.id, m.attempt, "claimed"))
             if rated and self.rate_interval is not None:
                 self.rate_tat = max(self.rate_tat or 0, now) + rated * self.rate_interval
+            # A message found exhausted left the gate it was last claimed under: the places
+            # it held there go to the messages parked at it (before the next batch).
+            self._gates_go_on(died_at)
             if all(m.state == "ready" for m in batch):
                 break
         expected.sort(key=ModelMessage.order)
