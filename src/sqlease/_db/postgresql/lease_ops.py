@@ -55,12 +55,13 @@ OUTSIDE_RUNS_KEPT = 65_536
 
 
 class OutsideRuns:
-    """The deliveries this driver's claims leased outside any run, by id (and attempt), until
-    their ack: acks that are all of those take the statement without the runs' promotion
-    (``leases.ack_outside_runs_ctes``). A message's run is fixed when it is published, so
-    a fence whose attempt matches is outside any run; anything not known (a handoff's
-    delivery, another process's, one forgotten) takes the full ack. Only the statement's cost
-    depends on it, never what is written."""
+    """The deliveries this driver leased outside any run, by id (and attempt), until their
+    ack: those its claims returned and the handoffs its worker delivered
+    (``offer_handed``). Acks that are all of those take the statement without the runs'
+    promotion (``leases.ack_outside_runs_ctes``). A message's run is fixed when it is
+    published, so a fence whose attempt matches is outside any run; anything not known
+    (another process's delivery, one forgotten) takes the full ack. Only the statement's
+    cost depends on it, never what is written."""
 
     def __init__(self, kept: int = OUTSIDE_RUNS_KEPT) -> None:
         self._kept = kept
