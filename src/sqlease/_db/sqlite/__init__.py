@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sqlalchemy import TextClause
 
 from sqlease._db import sql_common as c
-from sqlease._db import task_rows
+from sqlease._db import task_rows, topology_sql
 from sqlease._db.held_tables import parked_gates, stuck_runs
 from sqlease._db.leaders import leader_statements
 from sqlease._db.sqlite import events, gates, held, leases, messages
@@ -82,14 +82,14 @@ def statements(t: Tables) -> SqliteStatements:
         event_insert=c.event_insert(t, NOW),
         events_for_task=events.events_for_task(t),
         events_for_message=events.events_for_message(t),
-        bind=c.bind(t),
-        unbind=c.unbind(t),
-        bindings_for=c.bindings_for(t),
-        declare_queue=c.declare_queue(t, NOW),
-        has_queue=c.has_queue(t),
-        delete_queue=c.delete_queue(t),
-        delete_queue_bindings=c.delete_queue_bindings(t),
-        delete_queue_messages=c.delete_queue_messages(t, NOW),
+        bind=topology_sql.bind(t),
+        unbind=topology_sql.unbind(t),
+        bindings_for=topology_sql.bindings_for(t),
+        declare_queue=topology_sql.declare_queue(t, NOW),
+        has_queue=topology_sql.has_queue(t),
+        delete_queue=topology_sql.delete_queue(t),
+        delete_queue_bindings=topology_sql.delete_queue_bindings(t),
+        delete_queue_messages=topology_sql.delete_queue_messages(t, NOW),
         stuck_runs=stuck_runs(t.messages.name),
         parked_gates=parked_gates(t.messages.name),
         gates_of=gates.gates_of(t),

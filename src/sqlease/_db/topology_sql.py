@@ -1,0 +1,57 @@
+"""The statements of the Kombu topology, the same on every dialect: bindings (exchange, queue,
+routing key or pattern) and declared queues, with a queue's deletion (its bindings, and its
+ready messages nobody holds)."""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+from sqlease._db.sql_common import unleased
+from sqlease._db.tables import Tables
+
+
+def bind(t: Tables) -> TextClause:
+    return text(
+        f"INSERT INTO {t.bindings.name} (exchange, queue, routing_key, pattern) "
+        "VALUES (:exchange, :queue, :routing_key, :pattern) ON CONFLICT DO NOTHING"
+    )
+
+
+def unbind(t: Tables) -> TextClause:
+    return text(
+        f"DELETE FROM {t.bindings.name} WHERE exchange = :exchange AND queue = :queue "
+        "AND routing_key = :routing_key AND pattern = :pattern"
+    )
+
+
+def bindings_for(t: Tables) -> TextClause:
+    return text(
+        f"SELECT routing_key, pattern, queue FROM {t.bindings.name} "
+        "WHERE exchange = :exchange ORDER BY queue, routing_key"
+    )
+
+
+def declare_queue(t: Tables, now: str) -> TextClause:
+    return text(
+        f"INSERT INTO {t.queues.name} (name, created_at_ms) VALUES (:queue, {now}) "
+        "ON CONFLICT DO NOTHING"
+    )
+
+
+def has_queue(t: Tables) -> TextClause:
+    return text(f"SELECT 1 FROM {t.queues.name} WHERE name = :queue")
+
+
+def delete_queue(t: Tables) -> TextClause:
+    return text(f"DELETE FROM {t.queues.name} WHERE name = :queue")
+
+
+def delete_queue_bindings(t: Tables) -> TextClause:
+    return text(f"DELETE FROM {t.bindings.name} WHERE queue = :queue")
+
+
+def delete_queue_messages(t: Tables, now: str) -> TextClause:
+    return text(
+        f"DELETE FROM {t.messages.name} WHERE queue = :queue AND state = 'ready' "
+        f"AND {unleased(now)} RETURNING run_id"
+    )
