@@ -11,6 +11,7 @@ import socket
 import time
 
 from celery import Celery
+from celery.signals import task_success
 
 import sqlease  # registers the sqlease transport  # noqa: F401
 
@@ -60,3 +61,22 @@ def stamp(sent: float) -> None:
 @app.task(name="bench.add")
 def add(x: int, y: int) -> int:
     return x + y
+
+
+#: bench.timed's own start and end (wall clock), reported once its result is stored
+_timed: dict[str, float] = {}
+
+
+@app.task(name="bench.timed")
+def timed() -> int:
+    """``benchmarks/get_split.py``: the task's start and end, reported with the moment its
+    result was stored (the ``task_success`` signal, which Celery sends after the result
+    backend's write returned)."""
+    _timed["start"] = time.time()
+    _timed["end"] = time.time()
+    return 4
+
+
+@task_success.connect(sender=timed)
+def _timed_stored(**_: object) -> None:
+    _report(f"g{_timed.pop('start'):.6f},{_timed.pop('end'):.6f},{time.time():.6f}".encode())
