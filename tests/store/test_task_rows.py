@@ -1,5 +1,6 @@
-"""The task row keeps a task's name, queue and latest attempt (migration 9), written by the
-publish and claim statements, so finished tasks show them in ``Admin`` listings."""
+"""The task row keeps a task's name, queue and attempt at publish (migration 9), written by
+the publish statements, so finished tasks show them in ``Admin`` listings; the claims leave it
+alone, and a listing reads a finished task's deliveries from its events."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable
 
 from sqlalchemy import select, text, update
 
+from sqlease._core.timeline import Delivered
 from sqlease.admin import Admin
 from sqlease.store import Store
 from sqlease.testing import FakeClock
@@ -22,26 +24,50 @@ def row(store: Store, task_id: str) -> tuple[str | None, str | None, int]:
     return found.task_name, found.queue, int(found.attempt)
 
 
-def test_publish_and_claim_fill_the_task_row(store: Store, clock: FakeClock) -> None:
+def test_the_claims_leave_the_task_row_as_published(store: Store, clock: FakeClock) -> None:
     store.enqueue("celery", "{}", task_id="t1", task_name="app.charge")
     assert row(store, "t1") == ("app.charge", "celery", 0)
     [first] = store.claim(["celery"], "w1", lease_ms=1000)
-    assert row(store, "t1") == ("app.charge", "celery", 1)
     clock.advance(2000)  # the lease runs out: a second delivery
     [second] = store.claim(["celery"], "w2", lease_ms=1000)
-    assert second.attempt == 2 and row(store, "t1") == ("app.charge", "celery", 2)
+    assert first.id == second.id and second.attempt == 2
     assert store.ack([second.fence]) == {second.id}
-    assert row(store, "t1") == ("app.charge", "celery", 2)  # kept after the ack
-    assert first.id == second.id
-
-
-def test_ack_and_claim_fills_the_attempts(store: Store) -> None:
+    assert row(store, "t1") == ("app.charge", "celery", 0)
     store.enqueue("q", "{}", task_id="a", task_name="app.a")
     store.enqueue("q", "{}", task_id="b", task_name="app.b")
     [a] = store.claim(["q"], "w", lease_ms=1000)
     acked, [claimed] = store.ack_and_claim([a.fence], ["q"], "w", lease_ms=1000, limit=1)
     assert acked == {a.id} and claimed.task_id == "b"
-    assert row(store, "a") == ("app.a", "q", 1) and row(store, "b") == ("app.b", "q", 1)
+    assert row(store, "a") == ("app.a", "q", 0) and row(store, "b") == ("app.b", "q", 0)
+
+
+def test_the_timeline_tells_each_tasks_deliveries(store: Store, clock: FakeClock) -> None:
+    for task_id in ("twice", "once", "purged", "never-delivered", "queued"):
+        store.enqueue("q", "{}", task_id=task_id, task_name="app.t")
+    [first] = store.claim(["q"], "w1", lease_ms=1000)
+    assert first.task_id == "twice"
+    clock.advance(2000)  # its lease runs out: delivered again, then acked
+    [again] = store.claim(["q"], "w2", lease_ms=1000)
+    assert again.task_id == "twice" and again.attempt == 2
+    acked, [once] = store.ack_and_claim([again.fence], ["q"], "w2", lease_ms=1000, limit=1)
+    assert acked == {again.id} and once.task_id == "once"
+    assert store.ack([once.fence]) == {once.id}
+    [held] = store.claim(["q"], "w3", lease_ms=1000)
+    assert held.task_id == "purged"
+    store.release([held.fence])  # back in the queue after a delivery, then purged with it
+    assert store.purge("q") == 3  # purged (after a delivery), never-delivered, queued
+    store.enqueue("q", "{}", task_id="queued", task_name="app.t")  # published again
+    found = store.timeline.delivered(
+        ["twice", "once", "purged", "never-delivered", "queued", "unknown"]
+    )
+    assert found == {
+        "twice": Delivered(2, "acked"),
+        "once": Delivered(1, "acked"),
+        "purged": Delivered(1, "purged"),
+        "never-delivered": Delivered(0, "purged"),
+        "queued": Delivered(0, "purged"),
+    }
+    assert store.timeline.delivered([]) == {}
 
 
 def test_a_republished_task_keeps_its_name_and_follows_its_queue(store: Store) -> None:
@@ -52,12 +78,26 @@ def test_a_republished_task_keeps_its_name_and_follows_its_queue(store: Store) -
     assert row(store, "t") == ("app.t", "retries", 0)
 
 
-def test_an_exhausted_message_keeps_its_attempt(store: Store, clock: FakeClock) -> None:
-    store.enqueue("q", "{}", task_id="t", task_name="app.t", max_attempts=1)
-    store.claim(["q"], "w", lease_ms=1000)
-    clock.advance(2000)
-    assert store.claim(["q"], "w", lease_ms=1000) == []  # exhausted: dead, not delivered
-    assert row(store, "t") == ("app.t", "q", 1)
+def test_finished_tasks_list_their_deliveries_and_how_they_ended(
+    make_store: Callable[..., Store], clock: FakeClock
+) -> None:
+    store = make_store()
+    admin = Admin(store.engine.url, store=store)
+    store.enqueue("q", "{}", task_id="retried", task_name="app.t")
+    store.enqueue("q", "{}", task_id="purged", task_name="app.t")
+    store.claim(["q"], "w1", lease_ms=1000, limit=1)
+    clock.advance(2000)  # a worker lost its lease: the task is delivered a second time
+    [again] = store.claim(["q"], "w2", lease_ms=1000, limit=1)
+    assert again.task_id == "retried" and store.ack([again.fence]) == {again.id}
+    [held] = store.claim(["q"], "w3", lease_ms=1000, limit=1)
+    store.release([held.fence])
+    assert store.purge("q") == 1
+    listed = {t.task_id: t for t in admin.tasks()}
+    assert (listed["retried"].state, listed["retried"].attempt) == ("succeeded", 2)
+    assert (listed["purged"].state, listed["purged"].reason) == ("cancelled", "purged")
+    assert listed["purged"].attempt == 1
+    shown = admin.task("retried")
+    assert (shown.state, shown.attempt) == ("succeeded", 2)
 
 
 def test_finished_tasks_are_listed_with_name_queue_and_attempt(

@@ -4,6 +4,8 @@ record, and read back per task or message."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
@@ -12,6 +14,15 @@ from sqlease._core.base import Aggregate, dump
 from sqlease._db.driver import event_params
 from sqlease._db.retry import transient
 from sqlease.types import Event, Fence
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """What a task's events say of its deliveries: the highest attempt claimed or acked (0:
+    none), and how the latest of them ended, if it did (``acked`` or ``purged``)."""
+
+    attempt: int
+    ended: str | None
 
 
 class Timeline(Aggregate):
@@ -87,3 +98,25 @@ class Timeline(Aggregate):
             )
             for r in rows
         ]
+
+    @transient
+    def delivered(self, task_ids: Sequence[str]) -> dict[str, Delivered]:
+        """``Delivered`` of each of these tasks that has a delivery or an end in its events
+        (one statement: a page of a listing, whose finished tasks' attempts the claims do
+        not write to the task rows)."""
+        if not task_ids:
+            return {}
+        with self.driver.reading() as conn:
+            rows = conn.execute(
+                self.sql.deliveries_of_tasks, {"task_ids": json.dumps(list(task_ids))}
+            ).fetchall()
+        attempts: dict[str, int] = {}
+        ends: dict[str, tuple[int, str]] = {}
+        for r in sorted(rows, key=lambda r: int(r.id)):
+            attempts[r.task_id] = max(attempts.get(r.task_id, 0), int(r.attempt or 0))
+            if r.kind in ("acked", "purged"):
+                ends[r.task_id] = (int(r.id), str(r.kind))
+        return {
+            task_id: Delivered(attempt, ends[task_id][1] if task_id in ends else None)
+            for task_id, attempt in attempts.items()
+        }

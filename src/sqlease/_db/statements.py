@@ -68,6 +68,9 @@ class Statements:
     event_insert: TextClause
     events_for_task: TextClause
     events_for_message: TextClause
+    #: The deliveries and their ends (claimed, acked, purged) of the tasks ``:task_ids``:
+    #: task_id, attempt, kind, id.
+    deliveries_of_tasks: TextClause
     # ---- topology: bindings and queues ----
     bind: TextClause
     unbind: TextClause

@@ -1,16 +1,17 @@
-"""The task row's name, queue and latest attempt (migration 9) and its Celery group (migration
-10), written by the hot statements.
+"""The task row's name, queue and attempt at publish (migration 9) and its Celery group
+(migration 10), written by the publish statements.
 
 A finished task's message is deleted by its ack, so what a listing shows of it afterwards
-(its Celery task name, its queue, how many deliveries it took) must live in the tasks table.
-It is written where the message is, without a round trip of its own:
+(its Celery task name, its queue) must live in the tasks table. It is written where the
+message is, without a round trip of its own: on PostgreSQL a CTE of the publish statement
+(``k``, reading the inserted row ``ins``); on SQLite one more statement in the publish's
+transaction, beside the ``enqueued`` event the caller writes there already.
 
-- publish: an upsert of the task row. On PostgreSQL a CTE of the publish statement (``k``,
-  reading the inserted row ``ins``); on SQLite one more statement in the publish's
-  transaction, beside the ``enqueued`` event the caller writes there already.
-- claim: the delivered messages' attempts. On PostgreSQL a CTE of the claim statement (and so
-  of ack + claim); on SQLite one executemany in the claim's transaction. The attempt is not an
-  indexed column, so on PostgreSQL the update is a HOT update of the task row.
+The row's ``attempt`` is the message's at publish: 0, or 1 when a handoff leased it to an
+idle worker. The claims leave the row alone: their deliveries' attempts are in the message
+row while it lives and in the ``claimed`` and ``acked`` events (one batch row per statement)
+after, where a listing reads them (``Timeline.delivered``). Updating the row at each claim
+cost a claim of 32 about a third of its executor time (docs/performance.md, section 3).
 
 A republished task id (Celery's ``retry``) keeps its row: the name stays, the queue and the
 attempt follow the newest message.
@@ -67,15 +68,6 @@ def publish_batch_cte(t: Tables, now: str, source: str) -> str:
     )
 
 
-def claim_cte(t: Tables) -> str:
-    """PostgreSQL: CTE ``ka``, the attempts of the deliveries ``claimed`` (not of the
-    messages the claim found exhausted: their attempt did not change)."""
-    return (
-        f"ka AS (UPDATE {t.tasks.name} k SET attempt = m.attempt FROM claimed m "
-        "WHERE k.task_id = m.task_id AND m.state = 'ready')"
-    )
-
-
 def publish(t: Tables, now: str) -> TextClause:
     """SQLite: the task row of a message just published (caller's transaction)."""
     return text(
@@ -83,8 +75,3 @@ def publish(t: Tables, now: str) -> TextClause:
         f"CAST(:run_id AS TEXT), NULL, '{{}}', 0, {now}, {now}, CAST(:group_id AS TEXT)) "
         f"{on_conflict(t)}"
     )
-
-
-def attempts(t: Tables) -> TextClause:
-    """SQLite: the attempts of a claim's deliveries (one executemany)."""
-    return text(f"UPDATE {t.tasks.name} SET attempt = :attempt WHERE task_id = :task_id")

@@ -311,19 +311,24 @@ class TaskReads:
         with the state its latest message or its result says."""
         now = self._now()
         page = read_page(self.store, self.t, limit, before, **filters)
+        # A finished task's deliveries are in its events (the claims write no task row).
+        gone = [row.task_id for row in page.rows if row.task_id not in page.messages]
+        delivered = self.store.timeline.delivered(gone)
         found = []
         for row in page.rows:
             message = page.messages.get(row.task_id)
             if message is not None:
                 snapshot = _snapshot_of(message, state_of(message, now), row)
             else:
-                snapshot = TaskSnapshot(row.task_id, "queued", attempt=int(row.attempt))
+                seen = delivered.get(row.task_id)
+                attempt = max(int(row.attempt), seen.attempt if seen else 0)
+                snapshot = TaskSnapshot(row.task_id, "queued", attempt=attempt)
                 snapshot.queue, snapshot.run_id = row.queue, row.run_id
                 result = page.results.get(row.task_id)
                 if result is not None and str(result.state) in RESULT_STATES:
                     snapshot.state = RESULT_STATES[str(result.state)]
                     snapshot.finished_at_ms = int(result.updated_at_ms)
-                elif int(row.attempt) > 0:
+                elif attempt > 0 and (seen is None or seen.ended != "purged"):
                     snapshot.state = "succeeded"  # its message acked (see _recent)
                 else:
                     snapshot.state, snapshot.reason = "cancelled", "purged"
@@ -361,7 +366,8 @@ class TaskReads:
                 result_state="SUCCESS",
                 task_name=row.task_name,
                 queue=row.queue,
-                attempt=int(row.k_attempt if row.k_attempt else (row.attempt or 0)),
+                # the result's own fence: the delivery that succeeded
+                attempt=int(row.attempt or row.k_attempt or 0),
                 run_id=row.run_id,
                 created_at_ms=None if row.created_at_ms is None else int(row.created_at_ms),
                 finished_at_ms=int(row.updated_at_ms),

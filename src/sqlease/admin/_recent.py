@@ -4,9 +4,10 @@
 A page is a keyset read on ``tasks_created_ix`` (``created_at_ms`` descending, the task id
 breaking ties), never an OFFSET: the page after a cursor costs the same at the millionth task
 as at the first. Each page then reads, in one statement each, its tasks' latest messages and their
-results. A task with neither was delivered and acked (its record counts an attempt: without a
-result backend the ack is all that is known, as ``Admin.task`` says), or purged before any
-delivery (no attempt).
+results, and (``Reads.recent``) the deliveries the events of the tasks without a message
+record. A task with neither message nor result was delivered and acked (its events count a
+delivery: without a result backend the ack is all that is known, as ``Admin.task`` says), or
+purged (its latest end), or purged before any delivery (no attempt).
 """
 
 from __future__ import annotations

@@ -103,6 +103,7 @@ def statements(t: Tables) -> PgStatements:
         event_insert=c.event_insert(t, NOW),
         events_for_task=events.events_for_task(t),
         events_for_message=events.events_for_message(t),
+        deliveries_of_tasks=events.deliveries_of_tasks(t),
         bind=topology_sql.bind(t),
         unbind=topology_sql.unbind(t),
         bindings_for=topology_sql.bindings_for(t),

@@ -39,3 +39,20 @@ def events_for_message(t: Tables) -> TextClause:
         f"UNION ALL {_expanded(t)} WHERE e.message_ids @> ARRAY[CAST(:message_id AS BIGINT)] "
         "AND u.message_id = :message_id ORDER BY id"
     )
+
+
+def deliveries_of_tasks(t: Tables) -> TextClause:
+    """The ``claimed``, ``acked`` and ``purged`` events of the tasks ``:task_ids`` (a JSON
+    array of text; a page of a listing): their own rows, and the batch rows that list them,
+    found by their task keys through the GIN index, then by their ids."""
+    ids = "ARRAY(SELECT jsonb_array_elements_text(CAST(:task_ids AS JSONB)))"
+    keys = f"ARRAY(SELECT {task_key('x')} FROM unnest({ids}) x)"
+    return text(
+        f"SELECT task_id, attempt, kind, id FROM {t.events.name} "
+        f"WHERE task_id = ANY({ids}) AND kind IN ('claimed', 'acked', 'purged') UNION ALL "
+        "SELECT u.task_id, u.attempt, e.kind, e.id "
+        f"FROM {t.events.name} e CROSS JOIN LATERAL "
+        "unnest(e.task_ids, e.attempts) AS u(task_id, attempt) "
+        f"WHERE e.task_keys && {keys} AND e.task_ids && {ids} "
+        f"AND e.kind IN ('claimed', 'acked') AND u.task_id = ANY({ids})"
+    )

@@ -6,7 +6,6 @@ from __future__ import annotations
 from sqlalchemy import TextClause, text
 
 from sqlease._db import sql_common as c
-from sqlease._db import task_rows
 from sqlease._db.postgresql.dialect import (
     FENCES,
     GREATEST,
@@ -200,7 +199,7 @@ def claimed_ctes(t: Tables, *, gate: str, rate: str, passes: str) -> str:
     """CTEs ``claimed`` (the candidates ``cand`` as ``c`` that ``passes``, a predicate,
     leased to ``:owner``, or dead when exhausted; a leased row's ``gate`` and ``rate_gate``
     become ``gate`` and ``rate``), ``e`` and ``eb`` (their events: the deliveries' ``claimed``
-    is one batch row listing them) and the task rows' attempts (migration 9)."""
+    is one batch row listing them). The task rows are left alone (``sqlease._db.task_rows``)."""
     claimed_batch = batch_event(t, "claimed", JSON_OWNER, "claimed", "m.state = 'ready'")
     return (
         f"claimed AS (UPDATE {t.messages.name} m SET "
@@ -221,8 +220,7 @@ def claimed_ctes(t: Tables, *, gate: str, rate: str, passes: str) -> str:
         f"e AS (INSERT INTO {t.events.name} (task_id, message_id, attempt, kind, data, at_ms) "
         f"SELECT m.task_id, m.id, m.attempt, 'attempts_exhausted', NULL, {NOW} "
         "FROM claimed m WHERE m.state = 'dead'), "
-        f"eb AS ({claimed_batch}), "
-        f"{task_rows.claim_cte(t)}"
+        f"eb AS ({claimed_batch})"
     )
 
 

@@ -73,7 +73,7 @@ def _cand(t: Tables, *, single_queue: bool) -> str:
 def _claim_ctes(t: Tables, *, single_queue: bool) -> str:
     """CTEs ``cand``, ``stop`` (the rank of the first candidate that is not plain; NULL when
     all are), ``claimed`` (those in front of it: leased, or dead when exhausted), their
-    events and their task rows' attempts."""
+    events."""
     return (
         f"cand AS ({_cand(t, single_queue=single_queue)}), "
         "stop AS (SELECT min(rk) AS rk FROM cand WHERE NOT plain), "

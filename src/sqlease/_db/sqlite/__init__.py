@@ -47,7 +47,6 @@ class SqliteStatements(Statements):
     transition: TextClause
     #: a published task's row and a claim's attempts (sqlease._db.task_rows)
     task_publish: TextClause
-    task_attempts: TextClause
     #: The runs' order rows, then their heads made ready if parked (``run_promote``).
     bump_runs: TextClause
     promote_runs: TextClause
@@ -82,6 +81,7 @@ def statements(t: Tables) -> SqliteStatements:
         event_insert=c.event_insert(t, NOW),
         events_for_task=events.events_for_task(t),
         events_for_message=events.events_for_message(t),
+        deliveries_of_tasks=events.deliveries_of_tasks(t),
         bind=topology_sql.bind(t),
         unbind=topology_sql.unbind(t),
         bindings_for=topology_sql.bindings_for(t),
@@ -108,7 +108,6 @@ def statements(t: Tables) -> SqliteStatements:
         ack=leases.ack(t),
         transition=leases.transition(t),
         task_publish=task_rows.publish(t, NOW),
-        task_attempts=task_rows.attempts(t),
         bump_runs=held.bump_runs(t),
         promote_runs=held.promote_runs(t),
         park_find=gates.park_find(t),

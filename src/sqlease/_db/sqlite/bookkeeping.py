@@ -92,9 +92,6 @@ class SqliteBookkeeping(Driver):
         ]
         if run_locks:
             conn.execute(self.sql.claim_runs, run_locks)
-        attempts = [{"task_id": m.task_id, "attempt": m.attempt} for m in live if m.task_id]
-        if attempts:  # the task rows' attempts (sqlease._db.task_rows)
-            conn.execute(self.sql.task_attempts, attempts)
         owner_data = json.dumps({"owner": owner})
         self._events(
             conn,
