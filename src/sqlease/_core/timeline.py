@@ -107,9 +107,15 @@ class Timeline(Aggregate):
         if not task_ids:
             return {}
         with self.driver.reading() as conn:
-            rows = conn.execute(
-                self.sql.deliveries_of_tasks, {"task_ids": json.dumps(list(task_ids))}
-            ).fetchall()
+            return self.delivered_on(conn, task_ids)
+
+    def delivered_on(self, conn: Connection, task_ids: Sequence[str]) -> dict[str, Delivered]:
+        """``delivered`` on a connection the caller reads on."""
+        if not task_ids:
+            return {}
+        rows = conn.execute(
+            self.sql.deliveries_of_tasks, {"task_ids": json.dumps(list(task_ids))}
+        ).fetchall()
         attempts: dict[str, int] = {}
         ends: dict[str, tuple[int, str]] = {}
         for r in sorted(rows, key=lambda r: int(r.id)):

@@ -311,16 +311,13 @@ class TaskReads:
         with the state its latest message or its result says."""
         now = self._now()
         page = read_page(self.store, self.t, limit, before, **filters)
-        # A finished task's deliveries are in its events (the claims write no task row).
-        gone = [row.task_id for row in page.rows if row.task_id not in page.messages]
-        delivered = self.store.timeline.delivered(gone)
         found = []
         for row in page.rows:
             message = page.messages.get(row.task_id)
             if message is not None:
                 snapshot = _snapshot_of(message, state_of(message, now), row)
             else:
-                seen = delivered.get(row.task_id)
+                seen = page.delivered.get(row.task_id)
                 attempt = max(int(row.attempt), seen.attempt if seen else 0)
                 snapshot = TaskSnapshot(row.task_id, "queued", attempt=attempt)
                 snapshot.queue, snapshot.run_id = row.queue, row.run_id

@@ -3,11 +3,11 @@
 
 A page is a keyset read on ``tasks_created_ix`` (``created_at_ms`` descending, the task id
 breaking ties), never an OFFSET: the page after a cursor costs the same at the millionth task
-as at the first. Each page then reads, in one statement each, its tasks' latest messages and their
-results, and (``Reads.recent``) the deliveries the events of the tasks without a message
-record. A task with neither message nor result was delivered and acked (its events count a
-delivery: without a result backend the ack is all that is known, as ``Admin.task`` says), or
-purged (its latest end), or purged before any delivery (no attempt).
+as at the first. Each page then reads, in one statement each, its tasks' latest messages,
+their results, and the deliveries the events of the tasks without a message record. A task
+with neither message nor result was delivered and acked (its events count a delivery:
+without a result backend the ack is all that is known, as ``Admin.task`` says), or purged
+(its latest end), or purged before any delivery (no attempt).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from sqlease.errors import ConfigurationError
 from sqlease.types import Message
 
 if TYPE_CHECKING:
+    from sqlease._core.timeline import Delivered
     from sqlease._db.tables import Tables
     from sqlease.store import Store
 
@@ -45,6 +46,8 @@ class Page:
     messages: dict[str, Message] = field(default_factory=dict)
     #: each task's result row (task_id, state, updated_at_ms)
     results: dict[str, Any] = field(default_factory=dict)
+    #: what the events of each task without a message say of its deliveries
+    delivered: dict[str, Delivered] = field(default_factory=dict)
 
 
 def read_page(
@@ -100,4 +103,7 @@ def read_page(
                 select(r.c.task_id, r.c.state, r.c.updated_at_ms).where(r.c.task_id.in_(ids))
             )
         }
+        # A finished task's deliveries are in its events (the claims write no task row).
+        gone = [task_id for task_id in ids if task_id not in page.messages]
+        page.delivered = store.timeline.delivered_on(conn, gone)
     return page
