@@ -91,6 +91,11 @@ DEAD_OFFER_AFTER_MS = 60_000
 def fence_params(fences: Sequence[Fence]) -> dict[str, Any]:
     """A batch of fences bound as the statements' ``:ids`` and ``:attempts``."""
     # Arrays (unnest), sorted by id so that concurrent batches tend to lock rows in one
-    # order (fewer deadlocks).
+    # order (fewer deadlocks). Bound as array literals, which FENCES casts: psycopg binds a
+    # Python list through its list dumper, whose type inspection cost the draining worker's
+    # loop about 8 us per statement (a sixth of binding an ack + claim's parameters).
     ordered = sorted(fences, key=lambda f: f.message_id)
-    return {"ids": [f.message_id for f in ordered], "attempts": [f.attempt for f in ordered]}
+    return {
+        "ids": "{" + ",".join(str(int(f.message_id)) for f in ordered) + "}",
+        "attempts": "{" + ",".join(str(int(f.attempt)) for f in ordered) + "}",
+    }
