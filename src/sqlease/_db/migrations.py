@@ -114,7 +114,7 @@ def _migration_flow_control(conn: Connection, tables: Tables) -> None:
 
 
 def _migration_9(conn: Connection, tables: Tables) -> None:
-    # The tasks table keeps each task's name, queue and latest attempt (sqlease._db.task_rows).
+    # The tasks table keeps each task's name, queue and attempt at publish (sqlease._db.task_rows).
     # Only what is missing is added (a database made by migration 1 of this code already has
     # the columns), so it does not matter which of the migrations numbered before it ran first.
     tasks = tables.tasks

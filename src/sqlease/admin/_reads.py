@@ -1,8 +1,8 @@
 """``Admin``'s reads of tasks: one task's snapshot with its timeline, and listings.
 
-A task is known by its message while it has one (queued to dead), by its task row (its name,
-queue and latest attempt, written at publish and claim: sqlease._db.task_rows) and by its
-Celery result after its ack deleted the message.
+A task is known by its message while it has one (queued to dead), by its task row (its name
+and queue, written at publish: sqlease._db.task_rows), by its events (its deliveries) and by
+its Celery result after its ack deleted the message.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class SqliteStatements(Statements):
     ack: TextClause
     #: Release, park or fail fenced deliveries.
     transition: TextClause
-    #: a published task's row and a claim's attempts (sqlease._db.task_rows)
+    #: a published task's row (sqlease._db.task_rows)
     task_publish: TextClause
     #: The runs' order rows, then their heads made ready if parked (``run_promote``).
     bump_runs: TextClause
