@@ -99,30 +99,19 @@ class Timeline(Aggregate):
             for r in rows
         ]
 
-    @transient
-    def delivered(self, task_ids: Sequence[str]) -> dict[str, Delivered]:
-        """``Delivered`` of each of these tasks that has a delivery or an end in its events
-        (one statement: a page of a listing, whose finished tasks' attempts the claims do
-        not write to the task rows)."""
-        if not task_ids:
-            return {}
-        with self.driver.reading() as conn:
-            return self.delivered_on(conn, task_ids)
-
     def delivered_on(self, conn: Connection, task_ids: Sequence[str]) -> dict[str, Delivered]:
-        """``delivered`` on a connection the caller reads on."""
+        """``Delivered`` of each of these tasks that has a delivery or an end in its events,
+        in one statement on the caller's reading connection (a page of a listing, whose
+        finished tasks' attempts the claims do not write to the task rows)."""
         if not task_ids:
             return {}
         rows = conn.execute(
             self.sql.deliveries_of_tasks, {"task_ids": json.dumps(list(task_ids))}
         ).fetchall()
         attempts: dict[str, int] = {}
-        ends: dict[str, tuple[int, str]] = {}
-        for r in sorted(rows, key=lambda r: int(r.id)):
+        ends: dict[str, str] = {}
+        for r in sorted(rows, key=lambda r: int(r.id)):  # the latest end wins
             attempts[r.task_id] = max(attempts.get(r.task_id, 0), int(r.attempt or 0))
             if r.kind in ("acked", "purged"):
-                ends[r.task_id] = (int(r.id), str(r.kind))
-        return {
-            task_id: Delivered(attempt, ends[task_id][1] if task_id in ends else None)
-            for task_id, attempt in attempts.items()
-        }
+                ends[r.task_id] = str(r.kind)
+        return {task_id: Delivered(n, ends.get(task_id)) for task_id, n in attempts.items()}

@@ -10,7 +10,7 @@ transaction, beside the ``enqueued`` event the caller writes there already.
 The row's ``attempt`` is the message's at publish: 0, or 1 when a handoff leased it to an
 idle worker. The claims leave the row alone: their deliveries' attempts are in the message
 row while it lives and in the ``claimed`` and ``acked`` events (one batch row per statement)
-after, where a listing reads them (``Timeline.delivered``). Updating the row at each claim
+after, where a listing reads them (``Timeline.delivered_on``). Updating the row at each claim
 cost a claim of 32 about a third of its executor time (docs/performance.md, section 3).
 
 A republished task id (Celery's ``retry``) keeps its row: the name stays, the queue and the
