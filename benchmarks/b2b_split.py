@@ -21,7 +21,6 @@ Prints a Markdown table; writes JSON to benchmarks/results/b2b-split-<date>.json
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import statistics
@@ -32,7 +31,6 @@ from typing import Any
 
 import psycopg
 from celery_bench import (
-    HERE,
     Broker,
     Counter,
     app_for,
@@ -41,6 +39,7 @@ from celery_bench import (
     drop_tables,
     start_worker,
     stop_worker,
+    write_results,
 )
 
 WARM_UP = 10
@@ -149,18 +148,7 @@ def main() -> int:
                 + " | ".join(f"{row[k]:.2f}" for k in keys)
                 + f" | {handed} |"
             )
-    output = args.output or HERE / "results" / f"b2b-split-{dt.date.today().isoformat()}.json"
-    output.write_text(
-        json.dumps(
-            {
-                "samples": args.samples,
-                "load_average_end": os.getloadavg(),
-                "runs": found,
-                "medians": medians,
-            },
-            indent=2,
-        )
-    )
+    write_results("b2b-split", args.output, samples=args.samples, runs=found, medians=medians)
     return 0
 
 

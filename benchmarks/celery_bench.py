@@ -246,6 +246,14 @@ def app_for(broker: Broker, backend: str | None, env: dict[str, str]) -> Any:
     return bench_app
 
 
+def write_results(name: str, output: Path | None, **fields: Any) -> Path:
+    """A benchmark's JSON: ``output``, else ``results/<name>-<today>.json``, with the load
+    average at the end beside ``fields``."""
+    path = output or HERE / "results" / f"{name}-{time.strftime('%Y-%m-%d')}.json"
+    path.write_text(json.dumps({**fields, "load_average_end": os.getloadavg()}, indent=2))
+    return path
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime as dt
 import json
 import os
 import re
@@ -40,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from celery_bench import (
-    HERE,
     Counter,
     app_for,
     broker_env,
@@ -48,6 +46,7 @@ from celery_bench import (
     drop_tables,
     start_worker,
     stop_worker,
+    write_results,
 )
 
 #: Libraries a sample is given to (innermost frame first); "sqlease" and "psycopg" together
@@ -195,19 +194,14 @@ def main() -> int:
             print(f"round {r['round']} {r['broker']}: sqlease's heaviest frames, us/task")
             for frame, us in list(r["sqlease_frames_us_per_task"].items())[:10]:
                 print(f"  {us:6.1f}  {frame}")
-    output = args.output or HERE / "results" / f"drain-profile-{dt.date.today().isoformat()}.json"
-    output.write_text(
-        json.dumps(
-            {
-                "tasks": args.tasks,
-                "seconds": args.seconds,
-                "rate": args.rate,
-                "load_average_end": os.getloadavg(),
-                "runs": found,
-                "medians": medians,
-            },
-            indent=2,
-        )
+    write_results(
+        "drain-profile",
+        args.output,
+        tasks=args.tasks,
+        seconds=args.seconds,
+        rate=args.rate,
+        runs=found,
+        medians=medians,
     )
     return 0
 

@@ -30,7 +30,6 @@ Prints a Markdown table; writes JSON to benchmarks/results/get-split-<date>.json
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import statistics
@@ -40,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from celery_bench import (
-    HERE,
     Broker,
     Counter,
     ThrowawayRedis,
@@ -50,6 +48,7 @@ from celery_bench import (
     drop_tables,
     start_worker,
     stop_worker,
+    write_results,
 )
 
 WARM_UP = 20
@@ -144,18 +143,7 @@ def main() -> int:
         row = {k: round(statistics.median(r[k] for r in runs), 2) for k in keys}
         medians.append({"broker": name, **row})
         print(f"| {name} | " + " | ".join(f"{row[k]:.2f}" for k in keys) + " |")
-    output = args.output or HERE / "results" / f"get-split-{dt.date.today().isoformat()}.json"
-    output.write_text(
-        json.dumps(
-            {
-                "samples": args.samples,
-                "load_average_end": os.getloadavg(),
-                "runs": found,
-                "medians": medians,
-            },
-            indent=2,
-        )
-    )
+    write_results("get-split", args.output, samples=args.samples, runs=found, medians=medians)
     return 0
 
 
