@@ -70,6 +70,32 @@ def test_the_heartbeat_counts_from_the_send_time_of_each_confirmed_renewal(
     assert beat.holds(message.fence) and beat.drop_for_ack(message.fence)
 
 
+def test_a_claims_batch_is_held_at_once_each_in_its_own_slot(
+    store: Store, beat: Heartbeat, clock: FakeClock, monotonic: Callable[[], float]
+) -> None:
+    for n in range(3):
+        store.enqueue("q", "{}", task_id=f"t{n}")
+    sent = monotonic()
+    messages = store.claim(["q"], "w1", lease_ms=LEASE_MS, limit=3)
+    assert len(messages) == 3
+    held = [(m.fence, m.task_id) for m in messages]
+    refs = beat.hold_all(store, held + held[:1], lease_ms=LEASE_MS, interval=QUIET, sent_at=sent)
+    assert len(refs) == 4 and len(set(refs)) == 3 and refs[3] == refs[0]  # a repeat: its slot
+    for message, ref in zip(messages, refs[:3], strict=True):
+        assert beat.clock_ref(message.fence) == ref
+        assert _published(beat, message) == pytest.approx(sent + 2.92)
+    assert beat.held_count() == 3
+    # Held again (a later confirmation): the same slots, the new deadline.
+    clock.advance(1_000)
+    again = beat.hold_all(store, held[1:], lease_ms=LEASE_MS, interval=QUIET, sent_at=monotonic())
+    assert again == refs[1:3]
+    assert _published(beat, messages[1]) == pytest.approx(sent + 3.92)
+    assert _published(beat, messages[0]) == pytest.approx(sent + 2.92)
+    assert all(beat.drop_for_ack(m.fence) for m in messages)
+    assert beat.held_count() == 0
+    assert store.ack([m.fence for m in messages]) == {m.id for m in messages}
+
+
 def test_a_lease_whose_clock_ran_out_is_lost_without_asking_the_database(
     store: Store, beat: Heartbeat, clock: FakeClock, monotonic: Callable[[], float]
 ) -> None:

@@ -143,6 +143,35 @@ def test_freed_slots_are_reused_oldest_first_and_the_table_grows(slots: ClockSlo
     assert where is not None and read(*where, Fence(5002, "w", 1)) == 2.0
 
 
+def test_a_batch_takes_slots_in_order_and_grows_the_table_mid_batch(slots: ClockSlots) -> None:
+    first = [Fence(i, "w", 1) for i in range(1, clock_slots.SLOTS_PER_FILE)]
+    slots.take_all(first, 1.0)  # one slot of the first file left
+    batch = [Fence(9000, "w", 1), Fence(9001, "w", 2), Fence(9002, "w", 1)]
+    refs = slots.take_all(batch, 4.5)
+    assert len(set(refs)) == 3
+    files = [ref.rsplit("#", 1)[0] for ref in refs]
+    assert files[0] != files[1] == files[2]  # the last of the first file, then a second one
+    for fence, ref in zip(batch, refs, strict=True):
+        where = parse_ref(ref)
+        assert where is not None and read(*where, fence) == 4.5
+    slots.free(refs[1])
+    where = parse_ref(refs[1])
+    assert where is not None and read(*where, batch[1]) == LOST
+    assert slots.take_all([], 1.0) == []
+
+
+def test_a_reference_of_another_table_is_refused(slots: ClockSlots, tmp_path: Path) -> None:
+    other = ClockSlots(folder=str(tmp_path))
+    try:
+        ref = other.take(Fence(1, "w", 1), 1.0)
+        with pytest.raises(KeyError, match="not a slot of this process"):
+            slots.free(ref)
+        with pytest.raises(KeyError, match="not a slot of this process"):
+            slots.write(f"{ref}x", Fence(1, "w", 1), 2.0)
+    finally:
+        other.close()
+
+
 def test_bad_references_and_a_missing_file_read_as_lost(tmp_path: Path) -> None:
     assert parse_ref("no-slot") is None
     assert parse_ref(f"{tmp_path}/x#{clock_slots.SLOTS_PER_FILE}") is None

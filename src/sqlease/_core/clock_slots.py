@@ -32,6 +32,7 @@ import struct
 import tempfile
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 
 from sqlease._core.lease_clock import LOST, DeliveryClock
 from sqlease.types import Fence
@@ -45,6 +46,8 @@ BODY = struct.Struct("<qqd")
 SLOTS_PER_FILE = 1024
 PREFIX = "sqlease-clock-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)-[0-9a-f]+-\d+$")
+#: What a freed slot names: no delivery.
+_NOBODY = Fence(0, "", 0)
 #: Reads retried while a writer is mid-write (it holds a slot for microseconds).
 _READ_TRIES = 10_000
 
@@ -86,7 +89,10 @@ class ClockSlots:
         self._folder = folder
         self._lock = threading.Lock()
         self._files: list[tuple[str, mmap.mmap]] = []
-        self._free: deque[tuple[int, int]] = deque()
+        #: Free slots, oldest freed first: (file, slot, its reference).
+        self._free: deque[tuple[int, int, str]] = deque()
+        #: Where each reference points (a dict lookup: the worker frees a slot per ack).
+        self._places: dict[str, tuple[int, int]] = {}
         self._token = secrets.token_hex(4)
         self._pid = os.getpid()
 
@@ -106,16 +112,27 @@ class ClockSlots:
         _mapped[path] = mapped  # this process reads its own slots through the same mapping
         if index == 0:
             atexit.register(self.close)
-        self._free.extend((index, slot) for slot in range(SLOTS_PER_FILE))
+        for slot in range(SLOTS_PER_FILE):
+            ref = f"{path}#{slot}"
+            self._places[ref] = (index, slot)
+            self._free.append((index, slot, ref))
 
     def take(self, fence: Fence, deadline: float) -> str:
         """A slot for ``fence``, holding ``deadline``; its reference for ``delivery_info``."""
+        return self.take_all([fence], deadline)[0]
+
+    def take_all(self, fences: Sequence[Fence], deadline: float) -> list[str]:
+        """A slot for each of ``fences``, all holding ``deadline`` (a claim's messages share
+        their send time); their references, in order."""
+        refs: list[str] = []
         with self._lock:
-            if not self._free:
-                self._grow()
-            file, slot = self._free.popleft()
-            self._write(file, slot, fence, deadline)
-            return f"{self._files[file][0]}#{slot}"
+            for fence in fences:
+                if not self._free:
+                    self._grow()
+                file, slot, ref = self._free.popleft()
+                self._write(file, slot, fence, deadline)
+                refs.append(ref)
+        return refs
 
     def write(self, ref: str, fence: Fence, deadline: float) -> None:
         """A new deadline for ``fence`` (``LOST``: the lease is known gone)."""
@@ -128,15 +145,14 @@ class ClockSlots:
         free list."""
         file, slot = self._locate(ref)
         with self._lock:
-            self._write(file, slot, Fence(0, "", 0), LOST)
-            self._free.append((file, slot))
+            self._write(file, slot, _NOBODY, LOST)
+            self._free.append((file, slot, ref))
 
     def _locate(self, ref: str) -> tuple[int, int]:
-        path, _, slot = ref.rpartition("#")
-        for index, (mine, _mapping) in enumerate(self._files):
-            if mine == path:
-                return index, int(slot)
-        raise KeyError(f"not a slot of this process: {ref!r}")
+        place = self._places.get(ref)
+        if place is None:
+            raise KeyError(f"not a slot of this process: {ref!r}")
+        return place
 
     def _write(self, file: int, slot: int, fence: Fence, deadline: float) -> None:
         mapped = self._files[file][1]
@@ -159,6 +175,7 @@ class ClockSlots:
                     mapped.close()
             self._files = []
             self._free.clear()
+            self._places.clear()
 
 
 #: Files mapped by this process, for reading (its own slots included).

@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlease._core.clock_slots import ClockSlots
@@ -78,21 +78,49 @@ class Heartbeat:
     ) -> None:
         """Keep renewing ``fence``'s lease, claimed by a statement sent at ``sent_at`` (this
         clock) and confirmed: its lease clock starts there."""
+        self.hold_all(
+            store,
+            [(fence, task_id)],
+            lease_ms=lease_ms,
+            interval=interval,
+            sent_at=sent_at,
+            on_lost=on_lost,
+        )
+
+    def hold_all(
+        self,
+        store: Store,
+        held: Sequence[tuple[Fence, str | None]],
+        *,
+        lease_ms: int,
+        interval: float,
+        sent_at: float,
+        on_lost: LostCallback | None = None,
+    ) -> list[str]:
+        """``hold`` for each ``(fence, task_id)`` of one claim (one lock, one slot-table
+        lock for those new here: a busy worker holds a claim's batch per statement); where
+        each one's lease clock is published (its ``delivery_info`` slot), in order."""
         deadline = deadline_after(sent_at, lease_ms / 1000.0)
         with self._lock:
-            if self._slots is None:
-                self._slots = ClockSlots()
-            known = self._held.get(fence)
-            if known is not None:
-                slot = known.slot
-                self._slots.write(slot, fence, deadline)
-            else:
-                slot = self._slots.take(fence, deadline)
-            self._held[fence] = _Held(store, lease_ms, interval, task_id, on_lost, deadline, slot)
+            slots = self._slots
+            if slots is None:
+                slots = self._slots = ClockSlots()
+            known = self._held
+            new = list(dict.fromkeys(f for f, _ in held if f not in known))
+            fresh = dict(zip(new, slots.take_all(new, deadline), strict=True)) if new else {}
+            slot_refs: list[str] = []
+            for fence, task_id in held:
+                slot = fresh.get(fence)
+                if slot is None or fence in known:  # held already (a renewed hold)
+                    slot = known[fence].slot
+                    slots.write(slot, fence, deadline)
+                known[fence] = _Held(store, lease_ms, interval, task_id, on_lost, deadline, slot)
+                slot_refs.append(slot)
             self._ensure_thread()
             # The thread may be asleep for a longer interval than this lease allows.
             if interval < self._sleeping_for:
                 self._wake.set()
+        return slot_refs
 
     def drop(self, fences: Iterable[Fence]) -> None:
         """Forget leases (call before acking or releasing them, so that a renewal racing with

@@ -106,17 +106,16 @@ class Deliveries:
             )
             self.give_back(messages)
             return 0
-        for message in messages:
-            beat.hold(
-                store,
-                message.fence,
-                lease_ms=options.lease_ms,
-                interval=options.heartbeat_seconds,
-                sent_at=sent_at,
-                task_id=message.task_id,
-            )
+        refs = beat.hold_all(
+            store,
+            [(m.fence, m.task_id) for m in messages],
+            lease_ms=options.lease_ms,
+            interval=options.heartbeat_seconds,
+            sent_at=sent_at,
+        )
+        clocks = {m.id: ref for m, ref in zip(messages, refs, strict=True)}
         again, fresh = split_redelivered(messages)
-        delivered = [self._deliver_to(channel, fresh, offer)]
+        delivered = [self._deliver_to(channel, fresh, offer, clocks)]
         if again:
             results = self._results()
 
@@ -166,12 +165,19 @@ class Deliveries:
         return delivered
 
     def _deliver_to(
-        self, channel: Consumer, messages: list[Message], offer: dict[str, Any] | None
+        self,
+        channel: Consumer,
+        messages: list[Message],
+        offer: dict[str, Any] | None,
+        clocks: dict[int, str] | None = None,
     ) -> int:
+        """``clocks``: where each message's lease clock is published, by id (else asked of
+        the heartbeat)."""
         delivered = 0
         for index, message in enumerate(messages):
             try:
-                payload = self.decode(channel, message, leased=True, offer=offer)
+                clock = clocks.get(message.id) if clocks is not None else None
+                payload = self.decode(channel, message, leased=True, offer=offer, clock=clock)
                 if payload is not None:
                     self._deliver(payload, message.queue)
                     delivered += 1
@@ -199,8 +205,12 @@ class Deliveries:
         *,
         leased: bool,
         offer: dict[str, Any] | None = None,
+        clock: str | None = None,
     ) -> dict[str, Any] | None:
+        """``clock``: where its lease clock is published (None: asked of the heartbeat)."""
         store = self._store()
+        if leased and clock is None:
+            clock = heartbeat().clock_ref(message.fence)
         return decode(
             message,
             channel.decode_body,
@@ -209,7 +219,7 @@ class Deliveries:
             leased=leased,
             refuse=lambda m, reason, error: self._refuse(m, reason, error, leased=leased),
             offer=offer,
-            clock=heartbeat().clock_ref(message.fence) if leased else None,
+            clock=clock if leased else None,
         )
 
     def _refuse(self, message: Message, reason: str, error: str, *, leased: bool) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 from sqlease._core.handoff import split as split_notifications
@@ -26,6 +26,31 @@ logger = logging.getLogger(__name__)
 #: SQLite: the longest an idle worker waits between looks at the file's ``data_version`` (a
 #: read of a counter in shared memory, about 20 microseconds): new work starts within this.
 SQLITE_IDLE_CHECK = 0.005
+
+
+class _ErrorsLogged:
+    """``Wakeups.errors_logged``'s context (a class, not a generator: the loop enters one
+    several times per task)."""
+
+    __slots__ = ("_doing", "_passed")
+
+    def __init__(self, doing: str, passed: tuple[type[BaseException], ...]) -> None:
+        self._doing = doing
+        self._passed = passed
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        if error is None or not isinstance(error, Exception) or isinstance(error, self._passed):
+            return False
+        logger.error("sqlease: error while %s", self._doing, exc_info=error)
+        return True
 
 
 class Wakeups:
@@ -87,16 +112,10 @@ class Wakeups:
             owner = self._owner
             fetcher.side.run(lambda: store.withdraw_offers(owner, handed_too=True))
 
-    @contextmanager
-    def errors_logged(self, doing: str) -> Iterator[None]:
+    def errors_logged(self, doing: str) -> _ErrorsLogged:
         """In the event loop: a connection error goes up (Celery reconnects); any other error
         is logged and the loop goes on."""
-        try:
-            yield
-        except self._connection_errors:
-            raise
-        except Exception:
-            logger.exception("sqlease: error while %s", doing)
+        return _ErrorsLogged(doing, self._connection_errors)
 
     # ---- the events ---------------------------------------------------------------------
 
