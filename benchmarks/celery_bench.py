@@ -254,6 +254,26 @@ def write_results(name: str, output: Path | None, **fields: Any) -> Path:
     return path
 
 
+def server_cpu(name: str) -> float:
+    """CPU seconds (user + system) of every process named ``name`` now (``postgres``: the
+    server's backends and its background processes). A process that exited is no longer
+    counted: read it while the connections measured are open."""
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/comm") as comm:
+                if comm.read().strip() != name:
+                    continue
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

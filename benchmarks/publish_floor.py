@@ -6,9 +6,13 @@ Per call, in microseconds, one process, interleaved rounds (the median of ``--ro
 - ``insert, durable``: a one-row INSERT into a table with a primary key, autocommit: the
   round trip plus the commit's WAL flush (``synchronous_commit = on``);
 - ``insert, no flush wait``: the same with ``synchronous_commit = off``;
+- ``insert with pg_notify, durable``: the durable insert that also notifies, in the same
+  statement, as sqlease's publish does (the difference is the notification's cost);
 - ``Store.enqueue``: sqlease's publish statement (the message with its indexes, its
   ``enqueued`` event, its task row, the handoff-offer lookup and the ``NOTIFY``), durable and
   with ``publish_sync_commit=False``;
+- ``Store.enqueue, no task id, durable``: a message without a task id, which has no
+  ``enqueued`` event and no task row: the difference is theirs;
 - ``Store.enqueue, delayed``: the same for a message due in a minute, which no idle worker
   can be handed, so its statement has no handoff lookup: the difference is that lookup's
   cost;
@@ -22,6 +26,11 @@ Per call, in microseconds, one process, interleaved rounds (the median of ``--ro
 
 ``--store-url`` runs the ``Store.enqueue`` cases on another database (a SQLite file: then
 choose them with ``--only``, the others are PostgreSQL's).
+
+Beside the wall time per call, the CPU the server spent per call (every process named
+``postgres``, or ``redis-server`` for Redis, from ``/proc``, so nothing else may use that
+server meanwhile): what each part of the publish costs the database, which several
+publishers share (``benchmarks/publishers.py``).
 
 So ``delay()`` = Celery's own work (about the Redis figure) + sqlease's statement, and the
 statement can be no cheaper than the durable one-row insert.
@@ -45,6 +54,7 @@ from pathlib import Path
 
 import psycopg
 from celery import Celery
+from celery_bench import server_cpu
 
 import sqlease  # noqa: F401  (registers the transport)
 from sqlease import Store
@@ -55,12 +65,17 @@ PG = os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 PAYLOAD = "x" * 900  # about a Celery message's size
 
 
-def per_call(fn: Callable[[], object], calls: int) -> float:
+def per_call(fn: Callable[[], object], calls: int, server: str | None) -> tuple[float, float]:
+    """Microseconds per call: wall time, and the CPU of the server's processes (``server``:
+    their name; None: no server, 0)."""
     fn()
+    cpu = server_cpu(server) if server else 0.0
     start = time.perf_counter()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls * 1e6
+    wall = (time.perf_counter() - start) / calls * 1e6
+    used = server_cpu(server) - cpu if server else 0.0
+    return wall, used / calls * 1e6
 
 
 def celery_app(broker: str, prefix: str, options: dict[str, object]) -> Celery:
@@ -104,16 +119,15 @@ def main() -> int:
         "delay(), Redis": celery_app("redis://127.0.0.1:6379/13", prefix, {}),
     }
 
-    def insert(sync: bool) -> Callable[[], object]:
-        def run() -> object:
-            conn.execute(f"SET synchronous_commit = {'on' if sync else 'off'}")
-            return None
-
-        run()
-        return lambda: conn.execute(f"INSERT INTO {plain} (payload) VALUES (%s)", (PAYLOAD,))
+    def insert(sync: bool, notify: bool = False) -> Callable[[], object]:
+        conn.execute(f"SET synchronous_commit = {'on' if sync else 'off'}")
+        sql = f"INSERT INTO {plain} (payload) VALUES (%s)"
+        if notify:  # woken as sqlease's publish wakes workers
+            sql = f"WITH i AS ({sql} RETURNING id) SELECT pg_notify('{plain}', 'q') FROM i"
+        return lambda: conn.execute(sql, (PAYLOAD,))
 
     def enqueue(
-        store: Store, delay_ms: int = 0, runs: int = 0, gate: bool = False
+        store: Store, delay_ms: int = 0, runs: int = 0, gate: bool = False, task: bool = True
     ) -> Callable[[], object]:
         count = iter(range(10**9))
         for r in range(runs):  # each run's head, left unfinished
@@ -130,7 +144,8 @@ def main() -> int:
                     PAYLOAD,
                     delay_ms=delay_ms,
                     run_id=f"run-{next(count) % runs}" if runs else None,
-                    task_id=str(uuid.uuid4()),
+                    # Without a task id: no enqueued event, no task row.
+                    task_id=str(uuid.uuid4()) if task else None,
                     task_name="floor.noop",
                 )
             ]
@@ -140,8 +155,10 @@ def main() -> int:
         "select 1": lambda: lambda: conn.execute("SELECT 1"),
         "insert, durable": lambda: insert(True),
         "insert, no flush wait": lambda: insert(False),
+        "insert with pg_notify, durable": lambda: insert(True, notify=True),
         "Store.enqueue, durable": lambda: enqueue(durable),
         "Store.enqueue, publish_sync_commit False": lambda: enqueue(nowait),
+        "Store.enqueue, no task id, durable": lambda: enqueue(durable, task=False),
         "Store.enqueue, delayed, durable": lambda: enqueue(durable, 60_000),
         "Store.enqueue, delayed, publish_sync_commit False": lambda: enqueue(nowait, 60_000),
         "Store.enqueue, into a run, durable": lambda: enqueue(durable, runs=100),
@@ -155,11 +172,21 @@ def main() -> int:
             parser.error(f"unknown --only case(s) {unknown}; known: {list(cases)}")
         cases = {name: cases[name] for name in wanted}
     found: dict[str, list[float]] = {name: [] for name in cases}
+    server: dict[str, list[float]] = {name: [] for name in cases}
+
+    def server_of(name: str) -> str | None:
+        if "Redis" in name:
+            return "redis-server"
+        on_sqlite = name.startswith("Store.") and store_url.startswith("sqlite")
+        return None if on_sqlite else "postgres"
+
     try:
         for n in range(args.rounds):
             names = list(cases) if n % 2 == 0 else list(reversed(cases))
             for name in names:
-                found[name].append(per_call(cases[name](), args.calls))
+                wall, cpu = per_call(cases[name](), args.calls, server_of(name))
+                found[name].append(wall)
+                server[name].append(cpu)
         conn.execute("SET synchronous_commit = on")
     finally:
         conn.execute(f"DROP TABLE IF EXISTS {plain}")
@@ -173,10 +200,12 @@ def main() -> int:
                 with app.connection_for_write() as c:
                     c.default_channel.client.flushdb()  # type: ignore[attr-defined]
     medians = {name: statistics.median(v) for name, v in found.items()}
-    print("| per call | µs (median of rounds) | rounds |")
-    print("|---|---:|---|")
+    server_medians = {name: statistics.median(v) for name, v in server.items()}
+    print("| per call | µs (median of rounds) | server's CPU, µs | rounds |")
+    print("|---|---:|---:|---|")
     for name, v in found.items():
-        print(f"| {name} | {medians[name]:.0f} | {', '.join(f'{x:.0f}' for x in v)} |")
+        rounds = ", ".join(f"{x:.0f}" for x in v)
+        print(f"| {name} | {medians[name]:.0f} | {server_medians[name]:.0f} | {rounds} |")
     # Each held kind against its like for like, per round (the same round's runs).
     pairs = {
         "into a run / delayed": (
@@ -197,7 +226,16 @@ def main() -> int:
             print(f"| {label} | {ratios[label]['median']:.2f}x | {rounds} |")
     output = args.output or HERE / "results" / f"publish-floor-{dt.date.today().isoformat()}.json"
     output.write_text(
-        json.dumps({"calls": args.calls, "rounds": found, "medians": medians, "ratios": ratios})
+        json.dumps(
+            {
+                "calls": args.calls,
+                "rounds": found,
+                "medians": medians,
+                "server_cpu_rounds": server,
+                "server_cpu_medians": server_medians,
+                "ratios": ratios,
+            }
+        )
     )
     return 0
 

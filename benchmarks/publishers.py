@@ -47,30 +47,13 @@ from celery_bench import (
     broker_env,
     brokers,
     drop_tables,
+    server_cpu,
     shares,
     write_results,
 )
 
 #: The broker server's processes, by name (``/proc/<pid>/comm``).
 SERVERS = {"sqlease": "postgres", "redis": "redis-server", "rabbitmq": "beam.smp"}
-
-
-def server_cpu(name: str) -> float:
-    """CPU seconds (user + system) of every process named ``name`` now."""
-    total = 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/comm") as comm:
-                if comm.read().strip() != name:
-                    continue
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _celery_publisher(env: dict[str, str], count: int, barrier: Any, answers: Any) -> None:

@@ -79,6 +79,9 @@ def test_a_claims_batch_is_held_at_once_each_in_its_own_slot(
     messages = store.claim(["q"], "w1", lease_ms=LEASE_MS, limit=3)
     assert len(messages) == 3
     held = [(m.fence, m.task_id) for m in messages]
+    # An empty claim holds nothing (and starts no heartbeat thread).
+    assert beat.hold_all(store, [], lease_ms=LEASE_MS, interval=QUIET, sent_at=sent) == []
+    assert beat._thread is None
     refs = beat.hold_all(store, held + held[:1], lease_ms=LEASE_MS, interval=QUIET, sent_at=sent)
     assert len(refs) == 4 and len(set(refs)) == 3 and refs[3] == refs[0]  # a repeat: its slot
     for message, ref in zip(messages, refs[:3], strict=True):

@@ -100,6 +100,8 @@ class Heartbeat:
         """``hold`` for each ``(fence, task_id)`` of one claim (one lock, one slot-table
         lock for those new here: a busy worker holds a claim's batch per statement); where
         each one's lease clock is published (its ``delivery_info`` slot), in order."""
+        if not held:
+            return []
         deadline = deadline_after(sent_at, lease_ms / 1000.0)
         with self._lock:
             slots = self._slots
