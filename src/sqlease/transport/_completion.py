@@ -98,14 +98,23 @@ def settle_redelivered(
     store: Store, results: ResultStore, messages: list[Message]
 ) -> tuple[set[int], set[str]]:
     """For redelivered messages: the ids of those whose final result was already stored
-    (acked now, with a ``completed_from_stored_outcome`` event), and the task ids revoked
-    while another worker held them."""
+    (never to run again: acked now, with a ``completed_from_stored_outcome`` event), and the
+    task ids revoked while another worker held them."""
     done = _completed(results, messages)
     if done:
         finished = [m for m in messages if m.id in done]
-        done = store.ack([m.fence for m in finished])
+        # A refused ack does not make a finished task runnable: its delivery is gone (an
+        # earlier try of this ack committed and its answer was lost, e.g. to a server
+        # restart, and the retry found nothing left) or another worker holds it now.
+        acked = store.ack([m.fence for m in finished])
         for message in finished:
-            if message.id not in done:
+            if message.id not in acked:
+                logger.info(
+                    "sqlease: task %s (message %s) already has its final result; its ack "
+                    "was not confirmed (done by an earlier try, or taken over): not run again",
+                    message.task_id,
+                    message.id,
+                )
                 continue
             logger.info(
                 "sqlease: task %s (message %s) already has its final result; acked without "
