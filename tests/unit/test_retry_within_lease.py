@@ -80,3 +80,40 @@ def test_a_lost_connection_of_another_error_class_is_retried_and_a_refusal_is_no
             with pytest.raises(InternalError):
                 retried()
         assert len(calls) == expected_calls
+
+
+def test_a_new_connection_lost_in_its_own_set_up_is_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Behind a pooler, a new connection's settings check can end with the terminated server
+    connection's FATAL as a second result of its ``ROLLBACK``: the pool's connect fails with
+    psycopg's ``InternalError``. That is a lost connection (retried), not the caller's error:
+    a chaos run through PgBouncer once failed a task with it."""
+    from types import SimpleNamespace
+
+    import psycopg
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import DBAPIError
+
+    from sqlease._db.postgresql.direct import DirectLane
+
+    engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    lane = DirectLane(engine)
+    fairy = SimpleNamespace(driver_connection=SimpleNamespace(autocommit=False))
+    failures = [psycopg.InternalError("received 2 results from command 'ROLLBACK'")]
+
+    def connect() -> object:
+        if failures:
+            raise failures.pop()
+        return fairy
+
+    monkeypatch.setattr(engine, "raw_connection", connect)
+    assert retry_transient(lane.kept_connection, seconds=5)() is fairy
+    assert fairy.driver_connection.autocommit  # kept in autocommit, as every kept one
+
+    # A server's own InternalError on a new connection is not a lost connection: it goes up.
+    failures.append(psycopg.InternalError("cache lookup failed"))
+    with pytest.raises(DBAPIError) as raised:
+        retry_transient(lane.kept_connection, seconds=5)()
+    assert not raised.value.connection_invalidated
+    engine.dispose()

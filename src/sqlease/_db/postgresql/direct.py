@@ -250,9 +250,12 @@ class DirectLane:
         return Sending(self, fairy, self._sql(statement), params)
 
     def _connect_error(self, error: psycopg.Error) -> BaseException:
+        # A new connection's own set-up can meet a terminated server connection too (behind
+        # a pooler, the settings check's ROLLBACK gets the server's FATAL as a second
+        # result): a connection lost, retried like any other, never the caller's error.
         dialect = self._engine.dialect
-        disconnected = bool(dialect.is_disconnect(error, None, None))  # type: ignore[arg-type]
-        return self._error(error, None, None, disconnected)
+        found = dialect.is_disconnect(error, None, None)  # type: ignore[arg-type]
+        return self._error(error, None, None, bool(found) or desynced(error))
 
     def _is_disconnect(self, fairy: Any, error: psycopg.Error) -> bool:
         dialect = self._engine.dialect
