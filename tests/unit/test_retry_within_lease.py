@@ -108,6 +108,7 @@ def test_a_new_connection_lost_in_its_own_set_up_is_retried(
         return fairy
 
     monkeypatch.setattr(engine, "raw_connection", connect)
+    monkeypatch.setattr("sqlease._db.retry.time.sleep", lambda _seconds: None)  # no backoff
     assert retry_transient(lane.kept_connection, seconds=5)() is fairy
     assert fairy.driver_connection.autocommit  # kept in autocommit, as every kept one
 

@@ -112,9 +112,11 @@ class Heartbeat:
             fresh = dict(zip(new, slots.take_all(new, deadline), strict=True)) if new else {}
             slot_refs: list[str] = []
             for fence, task_id in held:
-                slot = fresh.get(fence)
-                if slot is None or fence in known:  # held already (a renewed hold)
-                    slot = known[fence].slot
+                mine = known.get(fence)
+                if mine is None:
+                    slot = fresh[fence]
+                else:  # held already (a renewed hold): its slot, the new deadline
+                    slot = mine.slot
                     slots.write(slot, fence, deadline)
                 known[fence] = _Held(store, lease_ms, interval, task_id, on_lost, deadline, slot)
                 slot_refs.append(slot)
