@@ -1,7 +1,10 @@
 """A TCP proxy on 127.0.0.1 that can partition its clients from the server: ``stall()`` stops
 forwarding in both directions while every socket stays open (no reset, no error, no close
 passed on: what a network partition looks like to the two ends), ``resume()`` lets everything
-held flow again, in order. Used by the partition end-to-end test."""
+held flow again, in order. ``lose_answer(marker)``: the server's answer to the next statement
+whose bytes contain ``marker`` is dropped and that connection closed at both ends (a commit
+that went through, its answer lost to the client). Used by the partition and the lost
+answer end-to-end tests."""
 
 from __future__ import annotations
 
@@ -24,6 +27,10 @@ class StallingProxy:
         #: once it healed (the late writes), and connections opened during the partition.
         self.held_to_server = 0
         self.opened_while_stalled = 0
+        self._lose_marker: bytes | None = None
+        self._losing: set[int] = set()  # server sockets whose next answer goes nowhere
+        #: Answers dropped by ``lose_answer``.
+        self.answers_lost = 0
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
 
     def stall(self) -> None:
@@ -31,6 +38,9 @@ class StallingProxy:
 
     def resume(self) -> None:
         self._flowing.set()
+
+    def lose_answer(self, marker: bytes) -> None:
+        self._lose_marker = marker
 
     def close(self) -> None:
         self._closed = True
@@ -76,6 +86,18 @@ class StallingProxy:
                     self._flowing.wait()  # nothing crosses a partition, not even a close
                 if not data:
                     target.shutdown(socket.SHUT_WR)
+                    return
+                if to_server and self._lose_marker is not None and self._lose_marker in data:
+                    with self._lock:
+                        self._lose_marker = None
+                        self._losing.add(id(target))
+                elif not to_server and id(source) in self._losing:
+                    with self._lock:
+                        self._losing.discard(id(source))
+                        self.answers_lost += 1
+                    for sock in (source, target):  # the answer goes nowhere
+                        with contextlib.suppress(OSError):
+                            sock.shutdown(socket.SHUT_RDWR)
                     return
                 target.sendall(data)
         except OSError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,10 +14,14 @@ from sqlease._core.leases import promote_runs
 from sqlease._core.timeline import Timeline
 from sqlease._core.uniques import Uniques, check_unique
 from sqlease._db.driver import Op
-from sqlease._db.retry import transient
+from sqlease._db.retry import retry_transient, transient
 from sqlease._db.rows import row_to_message
 from sqlease.errors import ConfigurationError, PayloadTooLarge
 from sqlease.types import Message, NewMessage
+
+#: How far the database's clock may have moved back between a publish's first try and its
+#: check (another server after a failover), in milliseconds.
+PUBLISH_CLOCK_SLACK_MS = 5000
 
 
 def describe_member(msg: NewMessage, index: int, count: int | None) -> str:
@@ -153,7 +158,6 @@ class Messages(Aggregate):
         )
         return ids[0]
 
-    @transient
     def enqueue_many(
         self,
         messages: Sequence[NewMessage],
@@ -167,22 +171,73 @@ class Messages(Aggregate):
         key holds enqueues nothing: its id in the list is the original's message, or 0 once
         that message is gone (``sqlease._core.uniques``). With ``connection`` the messages
         join that transaction (never handed to an idle worker: the offer's row would stay
-        locked until it ends)."""
+        locked until it ends). Without it, a lost connection is retried (``retry_transient``),
+        and a retry first looks for what the try before may have committed before its answer
+        was lost (``_stored_by_earlier_try``), so the publish is stored once."""
         rows = [self._check_member(m, i, len(messages)) for i, m in enumerate(messages)]
         if not rows:
             return []
+        at = self._now(now)
+        if connection is not None:
+            return self.driver.run_on(connection, self._publish_op(rows, at, handoff=False))
+        began = time.monotonic()
+        tries = 0
+
+        def publish() -> list[int]:
+            nonlocal tries
+            tries += 1
+            if tries > 1:
+                # The try before may have committed with its answer lost (the server
+                # restarted or the connection dropped at the commit): a publish stored
+                # twice would run its task twice.
+                stored = self._stored_by_earlier_try(rows, at, began)
+                if stored is not None:
+                    return stored
+            return self.driver.execute(self._publish_op(rows, at, handoff=True))
+
+        return retry_transient(publish)()
+
+    def _publish_op(
+        self, rows: list[dict[str, Any]], at: int | None, *, handoff: bool
+    ) -> Op[list[int]]:
         unique = any(r["unique_key"] is not None for r in rows)
         admit = self._admit_id if unique else None
         if len(rows) > 1:
             # A batch: its plain messages in statements of many rows (sqlease._db.ops).
-            op = self.driver.message_publish_batch(rows, self._now(now), admit=admit)
-        else:
-            op = self.driver.message_publish(
-                rows, self._now(now), handoff=connection is None, admit=admit
-            )
-        if connection is not None:
-            return self.driver.run_on(connection, op)
-        return self.driver.execute(op)
+            return self.driver.message_publish_batch(rows, at, admit=admit)
+        return self.driver.message_publish(rows, at, handoff=handoff, admit=admit)
+
+    def _stored_by_earlier_try(
+        self, rows: Sequence[Mapping[str, Any]], at: int | None, began: float
+    ) -> list[int] | None:
+        """The ids ``rows`` got if an earlier try of their publish committed, else None.
+
+        A publish is one transaction, so one of its messages tells: the first with a task id
+        (its payload carries Kombu's delivery tag, unique to this publish), looked for among
+        the messages published since the first try began (``published_since``). Found, each
+        message's id is looked up the same way (0 for one already gone: delivered and acked).
+        A publish with no task id cannot be told from another: it is tried again (stored
+        twice if its first try did commit)."""
+        probe = next((r for r in rows if r["task_id"] is not None), None)
+        if probe is None:
+            return None
+        window_ms = int((time.monotonic() - began) * 1000) + PUBLISH_CLOCK_SLACK_MS
+        with self.driver.reading() as conn:
+
+            def find(row: Mapping[str, Any]) -> int | None:
+                params = {
+                    "task_id": row["task_id"],
+                    "payload": row["payload"],
+                    "queue": row["queue"],
+                    "window_ms": window_ms,
+                    "now": at,
+                }
+                found = conn.execute(self.sql.published_since, params).scalar()
+                return None if found is None else int(found)
+
+            if find(probe) is None:
+                return None
+            return [(find(r) or 0) if r["task_id"] is not None else 0 for r in rows]
 
     def _admit_id(self, conn: Connection, row: Mapping[str, Any], now: int | None) -> int | None:
         duplicate = self._uniques.admit(conn, dict(row), now)

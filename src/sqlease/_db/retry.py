@@ -5,7 +5,8 @@ an idle timeout) fails once; SQLAlchemy then invalidates the pool. Store operati
 operational errors with a short backoff for a bounded time instead of failing the task or the
 worker. Every operation is safe to repeat: fenced writes are refused when their first try
 already committed (an ack is then reported as stale), compare-and-set sees the new revision,
-and upserts are idempotent.
+upserts are idempotent, and a publish looks for what its try before committed before it
+stores anything (``sqlease._core.messages``).
 
 A call bounded by a lease (sqlease._db.bounds) retries only while its bound lasts, and does
 not start once it has passed.

@@ -273,6 +273,23 @@ def message_get(t: Tables) -> TextClause:
     return text(f"SELECT {SELECT_COLS}, last_error FROM {t.messages.name} WHERE id = :id")
 
 
+def published_since(t: Tables, now: str) -> TextClause:
+    """The id of a message of ``:task_id`` with ``:payload`` to ``:queue`` published in the last
+    ``:window_ms`` (a publish whose commit answer was lost looks for its own first try
+    before it tries again): still stored with that payload, or gone since (delivered and
+    acked, purged) with its ``enqueued`` event left. Either way through a task id index."""
+    since = f"{now} - :window_ms"
+    return text(
+        f"SELECT e.message_id AS id FROM {t.events.name} e "
+        f"LEFT JOIN {t.messages.name} m ON m.id = e.message_id "
+        f"WHERE e.task_id = :task_id AND e.kind = 'enqueued' AND e.at_ms >= {since} "
+        "AND (m.id IS NULL OR (m.payload = :payload AND m.queue = :queue)) "
+        f"UNION ALL SELECT id FROM {t.messages.name} WHERE task_id = :task_id "
+        f"AND created_at_ms >= {since} AND payload = :payload AND queue = :queue "
+        "LIMIT 1"
+    )
+
+
 def leased_to_owner(t: Tables) -> TextClause:
     return text(
         f"SELECT id, attempt FROM {t.messages.name} WHERE lease_owner = :owner AND state = 'ready'"

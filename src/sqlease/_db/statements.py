@@ -48,6 +48,8 @@ class Statements:
     #: Milliseconds until the next delayed message of ``:queues`` is due.
     next_due: TextClause
     message_get: TextClause
+    #: A message of a task id and payload published lately (a retried publish's check).
+    published_since: TextClause
     #: The fences of every message an owner holds (expired leases included).
     leased_to_owner: TextClause
     now: TextClause

@@ -91,6 +91,7 @@ def statements(t: Tables) -> PgStatements:
         requeue=c.requeue(t, NOW),
         next_due=messages.next_due(t),
         message_get=c.message_get(t),
+        published_since=c.published_since(t, NOW),
         leased_to_owner=c.leased_to_owner(t),
         now=c.now_query(NOW),
         lease_check=leases.lease_check(t),
