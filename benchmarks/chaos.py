@@ -8,14 +8,17 @@ server once and cuts single workers off from it (a TCP proxy per worker stops fo
 ways, sockets open: a partition). PostgreSQL is a throwaway server of the run's own
 (tests/e2e/pg_clusters.py), never the machine's; ``--db pgbouncer`` puts a PgBouncer in
 transaction mode in front of it. The faults are scheduled by progress (share of tasks done),
-so a fast or a slow machine sees every one of them.
+so a fast or a slow machine sees every one of them. Most tasks are published before the
+workers start; a twentieth of them (150 in a short run) are published one by one while the
+faults are made, so the terminations and the restart meet publishes too.
 
 At the end it checks: every task has exactly one result (SUCCESS; the poisoned ones FAILURE
 after ``attempts_exhausted``); no two live holders of a task or of a run at once (from the
 database's fenced timeline and claims, and from the tasks' records); checkpoints never went
 backwards; every task cut off by a partition learned ``LeaseLost`` within the lease plus the
 margin of the cut, before the network healed, and its writes held by the partition were
-refused; every task stopped past its lease learned it on waking; nothing left leased or ready.
+refused; every task stopped past its lease learned it on waking; every task was stored by
+one publish (one ``enqueued`` event); nothing left leased or ready.
 
     python benchmarks/chaos.py --db pg --short          # what CI runs (about a minute)
     python benchmarks/chaos.py --db sqlite --short      # SQLite: worker kills and stalls
@@ -34,7 +37,9 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -64,6 +69,8 @@ class Config:
     disconnect_every: float
     poisoned: int
     timeout: float
+    #: Tasks published alone while the faults are made (LatePublisher), besides the others.
+    late: int
 
 
 def config(db: str, short: bool, scale: int) -> Config:
@@ -72,7 +79,7 @@ def config(db: str, short: bool, scale: int) -> Config:
         return Config(
             db, runs=20, tasks_per_run=8, alone=40, steps=3, step_seconds=0.05, workers=3,
             lease=2.0, kills=5, stalls=1, partitions=int(pg), restarts=int(pg),
-            disconnect_every=5.0, poisoned=2, timeout=240.0,
+            disconnect_every=5.0, poisoned=2, timeout=240.0, late=150,
         )  # fmt: skip
     # --scale 1 is the earlier long run's size (3,000 tasks), 10 is 10,000 tasks: 60 % in
     # runs of 15, 40 % alone; faults at least those the reliability page promises.
@@ -82,7 +89,7 @@ def config(db: str, short: bool, scale: int) -> Config:
         db, runs=runs, tasks_per_run=15, alone=tasks - runs * 15, steps=3, step_seconds=0.03,
         workers=4, lease=2.0, kills=max(20, 3 * scale + 6), stalls=max(1, scale // 2),
         partitions=max(1, scale // 2) if pg else 0, restarts=int(pg), disconnect_every=7.0,
-        poisoned=5, timeout=600.0 * max(1, scale),
+        poisoned=5, timeout=600.0 * max(1, scale), late=tasks // 20,
     )  # fmt: skip
 
 
@@ -138,8 +145,44 @@ def enqueue(cfg: Config) -> dict[str, tuple[str | None, int, bool]]:
     return task_ids
 
 
-def drive(cfg: Config, chaos: Chaos, store: Any, total: int, started: float) -> str:
-    """Make the planned faults as the tasks get done; until none is left, or the timeout."""
+class LatePublisher(threading.Thread):
+    """Publishes ``cfg.late`` tasks alone while the faults are made (the connection
+    terminations and the restart meet its publishes too), one every ``LATE_EVERY`` seconds.
+    A publish that raises after the store's and Kombu's retries is a problem: the faults
+    here are ones a publish is to ride out."""
+
+    def __init__(self, cfg: Config, task_ids: dict[str, tuple[str | None, int, bool]]) -> None:
+        super().__init__(name="late-publisher", daemon=True)
+        self.cfg, self.task_ids = cfg, task_ids
+        self.failed: list[str] = []
+        self.published = 0
+
+    def run(self) -> None:
+        import chaos_app
+
+        args = (self.cfg.steps, self.cfg.step_seconds)
+        for n in range(self.cfg.late):
+            time.sleep(LATE_EVERY)
+            task_id = str(uuid.uuid4())
+            self.task_ids[task_id] = (None, self.cfg.alone + n, False)
+            try:
+                chaos_app.work.apply_async((None, self.cfg.alone + n, *args), task_id=task_id)
+            except Exception as exc:  # counted, and the run fails
+                del self.task_ids[task_id]
+                self.failed.append(f"late publish {n}: {type(exc).__name__}: {exc}"[:300])
+            else:
+                self.published += 1
+
+
+#: Seconds between two of the late publisher's tasks.
+LATE_EVERY = 0.1
+
+
+def drive(
+    cfg: Config, chaos: Chaos, store: Any, total: int, started: float, late: LatePublisher
+) -> str:
+    """Make the planned faults as the tasks get done; until none is left and the late
+    publisher is done, or the timeout."""
     schedule = plan(cfg)
     last_disconnect = time.monotonic()
     while time.monotonic() - started < cfg.timeout:
@@ -148,7 +191,7 @@ def drive(cfg: Config, chaos: Chaos, store: Any, total: int, started: float) -> 
         left = remaining(store)
         if left is None:
             continue
-        if left == 0 and not schedule and not chaos.pending:
+        if left == 0 and not schedule and not chaos.pending and not late.is_alive():
             return "drained"
         done = 1 - left / total
         while schedule and schedule[0][0] <= done:
@@ -200,15 +243,18 @@ def run(cfg: Config, chaos: Chaos, args: argparse.Namespace) -> int:
 
     store = Store(url, table_prefix=chaos.prefix, max_attempts=8)
     task_ids = enqueue(cfg)
-    total = len(task_ids)
+    total = len(task_ids) + cfg.late
     started = time.monotonic()
     for _ in range(cfg.workers):
         chaos.start_worker()
+    late = LatePublisher(cfg, task_ids)
+    late.start()
     try:
-        outcome = drive(cfg, chaos, store, total, started)
+        outcome = drive(cfg, chaos, store, total, started, late)
         seconds = time.monotonic() - started
     finally:
         chaos.stop_all()
+    late.join(timeout=60)
     from sqlease._db.engine import dispose_all
 
     dispose_all()
@@ -217,7 +263,7 @@ def run(cfg: Config, chaos: Chaos, args: argparse.Namespace) -> int:
     record_figures, record_problems = check_records(
         executions, chaos.faults, claims, fenced, cfg.lease, args.margin
     )
-    problems += record_problems
+    problems += record_problems + late.failed
     if torn:
         problems.append(f"{torn} torn record lines")
     kinds = Counter(f["kind"] for f in chaos.faults)
@@ -230,6 +276,7 @@ def run(cfg: Config, chaos: Chaos, args: argparse.Namespace) -> int:
         "tasks": total,
         "tasks_in_runs": cfg.runs * cfg.tasks_per_run,
         "tasks_alone": cfg.alone,
+        "tasks_published_during_the_faults": late.published,
         "outcome": outcome,
         "seconds": round(seconds, 1),
         "tasks_per_second": round(total / seconds, 1),

@@ -307,6 +307,13 @@ def check_database(
             if t1 != t2 and s2 < e1:
                 overlaps += 1
                 problems.append(f"run {run_id}: {t1} and {t2} overlapped")
+    # Each task was published once (no task here is retried by Celery): a publish whose
+    # commit answer a fault lost is not stored again by its retry.
+    published_twice = [
+        tid for tid in task_ids if [e.kind for e in by_task[tid]].count("enqueued") > 1
+    ]
+    for tid in published_twice[:5]:
+        problems.append(f"task {tid} was stored by more than one publish")
     left = [r for r in leftovers if not (r.state == "dead" and r.reason == "attempts_exhausted")]
     if left:
         problems.append(f"{len(left)} messages left leased or ready: {left[:5]}")
@@ -318,6 +325,7 @@ def check_database(
         "task_holder_overlaps": holders,
         "run_overlaps": overlaps,
         "left_leased_or_ready": len(left),
+        "published_twice": len(published_twice),
         "lost": sum(1 for tid, v in task_ids.items() if not v[2] and tid not in results),
     }
     return figures, problems, claims, fenced

@@ -55,6 +55,8 @@ def test_chaos_postgresql_with_kills_stalls_disconnects_a_partition_and_a_restar
     out = run_chaos("--db", "pg")
     assert '"postgresql_restarts": 1' in out and '"partitions_of_one_worker": 1' in out
     assert '"lost": 0' in out and '"run_overlaps": 0' in out
+    # Tasks published while the connections were terminated and the server restarted.
+    assert '"tasks_published_during_the_faults": 150' in out and '"published_twice": 0' in out
 
 
 @pytest.mark.pg
