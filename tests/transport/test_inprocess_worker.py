@@ -1,11 +1,13 @@
 """Celery's own in-process test worker (``celery.contrib.testing.worker.start_worker``, what
 ``celery.contrib.pytest``'s ``celery_worker`` fixtures use) runs on sqlease as on any broker:
-solo and threads pools, the ping check, results through sqlease's backend, a retry, a clean
-stop that leaves nothing leased, and the canvas (chain, group, chord, link, link_error) with
+solo and threads pools, the ping check, results through sqlease's backend, a retry, the
+STARTED state (``task_track_started``), ``autoretry_for`` with backoff, a clean stop that
+leaves nothing leased, and the canvas (chain, group, chord, link, link_error) with
 the result API (forget, GroupResult save and restore)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -107,4 +109,48 @@ def test_canvas_callbacks_and_result_api_through_the_test_worker(db_url: str) ->
         assert done.get(timeout=10) == 6
         done.forget()
         assert done.state == "PENDING"
+    app.close()
+
+
+def test_started_state_and_autoretry_with_backoff(db_url: str) -> None:
+    # task_track_started: the STARTED state is written through sqlease's fenced backend
+    # while the task runs; autoretry_for with retry_backoff republishes with its countdowns.
+    prefix = unique_prefix()
+    app = _app(db_url, prefix)
+    app.conf.task_track_started = True
+    release = threading.Event()
+
+    @app.task(name="inprocess.held", shared=False)
+    def held() -> str:
+        release.wait(10)
+        return "done"
+
+    @app.task(
+        name="inprocess.flaky",
+        bind=True,
+        shared=False,
+        autoretry_for=(ValueError,),
+        retry_backoff=0.05,
+        retry_jitter=False,
+        max_retries=3,
+    )
+    def flaky(self: Any, failures: int) -> int:
+        if self.request.retries < failures:
+            raise ValueError(f"failure {self.request.retries + 1}")
+        return self.request.retries
+
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        running = held.delay()
+        deadline = time.monotonic() + 10
+        while running.state == "PENDING" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running.state == "STARTED"
+        assert running.info["pid"] and running.info["hostname"]
+        release.set()
+        assert running.get(timeout=10) == "done" and running.state == "SUCCESS"
+        assert flaky.delay(2).get(timeout=10) == 2
+        gave_up = flaky.delay(5)
+        with pytest.raises(ValueError, match="failure 4"):
+            gave_up.get(timeout=10)
+        assert gave_up.state == "FAILURE"
     app.close()
