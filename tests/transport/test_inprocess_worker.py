@@ -114,7 +114,8 @@ def test_canvas_callbacks_and_result_api_through_the_test_worker(db_url: str) ->
 
 def test_started_state_and_autoretry_with_backoff(db_url: str) -> None:
     # task_track_started: the STARTED state is written through sqlease's fenced backend
-    # while the task runs; autoretry_for with retry_backoff republishes with its countdowns.
+    # while the task runs; autoretry_for with retry_backoff republishes with its countdown
+    # (Celery's backoff is whole seconds: 1 s before the first retry).
     prefix = unique_prefix()
     app = _app(db_url, prefix)
     app.conf.task_track_started = True
@@ -130,9 +131,9 @@ def test_started_state_and_autoretry_with_backoff(db_url: str) -> None:
         bind=True,
         shared=False,
         autoretry_for=(ValueError,),
-        retry_backoff=0.05,
+        retry_backoff=True,
         retry_jitter=False,
-        max_retries=3,
+        max_retries=1,
     )
     def flaky(self: Any, failures: int) -> int:
         if self.request.retries < failures:
@@ -148,9 +149,12 @@ def test_started_state_and_autoretry_with_backoff(db_url: str) -> None:
         assert running.info["pid"] and running.info["hostname"]
         release.set()
         assert running.get(timeout=10) == "done" and running.state == "SUCCESS"
-        assert flaky.delay(2).get(timeout=10) == 2
+        retried = flaky.delay(1)
+        sent = time.monotonic()
+        assert retried.get(timeout=10) == 1
+        assert time.monotonic() - sent >= 1.0  # the backoff's countdown was kept
         gave_up = flaky.delay(5)
-        with pytest.raises(ValueError, match="failure 4"):
+        with pytest.raises(ValueError, match="failure 2"):
             gave_up.get(timeout=10)
         assert gave_up.state == "FAILURE"
     app.close()
