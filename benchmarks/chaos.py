@@ -9,8 +9,9 @@ ways, sockets open: a partition). PostgreSQL is a throwaway server of the run's 
 (tests/e2e/pg_clusters.py), never the machine's; ``--db pgbouncer`` puts a PgBouncer in
 transaction mode in front of it. The faults are scheduled by progress (share of tasks done),
 so a fast or a slow machine sees every one of them. Most tasks are published before the
-workers start; a twentieth of them (150 in a short run) are published one by one while the
-faults are made, so the terminations and the restart meet publishes too.
+workers start; a twentieth more (150 in a short run) are published one by one while the
+faults are made, paced by progress as the faults are, so the terminations and the restart
+meet publishes too.
 
 At the end it checks: every task has exactly one result (SUCCESS; the poisoned ones FAILURE
 after ``attempts_exhausted``); no two live holders of a task or of a run at once (from the
@@ -146,25 +147,50 @@ def enqueue(cfg: Config) -> dict[str, tuple[str | None, int, bool]]:
 
 
 class LatePublisher(threading.Thread):
-    """Publishes ``cfg.late`` tasks alone while the faults are made (the connection
-    terminations and the restart meet its publishes too), one every ``LATE_EVERY`` seconds.
-    A publish that raises after the store's and Kombu's retries is a problem: the faults
-    here are ones a publish is to ride out."""
+    """Publishes ``cfg.late`` tasks alone while the faults are made, paced by the run's
+    progress as the faults are (``allow``: the n-th goes once the drive has seen the share
+    of tasks done that n stands for, the last at ``LATE_UNTIL``), so the connection
+    terminations and the restart meet publishes at any scale. A publish that raises after
+    the store's and Kombu's retries is a problem: the faults here are ones a publish is to
+    ride out."""
 
     def __init__(self, cfg: Config, task_ids: dict[str, tuple[str | None, int, bool]]) -> None:
         super().__init__(name="late-publisher", daemon=True)
         self.cfg, self.task_ids = cfg, task_ids
         self.failed: list[str] = []
         self.published = 0
+        #: When each late publish began and ended (wall clock, as the faults' times).
+        self.spans: list[tuple[float, float]] = []
+        self._allowed = 0
+        self._turn = threading.Condition()
+        self._stopped = False
+
+    def allow(self, done: float) -> None:
+        """The drive's share of tasks done: publish as many as that share stands for."""
+        n = self.cfg.late if done >= LATE_UNTIL else int(self.cfg.late * done / LATE_UNTIL) + 1
+        with self._turn:
+            if n > self._allowed:
+                self._allowed = n
+                self._turn.notify()
+
+    def stop(self) -> None:
+        with self._turn:
+            self._stopped = True
+            self._turn.notify()
 
     def run(self) -> None:
         import chaos_app
 
         args = (self.cfg.steps, self.cfg.step_seconds)
         for n in range(self.cfg.late):
-            time.sleep(LATE_EVERY)
+            with self._turn:
+                self._turn.wait_for(lambda n=n: self._allowed > n or self._stopped)
+                if self._stopped:
+                    return
+            time.sleep(LATE_SPACING)  # one by one, not a burst
             task_id = str(uuid.uuid4())
             self.task_ids[task_id] = (None, self.cfg.alone + n, False)
+            began = time.time()
             try:
                 chaos_app.work.apply_async((None, self.cfg.alone + n, *args), task_id=task_id)
             except Exception as exc:  # counted, and the run fails
@@ -172,14 +198,34 @@ class LatePublisher(threading.Thread):
                 self.failed.append(f"late publish {n}: {type(exc).__name__}: {exc}"[:300])
             else:
                 self.published += 1
+                self.spans.append((began, time.time()))
+
+    def figures(self, faults: list[dict[str, Any]]) -> dict[str, Any]:
+        """How the late publishes met the faults: the slowest (a retry rode something out),
+        and how many ran across a connection termination round or the restart (published
+        from the second before it to the second after)."""
+        near: Counter[str] = Counter()
+        for fault in faults:
+            if fault["kind"] in ("disconnect", "restart"):
+                t = fault["t"]
+                near[fault["kind"]] += sum(1 for b, e in self.spans if b - 1 <= t <= e + 1)
+        slowest = max((e - b for b, e in self.spans), default=0.0)
+        return {
+            "published": self.published,
+            "slowest_publish_seconds": round(slowest, 3),
+            "published_within_a_second_of_a_termination_round": near["disconnect"],
+            "published_within_a_second_of_the_restart": near["restart"],
+        }
 
 
-#: Seconds between two of the late publisher's tasks.
-LATE_EVERY = 0.1
+#: The share of tasks done by which every late task is published (the faults' last is made
+#: by 0.9), and the pause before each of them.
+LATE_UNTIL = 0.85
+LATE_SPACING = 0.01
 
 
 def drive(
-    cfg: Config, chaos: Chaos, store: Any, total: int, started: float, late: LatePublisher
+    cfg: Config, chaos: Chaos, store: Any, before: int, started: float, late: LatePublisher
 ) -> str:
     """Make the planned faults as the tasks get done; until none is left and the late
     publisher is done, or the timeout."""
@@ -193,7 +239,10 @@ def drive(
             continue
         if left == 0 and not schedule and not chaos.pending and not late.is_alive():
             return "drained"
-        done = 1 - left / total
+        # The share done of what has been published so far (``before``: the tasks published
+        # before the workers started).
+        done = 1 - left / (before + late.published)
+        late.allow(done)
         while schedule and schedule[0][0] <= done:
             kind = schedule[0][1]
             if not getattr(chaos, kind)():  # no worker free for it now: at the next look
@@ -250,9 +299,10 @@ def run(cfg: Config, chaos: Chaos, args: argparse.Namespace) -> int:
     late = LatePublisher(cfg, task_ids)
     late.start()
     try:
-        outcome = drive(cfg, chaos, store, total, started, late)
+        outcome = drive(cfg, chaos, store, len(task_ids), started, late)
         seconds = time.monotonic() - started
     finally:
+        late.stop()
         chaos.stop_all()
     late.join(timeout=60)
     from sqlease._db.engine import dispose_all
@@ -277,6 +327,7 @@ def run(cfg: Config, chaos: Chaos, args: argparse.Namespace) -> int:
         "tasks_in_runs": cfg.runs * cfg.tasks_per_run,
         "tasks_alone": cfg.alone,
         "tasks_published_during_the_faults": late.published,
+        "late_publishes": late.figures(chaos.faults),
         "outcome": outcome,
         "seconds": round(seconds, 1),
         "tasks_per_second": round(total / seconds, 1),
