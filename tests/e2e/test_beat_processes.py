@@ -23,7 +23,7 @@ from sqlease.store import Store
 
 APPS = Path(__file__).parent / "apps"
 #: Fires in all: five before the kill, ten before the stall, the rest after it.
-SLOTS = 20
+SLOTS = 16
 
 
 def _celery(args: list[str], env: dict[str, str], cwd: Path, log: Any) -> subprocess.Popen[bytes]:
@@ -210,7 +210,7 @@ def test_a_worker_with_embedded_beat_runs_the_entries(db_url: str, tmp_path: Pat
 
 
 #: Entries of the batch test, and their interval in seconds.
-MANY, EVERY = 3000, 6.0
+MANY, EVERY = 3000, 4.0
 
 
 def _fired_count(store: Store) -> int:
