@@ -19,9 +19,10 @@ from sqlease._db.rows import row_to_message
 from sqlease.errors import ConfigurationError, PayloadTooLarge
 from sqlease.types import Message, NewMessage
 
-#: How far the database's clock may have moved back between a publish's first try and its
-#: check (another server after a failover), in milliseconds.
-PUBLISH_CLOCK_SLACK_MS = 5000
+#: How far the database's clock may run ahead of the time the client measured between a
+#: publish's first try and its check (another server after a failover), in milliseconds.
+#: Small: the window is also where another publish of the task id could be taken for it.
+PUBLISH_CLOCK_SLACK_MS = 1000
 
 
 def describe_member(msg: NewMessage, index: int, count: int | None) -> str:
@@ -217,7 +218,11 @@ class Messages(Aggregate):
         the messages published since the first try began (``published_since``). Found, each
         message's id is looked up the same way (0 for one already gone: delivered and acked).
         A publish with no task id cannot be told from another: it is tried again (stored
-        twice if its first try did commit)."""
+        twice if its first try did commit). A message already gone is known by its task id
+        alone, so another publish of the same task id, delivered and acked within the
+        window, would be taken for this one: Celery's task ids are one per publish (a
+        retry's original is acked only after its republish is stored), so that needs a
+        task id reused on purpose within a second or so."""
         probe = next((r for r in rows if r["task_id"] is not None), None)
         if probe is None:
             return None
