@@ -29,6 +29,8 @@ class StallingProxy:
         self.opened_while_stalled = 0
         self._lose_marker: bytes | None = None
         self._losing: set[int] = set()  # server sockets whose next answer goes nowhere
+        self._at_commit = False
+        self._committing: set[int] = set()  # server sockets whose next COMMIT's answer does
         #: Answers dropped by ``lose_answer``.
         self.answers_lost = 0
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
@@ -39,8 +41,12 @@ class StallingProxy:
     def resume(self) -> None:
         self._flowing.set()
 
-    def lose_answer(self, marker: bytes) -> None:
+    def lose_answer(self, marker: bytes, *, at_commit: bool = False) -> None:
+        """Drop the answer to the next statement containing ``marker``; with ``at_commit``,
+        the answer to the ``COMMIT`` that follows it on its connection (a transaction of
+        several statements)."""
         self._lose_marker = marker
+        self._at_commit = at_commit
 
     def close(self) -> None:
         self._closed = True
@@ -90,6 +96,11 @@ class StallingProxy:
                 if to_server and self._lose_marker is not None and self._lose_marker in data:
                     with self._lock:
                         self._lose_marker = None
+                        armed = self._committing if self._at_commit else self._losing
+                        armed.add(id(target))
+                elif to_server and id(target) in self._committing and b"COMMIT" in data:
+                    with self._lock:
+                        self._committing.discard(id(target))
                         self._losing.add(id(target))
                 elif not to_server and id(source) in self._losing:
                     with self._lock:
