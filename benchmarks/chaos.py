@@ -158,7 +158,6 @@ class LatePublisher(threading.Thread):
         super().__init__(name="late-publisher", daemon=True)
         self.cfg, self.task_ids = cfg, task_ids
         self.failed: list[str] = []
-        self.published = 0
         #: When each late publish began and ended (wall clock, as the faults' times).
         self.spans: list[tuple[float, float]] = []
         self._allowed = 0
@@ -197,8 +196,11 @@ class LatePublisher(threading.Thread):
                 del self.task_ids[task_id]
                 self.failed.append(f"late publish {n}: {type(exc).__name__}: {exc}"[:300])
             else:
-                self.published += 1
                 self.spans.append((began, time.time()))
+
+    @property
+    def published(self) -> int:
+        return len(self.spans)
 
     def figures(self, faults: list[dict[str, Any]]) -> dict[str, Any]:
         """How the late publishes met the faults: the slowest (a retry rode something out),

@@ -9,9 +9,11 @@ Both tests fail without the retry's check: the task, or the whole group, is stor
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
-from celery import Celery
+from celery import Celery, group
 from sqlalchemy.engine import make_url
 
 from sqlease import Store
@@ -21,7 +23,22 @@ from .tcp_proxy import StallingProxy
 pytestmark = [pytest.mark.timeout(60)]
 
 
-def test_a_celery_publish_whose_answer_was_lost_is_stored_once(pg_database_url: str) -> None:
+@dataclass
+class Publisher:
+    """A Celery app that publishes through the proxy, and a store on the same tables that
+    reads them directly."""
+
+    app: Celery
+    store: Store
+    proxy: StallingProxy
+    prefix: str
+
+    def lose_next_insert_answer(self, *, at_commit: bool = False) -> None:
+        self.proxy.lose_answer(f"INSERT INTO {self.prefix}messages".encode(), at_commit=at_commit)
+
+
+@pytest.fixture
+def publisher(pg_database_url: str) -> Iterator[Publisher]:
     url = make_url(pg_database_url)
     proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
     prefix = f"lost{uuid.uuid4().hex[:8]}_"
@@ -31,46 +48,34 @@ def test_a_celery_publish_whose_answer_was_lost_is_stored_once(pg_database_url: 
     store = Store(pg_database_url, table_prefix=prefix)
     try:
         app.send_task("lost.warm_up", task_id="warm-up")  # tables made, connection pooled
-        task_id = str(uuid.uuid4())
-        proxy.lose_answer(f"INSERT INTO {prefix}messages".encode())
-        app.send_task("lost.work", args=(1,), task_id=task_id)
-        assert proxy.answers_lost == 1  # the statement's answer really was dropped
-        rows = [m for m in store.claim(["celery"], "w", lease_ms=5_000, limit=10)]
-        assert sorted(m.task_id or "" for m in rows) == sorted(["warm-up", task_id])
-        kinds = [e.kind for e in store.events(task_id=task_id)]
-        assert kinds.count("enqueued") == 1
+        yield Publisher(app, store, proxy, prefix)
     finally:
         app.close()
         store.engine.dispose()
         proxy.close()
 
 
-def test_a_group_whose_answer_was_lost_is_stored_once(pg_database_url: str) -> None:
+def test_a_celery_publish_whose_answer_was_lost_is_stored_once(publisher: Publisher) -> None:
+    task_id = str(uuid.uuid4())
+    publisher.lose_next_insert_answer()
+    publisher.app.send_task("lost.work", args=(1,), task_id=task_id)
+    assert publisher.proxy.answers_lost == 1  # the statement's answer really was dropped
+    claimed = publisher.store.claim(["celery"], "w", lease_ms=5_000, limit=10)
+    assert sorted(m.task_id or "" for m in claimed) == sorted(["warm-up", task_id])
+    kinds = [e.kind for e in publisher.store.events(task_id=task_id)]
+    assert kinds.count("enqueued") == 1
+
+
+def test_a_group_whose_answer_was_lost_is_stored_once(publisher: Publisher) -> None:
     # A group is one batch, one transaction (its statements, then COMMIT): the answer to its
     # COMMIT is lost; the retry finds the batch whole and stores nothing more.
-    from celery import group
-
-    url = make_url(pg_database_url)
-    proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
-    prefix = f"lostg{uuid.uuid4().hex[:8]}_"
-    through = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
-    app = Celery("lost_answer", broker="sqlease+" + through, set_as_current=False)
-    app.conf.broker_transport_options = {"table_prefix": prefix}
-
-    @app.task(name="lost.part", shared=False)
+    @publisher.app.task(name="lost.part", shared=False)
     def part(i: int) -> int:
         return i
 
-    store = Store(pg_database_url, table_prefix=prefix)
-    try:
-        app.send_task("lost.warm_up", task_id="warm-up")
-        proxy.lose_answer(f"INSERT INTO {prefix}messages".encode(), at_commit=True)
-        sent = group(part.s(i) for i in range(20)).apply_async()
-        assert proxy.answers_lost == 1
-        ids = sorted(r.id for r in sent.results)
-        claimed = store.claim(["celery"], "w", lease_ms=5_000, limit=50)
-        assert sorted(m.task_id or "" for m in claimed if m.task_id != "warm-up") == ids
-    finally:
-        app.close()
-        store.engine.dispose()
-        proxy.close()
+    publisher.lose_next_insert_answer(at_commit=True)
+    sent = group(part.s(i) for i in range(20)).apply_async()
+    assert publisher.proxy.answers_lost == 1
+    ids = sorted(r.id for r in sent.results)
+    claimed = publisher.store.claim(["celery"], "w", lease_ms=5_000, limit=50)
+    assert sorted(m.task_id or "" for m in claimed if m.task_id != "warm-up") == ids
