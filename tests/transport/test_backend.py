@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, states
+from celery import exceptions as celery_exceptions
 from celery.result import AsyncResult, GroupResult
 from sqlalchemy import select
 
@@ -159,6 +160,98 @@ def _wait_in_thread(app: Celery, task_id: str) -> tuple[Any, dict[str, Any]]:
     thread = threading.Thread(target=waiting)
     thread.start()
     return thread, box
+
+
+def _writer(app: Celery) -> Celery:
+    writer = Celery("writer", broker=app.conf.broker_url, backend=app.conf.result_backend)
+    writer.conf.broker_transport_options = app.conf.broker_transport_options
+    return writer
+
+
+def test_get_with_on_message_is_given_every_state_then_the_result(app: Celery) -> None:
+    """``AsyncResult.get(on_message=...)`` (Redis's backend supports it): each state the
+    result takes while waited for, in order, then the final one; each written once the
+    waiter has reported the one before, so no state is written over unseen."""
+    import threading
+
+    seen: list[tuple[str, Any]] = []
+    reported = threading.Semaphore(0)
+
+    def on_message(meta: dict[str, Any]) -> None:
+        seen.append((meta["status"], meta["result"]))
+        reported.release()
+
+    box: dict[str, Any] = {}
+
+    def waiting() -> None:
+        try:
+            box["value"] = AsyncResult("tid-m", app=app).get(timeout=10, on_message=on_message)
+        except Exception as exc:  # reported by the assertion below
+            box["error"] = exc
+
+    writer = _writer(app)
+    writer.backend.mark_as_started("tid-m", pid=7)  # already there when get() starts
+    thread = threading.Thread(target=waiting)
+    thread.start()
+    assert reported.acquire(timeout=10)
+    for step in (1, 2):
+        writer.backend.store_result("tid-m", {"step": step}, "PROGRESS")
+        assert reported.acquire(timeout=10)
+    writer.backend.store_result("tid-m", 42, states.SUCCESS)
+    thread.join(10)
+    assert box == {"value": 42}
+    assert seen == [
+        (states.STARTED, {"pid": 7}),
+        ("PROGRESS", {"step": 1}),
+        ("PROGRESS", {"step": 2}),
+        (states.SUCCESS, 42),
+    ]
+    # A failure reaches on_message too, then raises as get() does.
+    seen.clear()
+    try:
+        raise KeyError("gone")
+    except KeyError as exc:
+        writer.backend.mark_as_failure("tid-mf", exc)
+    with pytest.raises(KeyError, match="gone"):
+        AsyncResult("tid-mf", app=app).get(timeout=5, on_message=on_message)
+    assert [status for status, _ in seen] == [states.FAILURE]
+    fresh = AsyncResult("tid-mf", app=_writer(app))  # no cached result: waited for again
+    assert isinstance(fresh.get(timeout=5, propagate=False, on_message=on_message), KeyError)
+    assert [status for status, _ in seen] == [states.FAILURE] * 2
+    with pytest.raises(celery_exceptions.TimeoutError):
+        AsyncResult("tid-none", app=app).get(timeout=0.3, on_message=on_message)
+    writer.close()
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_on_message_sees_states_written_faster_than_it_reads(
+    app: Celery, db_url: str, reads: list[str]
+) -> None:
+    """On PostgreSQL each write's notification carries its state: states written in quick
+    succession while the waiter naps are each given to on_message, with no read back."""
+    import threading
+
+    seen: list[tuple[str, Any]] = []
+    box: dict[str, Any] = {}
+
+    def waiting() -> None:
+        box["value"] = AsyncResult("tid-q", app=app).get(
+            timeout=10, on_message=lambda m: seen.append((m["status"], m["result"]))
+        )
+
+    thread = threading.Thread(target=waiting)
+    thread.start()
+    _until_napping(reads)
+    writer = _writer(app)
+    for step in range(5):
+        writer.backend.store_result("tid-q", {"step": step}, "PROGRESS")
+    writer.backend.store_result("tid-q", "done", states.SUCCESS)
+    thread.join(10)
+    assert box == {"value": "done"}
+    assert seen == [("PROGRESS", {"step": step}) for step in range(5)] + [(states.SUCCESS, "done")]
+    assert len(reads) == 1  # the first read only
+    writer.close()
 
 
 @pytest.mark.pg

@@ -158,3 +158,38 @@ def test_started_state_and_autoretry_with_backoff(db_url: str) -> None:
             gave_up.get(timeout=10)
         assert gave_up.state == "FAILURE"
     app.close()
+
+
+def test_get_on_message_follows_a_running_tasks_progress(db_url: str) -> None:
+    # AsyncResult.get(on_message=...) is given the task's own states (update_state) while it
+    # runs; each step waits for the client to have seen the one before, so none is written
+    # over unseen (STARTED, written just before the first step, may be).
+    prefix = unique_prefix()
+    app = _app(db_url, prefix)
+    app.conf.task_track_started = True
+    steps = [threading.Event() for _ in range(2)]
+
+    @app.task(name="inprocess.progress", bind=True, shared=False)
+    def progress(self: Any) -> str:
+        for done, seen_by_client in enumerate(steps, start=1):
+            self.update_state(state="PROGRESS", meta={"done": done})
+            assert seen_by_client.wait(10)
+        return "finished"
+
+    seen: list[tuple[str, Any]] = []
+
+    def on_message(meta: dict[str, Any]) -> None:
+        seen.append((meta["status"], meta["result"]))
+        if meta["status"] == "PROGRESS":
+            steps[meta["result"]["done"] - 1].set()
+
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        assert progress.delay().get(timeout=20, on_message=on_message) == "finished"
+    if seen and seen[0][0] == "STARTED":
+        seen.pop(0)
+    assert seen == [
+        ("PROGRESS", {"done": 1}),
+        ("PROGRESS", {"done": 2}),
+        ("SUCCESS", "finished"),
+    ]
+    app.close()

@@ -43,23 +43,33 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
     def _ready_meta_from(self, payloads: list[str] | None, task_id: Any) -> Any:
         """A final result carried by its notification (``<key>\\n<value>``), decoded and
         cached as ``get_task_meta`` would; None when no payload holds one."""
-        if not payloads or self.content_encoding == "binary":
-            return None  # a binary serializer's value never travels as notification text
+        metas = self._metas_from(payloads, task_id)
+        if not metas or metas[-1].get("status") not in states.READY_STATES:
+            return None  # the latest write wins
+        meta = metas[-1]
+        if meta.get("status") == states.SUCCESS:
+            self._cache[task_id] = meta
+        return meta
+
+    def _metas_from(self, payloads: list[str] | None, task_id: Any) -> list[Any] | None:
+        """The states the notifications carried for ``task_id``, oldest first (empty: none
+        named it); None when one named it without a value decodable here (read it back)."""
+        if payloads is None:
+            return None
         key = bytes_to_str(self.get_key_for_task(task_id))
-        for payload in reversed(payloads):  # the latest write wins
+        metas = []
+        for payload in payloads:
             name, sep, value = payload.partition("\n")
-            if not sep or name != key:
+            if name != key:
                 continue
+            # A binary serializer's value never travels as notification text.
+            if not sep or self.content_encoding == "binary":
+                return None
             try:
-                meta = self.decode_result(value)
+                metas.append(self.decode_result(value))
             except Exception:  # not decodable here: read it back instead
                 return None
-            if meta.get("status") not in states.READY_STATES:
-                return None
-            if meta.get("status") == states.SUCCESS:
-                self._cache[task_id] = meta
-            return meta
-        return None
+        return metas
 
     def on_task_call(self, producer: Any, task_id: Any) -> dict[str, Any]:
         """Celery calls this before it publishes a task. In a thread that already waits for
@@ -135,6 +145,80 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
             meta = self._ready_meta_from(payloads, task_id)
             if meta is not None:
                 return meta
+
+    def wait_for_pending(
+        self,
+        result: Any,
+        timeout: float | None = None,
+        interval: float = 0.5,
+        no_ack: bool = True,
+        on_message: Any = None,
+        on_interval: Any = None,
+        callback: Any = None,
+        propagate: bool = True,
+    ) -> Any:
+        """Celery's, and ``AsyncResult.get(on_message=...)``: the callback is given each state
+        the result takes while it is waited for (STARTED, RETRY, custom states such as
+        PROGRESS, then the final one), as Redis's result backend gives it."""
+        if on_message is None:
+            return super().wait_for_pending(
+                result,
+                timeout=timeout,
+                interval=interval,
+                no_ack=no_ack,
+                on_interval=on_interval,
+                callback=callback,
+                propagate=propagate,
+            )
+        self._ensure_not_eager()
+        meta = self._wait_reporting(result.id, timeout, interval, on_message, on_interval)
+        result._maybe_set_cache(meta)
+        return result.maybe_throw(propagate=propagate, callback=callback)
+
+    def _wait_reporting(
+        self,
+        task_id: Any,
+        timeout: float | None,
+        interval: float,
+        on_message: Any,
+        on_interval: Any,
+    ) -> Any:
+        """Wait for ``task_id``'s final state, giving ``on_message`` every state seen on the
+        way. On PostgreSQL each write's notification carries its state, so none is missed;
+        where a notification carries none (SQLite, a value too large), the state is read
+        back, and states written faster than that are seen as the latest of them."""
+        waker = self._waker()
+        waker.fileno()  # listen before the first read, so no later write goes unheard
+        self._fresh().pop(bytes_to_str(task_id), None)
+        reported: list[Any] = [None]
+
+        def report(meta: Any) -> bool:
+            if meta["status"] != states.PENDING and meta != reported[0]:
+                reported[0] = meta
+                on_message(meta)
+            return bool(meta["status"] in states.READY_STATES)
+
+        start = time.monotonic()
+        meta = self.get_task_meta(task_id)
+        while not report(meta):
+            if on_interval:
+                on_interval()
+            elapsed = time.monotonic() - start
+            if timeout is not None and elapsed >= timeout:
+                raise CeleryTimeoutError("The operation timed out.")
+            payloads = self._nap(waker, interval, timeout, elapsed)
+            self._heard(payloads)
+            metas = self._metas_from(payloads, task_id)
+            if not metas:  # none carried, or the safety interval: read it back
+                meta = self.get_task_meta(task_id)
+                continue
+            for meta in metas[:-1]:
+                if report(meta):
+                    return meta
+            meta = metas[-1]
+        if meta["status"] == states.SUCCESS:
+            self._cache[task_id] = meta
+        return meta
 
     def get_many(
         self,
