@@ -193,3 +193,32 @@ def test_get_on_message_follows_a_running_tasks_progress(db_url: str) -> None:
         ("SUCCESS", "finished"),
     ]
     app.close()
+
+
+def test_a_failed_chord_part_is_named_in_the_bodys_chord_error(db_url: str) -> None:
+    # As with Redis's backend: the body fails with ChordError("Dependency <id> raised ...")
+    # naming the header part that failed, its cause that part's exception.
+    prefix = unique_prefix()
+    app = _app(db_url, prefix)
+    add = app.tasks["inprocess.add"]
+
+    @app.task(name="inprocess.fail", shared=False)
+    def fail(message: str) -> None:
+        raise ValueError(message)
+
+    @app.task(name="inprocess.total", shared=False)
+    def total(values: list[int]) -> int:
+        return sum(values)
+
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        body = chord([add.s(1, 1), fail.s("part failed"), add.s(2, 2)], total.s())()
+        with pytest.raises(ValueError, match="part failed"):  # Celery raises the header's first
+            body.get(timeout=10)
+        deadline = time.monotonic() + 10
+        while body.state == "PENDING" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        failed_part = body.parent.results[1].id
+        assert body.state == "FAILURE"
+        assert type(body.result).__name__ == "ChordError"
+        assert str(body.result) == f"Dependency {failed_part} raised ValueError('part failed')"
+    app.close()

@@ -114,6 +114,22 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
             if name.startswith(prefix):
                 fresh.pop(name[len(prefix) :], None)
 
+    def _joined_failure(self, task_id: str) -> None:
+        """A failure a join was given: ``is_cached`` says so while it is among the latest, as
+        Celery's chord (``_failed_join_report``) asks it which part failed, to name it in the
+        ChordError ("Dependency <id> raised ..."). Celery keeps no result cache by default
+        (``result_cache_max``), so without this the part went unnamed."""
+        failed: dict[str, None] | None = getattr(self._local, "joined_failures", None)
+        if failed is None:
+            failed = self._local.joined_failures = {}
+        failed[task_id] = None
+        while len(failed) > FRESH_LIMIT:
+            failed.pop(next(iter(failed)))
+
+    def is_cached(self, task_id: Any) -> bool:
+        failed = getattr(self._local, "joined_failures", None) or {}
+        return bool(super().is_cached(task_id) or bytes_to_str(task_id) in failed)
+
     def wait_for(
         self,
         task_id: Any,
@@ -252,6 +268,8 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
             for key, value in found.items():
                 if on_message is not None:
                     on_message(value)
+                if value["status"] in states.PROPAGATE_STATES:
+                    self._joined_failure(bytes_to_str(key))
                 yield bytes_to_str(key), value
             if not ids:
                 break
