@@ -22,6 +22,7 @@ import kombu
 import kombu.exceptions
 import kombu.transport
 import pytest
+from amqp.exceptions import ChannelError
 from kombu import Connection, Consumer, Exchange, Queue
 from kombu.message import Message
 from kombu.utils.url import parse_url
@@ -560,6 +561,40 @@ def test_topic_exchange_with_bindings_from_another_connection(
     for m in got_a + got_all:
         m.ack()
     assert rows(db_store) == 0
+
+
+def test_an_exchange_declared_elsewhere_routes_by_its_type_when_published_to_by_name(
+    connect: Connect, db_store: Store
+) -> None:
+    """As on a broker, an exchange's type is kept where its bindings are: a process that
+    publishes to it by name, never having declared it, routes by that type (Kombu alone
+    would take it for a direct exchange and drop what no routing key names). A passive
+    declaration finds it; deleting it takes its type and bindings away."""
+    binder, publisher = connect(), connect()
+    topic, fanout = Exchange("named_topic", type="topic"), Exchange("named_fan", type="fanout")
+    Queue("nt_orders", topic, routing_key="orders.*")(binder.default_channel).declare()
+    Queue("nf_1", fanout)(binder.default_channel).declare()
+    Queue("nf_2", fanout)(binder.default_channel).declare()
+
+    producer = publisher.Producer(serializer="json")  # declares nothing
+    for key in ("orders.us", "orders.us.west", "refunds.us"):
+        producer.publish({"key": key}, exchange="named_topic", routing_key=key)
+    producer.publish({"n": 1}, exchange="named_fan", routing_key="anything")
+
+    assert ready(binder, "nt_orders") == 1
+    assert (ready(binder, "nf_1"), ready(binder, "nf_2")) == (1, 1)
+    assert bodies(consume(binder, ["nt_orders"], 1)) == [{"key": "orders.us"}]
+    channel = publisher.channel()
+    channel.exchange_declare("named_topic", "topic", passive=True)  # no error: it exists
+    with pytest.raises(ChannelError, match="NOT_FOUND"):
+        channel.exchange_declare("never_declared", "topic", passive=True)
+
+    binder.default_channel.exchange_delete("named_topic")
+    later = connect().channel()  # a connection that never saw it
+    with pytest.raises(ChannelError, match="NOT_FOUND"):
+        later.exchange_declare("named_topic", "topic", passive=True)
+    assert db_store.bindings("named_topic") == []
+    assert db_store.exchange_type("named_fan") == "fanout"
 
 
 def test_fanout_delivers_one_copy_to_each_bound_queue(connect: Connect, db_store: Store) -> None:

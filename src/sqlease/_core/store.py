@@ -164,6 +164,9 @@ class Store:
     unbind = delegate("topology", Topology.unbind)
     unbind_key = delegate("topology", Topology.unbind_key)
     bindings = delegate("topology", Topology.bindings)
+    declare_exchange = delegate("topology", Topology.declare_exchange)
+    exchange_type = delegate("topology", Topology.exchange_type)
+    delete_exchange = delegate("topology", Topology.delete_exchange)
     # ---- flow control and unique tasks ----
     set_limits = delegate("flow", FlowLimits.set_limits)
     set_rate_limits = delegate("flow", FlowLimits.set_rate_limits)

@@ -131,6 +131,34 @@ class Topology(Aggregate):
             )
 
     @transient
+    def declare_exchange(
+        self, exchange: str, type: str, *, connection: Connection | None = None
+    ) -> None:
+        """Record ``exchange``'s type (``direct``, ``topic``, ``fanout``): a process that
+        publishes to it by name without declaring it routes by that type, as a broker's
+        publishers do. The latest declaration's type stands."""
+        params = {"exchange": exchange, "type": type}
+        if connection is not None:  # inside the caller's transaction
+            connection.execute(self.sql.declare_exchange, params)
+            return
+        with self.driver.writing() as conn:
+            conn.execute(self.sql.declare_exchange, params)
+
+    @transient
+    def exchange_type(self, exchange: str) -> str | None:
+        """The type ``exchange`` was last declared with, or None if it never was."""
+        with self.driver.reading() as conn:
+            found = conn.execute(self.sql.exchange_type, {"exchange": exchange}).scalar()
+        return None if found is None else str(found)
+
+    @transient
+    def delete_exchange(self, exchange: str) -> None:
+        """Forget ``exchange``: its type and its bindings (its queues stay)."""
+        with self.driver.writing() as conn:
+            conn.execute(self.sql.delete_exchange_bindings, {"exchange": exchange})
+            conn.execute(self.sql.delete_exchange, {"exchange": exchange})
+
+    @transient
     def bindings(self, exchange: str) -> list[tuple[str, str, str]]:
         """``(routing_key, pattern, queue)`` for every binding of ``exchange``."""
         with self.driver.reading() as conn:

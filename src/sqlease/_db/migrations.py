@@ -192,6 +192,12 @@ def _migration_14(conn: Connection, tables: Tables) -> None:
     pass
 
 
+def _migration_15(conn: Connection, tables: Tables) -> None:
+    # The declared exchanges' types (sqlease._db.topology_tables). An exchange declared by
+    # an earlier version is recorded at its next declaration.
+    create_table(conn, tables.exchanges)
+
+
 # Each entry moves the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_1,
@@ -208,6 +214,7 @@ MIGRATIONS: list[Callable[[Connection, Tables], None]] = [
     _migration_12,
     _migration_13,
     _migration_14,
+    _migration_15,
 ]
 CURRENT_VERSION = len(MIGRATIONS)
 

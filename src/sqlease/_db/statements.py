@@ -77,6 +77,10 @@ class Statements:
     bind: TextClause
     unbind: TextClause
     bindings_for: TextClause
+    declare_exchange: TextClause
+    exchange_type: TextClause
+    delete_exchange: TextClause
+    delete_exchange_bindings: TextClause
     declare_queue: TextClause
     has_queue: TextClause
     delete_queue: TextClause

@@ -80,6 +80,7 @@ class Tables:
     uniques: Table
     duplicates: Table
     run_order: Table
+    exchanges: Table
 
     def name(self, short: str) -> str:
         return f"{self.prefix}{short}"
@@ -236,7 +237,7 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
     Index(f"{p}events_at_ix", events.c.at_ms)
     Index(f"{p}events_message_ix", events.c.message_id, events.c.id)
     batch_events_index(events)
-    bindings, queues = topology_tables(md, p)
+    bindings, queues, exchanges = topology_tables(md, p)
     # Celery results (the result backend's key/value space), each written under the lease of
     # the delivery that produced it when fenced.
     results = Table(
@@ -378,6 +379,7 @@ def build_tables(prefix: str = "sqlease_") -> Tables:
         uniques,
         duplicates,
         run_order,
+        exchanges,
     )
 
 

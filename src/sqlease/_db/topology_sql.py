@@ -1,6 +1,6 @@
 """The statements of the Kombu topology, the same on every dialect: bindings (exchange, queue,
-routing key or pattern) and declared queues, with a queue's deletion (its bindings, and its
-ready messages nobody holds)."""
+routing key or pattern), declared exchanges' types and declared queues, with a queue's
+deletion (its bindings, and its ready messages nobody holds)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,27 @@ def bindings_for(t: Tables) -> TextClause:
         f"SELECT routing_key, pattern, queue FROM {t.bindings.name} "
         "WHERE exchange = :exchange ORDER BY queue, routing_key"
     )
+
+
+def declare_exchange(t: Tables) -> TextClause:
+    # The latest declaration's type stands (a broker would refuse a different one; Kombu's
+    # in-process check does that for the declaring process).
+    return text(
+        f"INSERT INTO {t.exchanges.name} (name, type) VALUES (:exchange, :type) "
+        "ON CONFLICT (name) DO UPDATE SET type = excluded.type"
+    )
+
+
+def exchange_type(t: Tables) -> TextClause:
+    return text(f"SELECT type FROM {t.exchanges.name} WHERE name = :exchange")
+
+
+def delete_exchange(t: Tables) -> TextClause:
+    return text(f"DELETE FROM {t.exchanges.name} WHERE name = :exchange")
+
+
+def delete_exchange_bindings(t: Tables) -> TextClause:
+    return text(f"DELETE FROM {t.bindings.name} WHERE exchange = :exchange")
 
 
 def declare_queue(t: Tables, now: str) -> TextClause:

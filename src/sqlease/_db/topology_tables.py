@@ -1,13 +1,14 @@
-"""The broker topology's tables: exchange-to-queue bindings and the declared queues, with
-the idle expiry of the queues that Celery's clients leave behind (migration 7)."""
+"""The broker topology's tables: exchange-to-queue bindings, the declared queues, with the
+idle expiry of the queues that Celery's clients leave behind (migration 7), and the declared
+exchanges' types (migration 15)."""
 
 from __future__ import annotations
 
 from sqlalchemy import BigInteger, Column, Index, MetaData, PrimaryKeyConstraint, Table, Text
 
 
-def topology_tables(md: MetaData, p: str) -> tuple[Table, Table]:
-    """``bindings`` and ``queues`` for the prefix ``p``."""
+def topology_tables(md: MetaData, p: str) -> tuple[Table, Table, Table]:
+    """``bindings``, ``queues`` and ``exchanges`` for the prefix ``p``."""
     bindings = Table(
         f"{p}bindings",
         md,
@@ -38,4 +39,13 @@ def topology_tables(md: MetaData, p: str) -> tuple[Table, Table]:
         postgresql_where=queues.c.expires_at_ms.isnot(None),
         sqlite_where=queues.c.expires_at_ms.isnot(None),
     )
-    return bindings, queues
+    # Migration 15: each declared exchange's type, as a broker keeps it, so that a process
+    # that publishes to an exchange by name without declaring it routes by that type (a
+    # topic's patterns, a fanout's every queue) rather than Kombu's default, direct.
+    exchanges = Table(
+        f"{p}exchanges",
+        md,
+        Column("name", Text, primary_key=True),
+        Column("type", Text, nullable=False),
+    )
+    return bindings, queues, exchanges

@@ -58,6 +58,7 @@ class ChannelHost(Protocol):
 
     store: Store
     fetcher: Fetcher
+    exchange_types: dict[str, str]
 
     def publish(
         self, items: Iterable[tuple[str, dict[str, Any]]], *, hold: bool = True
@@ -148,6 +149,54 @@ class Channel(virtual.Channel):
             publish_later(lambda: publish(message, exchange, routing_key, **kwargs))
             return None
         return super().basic_publish(message, exchange, routing_key, **kwargs)
+
+    # ---- exchanges: their types kept in the database, as a broker keeps them -------------
+
+    def exchange_declare(
+        self,
+        exchange: str | None = None,
+        type: str = "direct",
+        durable: bool = False,
+        auto_delete: bool = False,
+        arguments: Any = None,
+        nowait: bool = False,
+        passive: bool = False,
+    ) -> None:
+        if passive:
+            if exchange and exchange not in self.state.exchanges and self._stored_type(exchange):
+                return None  # declared by another process: it exists
+            return super().exchange_declare(exchange, type, passive=True)
+        super().exchange_declare(exchange, type, durable, auto_delete, arguments, nowait)
+        type = type or "direct"
+        name = exchange or f"amq.{type}"
+        if self.connection.exchange_types.get(name) != type:
+            with self.connection.caller_transaction() as connection:
+                self.store.declare_exchange(name, type, connection=connection)
+            if connection is None:  # a caller's transaction may yet roll it back
+                self.connection.exchange_types[name] = type
+        return None
+
+    def typeof(self, exchange: str, default: str = "direct") -> Any:
+        """The exchange's type as declared here, else as stored by the process that declared
+        it (Kombu alone would route an exchange it never declared as direct)."""
+        if exchange and exchange not in self.state.exchanges:
+            stored = self._stored_type(exchange)
+            if stored in self.exchange_types:
+                return self.exchange_types[stored]
+        return super().typeof(exchange, default)
+
+    def _stored_type(self, exchange: str) -> str | None:
+        known = self.connection.exchange_types.get(exchange)
+        if known is None:
+            known = self.store.exchange_type(exchange)
+            if known is not None:
+                self.connection.exchange_types[exchange] = known
+        return known
+
+    def exchange_delete(self, exchange: str, if_unused: bool = False, nowait: bool = False) -> None:
+        super().exchange_delete(exchange, if_unused=if_unused, nowait=nowait)
+        self.store.delete_exchange(exchange)
+        self.connection.exchange_types.pop(exchange, None)
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         self.connection.publish([(queue, message)])

@@ -130,6 +130,8 @@ class Transport(virtual.Transport):
             cycle=lambda: self.cycle,
             connection_errors=self.connection_errors,
         )
+        #: Exchange types this connection recorded in the database or read from it.
+        self.exchange_types: dict[str, str] = {}
         self._queues = DeclaredQueues(
             store=lambda: self.store,
             options=self.options,
