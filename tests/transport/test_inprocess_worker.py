@@ -2,8 +2,9 @@
 ``celery.contrib.pytest``'s ``celery_worker`` fixtures use) runs on sqlease as on any broker:
 solo and threads pools, the ping check, results through sqlease's backend, a retry, the
 STARTED state (``task_track_started``), ``autoretry_for`` with backoff, a clean stop that
-leaves nothing leased, and the canvas (chain, group, chord, link, link_error) with
-the result API (forget, GroupResult save and restore)."""
+leaves nothing leased, the canvas (chain, group, chord, link, link_error, a chord's error)
+with the result API (forget, GroupResult save and restore, ``get(on_message=...)``), and a
+client sending through a topic exchange it never declared."""
 
 from __future__ import annotations
 
@@ -222,3 +223,24 @@ def test_a_failed_chord_part_is_named_in_the_bodys_chord_error(db_url: str) -> N
         assert type(body.result).__name__ == "ChordError"
         assert str(body.result) == f"Dependency {failed_part} raised ValueError('part failed')"
     app.close()
+
+
+def test_a_client_routes_through_a_topic_exchange_it_never_declared(db_url: str) -> None:
+    # The worker declares the topic exchange and binds its queue by pattern; a client that
+    # knows only the exchange's name (no task_queues of its own) sends through it, as with
+    # RabbitMQ: the message reaches the bound queue by its pattern.
+    from kombu import Exchange, Queue
+
+    prefix = unique_prefix()
+    worker_app = _app(db_url, prefix)
+    orders = Exchange("orders", type="topic")
+    worker_app.conf.task_queues = [Queue("orders_eu", orders, routing_key="orders.eu.*")]
+    client = _app(db_url, prefix)
+    with start_worker(worker_app, pool="threads", concurrency=1, perform_ping_check=False):
+        result = client.send_task(
+            "inprocess.add", (20, 22), exchange="orders", routing_key="orders.eu.paris"
+        )
+        assert result.get(timeout=10) == 42
+        assert result.result == 42
+    worker_app.close()
+    client.close()
