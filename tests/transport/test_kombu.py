@@ -584,6 +584,12 @@ def test_an_exchange_declared_elsewhere_routes_by_its_type_when_published_to_by_
     assert ready(binder, "nt_orders") == 1
     assert (ready(binder, "nf_1"), ready(binder, "nf_2")) == (1, 1)
     assert bodies(consume(binder, ["nt_orders"], 1)) == [{"key": "orders.us"}]
+    # A queue bound to it by a process that never declared it: a fanout's third queue.
+    joiner = connect().channel()
+    joiner.queue_declare("nf_3")
+    joiner.queue_bind("nf_3", "named_fan")
+    producer.publish({"n": 2}, exchange="named_fan", routing_key="")
+    assert [ready(binder, q) for q in ("nf_1", "nf_2", "nf_3")] == [2, 2, 1]
     channel = publisher.channel()
     channel.exchange_declare("named_topic", "topic", passive=True)  # no error: it exists
     with pytest.raises(ChannelError, match="NOT_FOUND"):

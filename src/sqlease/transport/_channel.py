@@ -185,6 +185,28 @@ class Channel(virtual.Channel):
                 return self.exchange_types[stored]
         return super().typeof(exchange, default)
 
+    def queue_bind(
+        self,
+        queue: str,
+        exchange: str | None = None,
+        routing_key: str = "",
+        arguments: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if exchange and exchange not in self.state.exchanges:
+            stored = self._stored_type(exchange)
+            if stored in self.exchange_types:
+                # Declared by another process: bound to as it is (Kombu alone knows only
+                # the exchanges declared here, and fails with a KeyError).
+                self.state.exchanges[exchange] = {
+                    "type": stored,
+                    "durable": True,
+                    "auto_delete": False,
+                    "arguments": {},
+                    "table": [],
+                }
+        super().queue_bind(queue, exchange, routing_key, arguments, **kwargs)
+
     def _stored_type(self, exchange: str) -> str | None:
         known = self.connection.exchange_types.get(exchange)
         if known is None:
