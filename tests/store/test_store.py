@@ -730,3 +730,18 @@ def test_transactional_enqueue_joins_the_callers_transaction(store: Store) -> No
     with store.engine.begin() as conn:
         store.enqueue("q", "committed", connection=conn)
     assert store.size("q") == 1
+
+
+def test_an_exchanges_type_is_kept_until_it_is_deleted_with_its_bindings(store: Store) -> None:
+    assert store.exchange_type("orders") is None
+    store.declare_exchange("orders", "topic")
+    store.declare_exchange("orders", "topic")  # again: unchanged
+    store.bind("orders", "eu", "orders.eu.*", r"^orders\.eu\.[^.]+$")
+    store.bind("other", "eu", "x", "")
+    assert store.exchange_type("orders") == "topic"
+    store.declare_exchange("orders", "fanout")  # the latest declaration stands
+    assert store.exchange_type("orders") == "fanout"
+    store.delete_exchange("orders")
+    assert store.exchange_type("orders") is None
+    assert store.bindings("orders") == []
+    assert store.bindings("other") == [("x", "", "eu")]  # another exchange's are kept

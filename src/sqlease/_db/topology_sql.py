@@ -33,10 +33,12 @@ def bindings_for(t: Tables) -> TextClause:
 
 def declare_exchange(t: Tables) -> TextClause:
     # The latest declaration's type stands (a broker would refuse a different one; Kombu's
-    # in-process check does that for the declaring process).
+    # in-process check does that for the declaring process). The same type again writes
+    # nothing: every new connection declares its exchanges.
+    e = t.exchanges.name
     return text(
-        f"INSERT INTO {t.exchanges.name} (name, type) VALUES (:exchange, :type) "
-        "ON CONFLICT (name) DO UPDATE SET type = excluded.type"
+        f"INSERT INTO {e} (name, type) VALUES (:exchange, :type) "
+        f"ON CONFLICT (name) DO UPDATE SET type = excluded.type WHERE {e}.type <> excluded.type"
     )
 
 
