@@ -8,8 +8,9 @@ one statement that writes owner, expiry and ``attempt + 1``; the process's heart
 lease it holds; ack, reject and restore are fenced SQL writes on ``(id, owner, attempt)``. A
 crashed worker's messages come back when their leases expire, and its late acks change nothing.
 
-Routing: direct, topic and fanout exchanges, with bindings persisted in SQL so that remote
-control (``celery inspect``), events and topic routing work across processes and machines.
+Routing: direct, topic and fanout exchanges, with bindings and exchange types persisted in SQL
+so that remote control (``celery inspect``), events, topic routing and publishes to an exchange
+declared elsewhere work across processes and machines.
 Consumers that never ack (pidbox, event receivers) delete on fetch.
 
 Wake-ups: PostgreSQL LISTEN/NOTIFY in the worker's event loop; SQLite watches the file's
