@@ -31,7 +31,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) ->
     """Version 2 leaves room on PostgreSQL's messages pages for HOT claims; version 3 adds
     the batch-event columns (and their index on PostgreSQL); version 4 the handoff offers
     table; version 5 the offers' number and handed mark; version 6 the periodic tasks'
-    schedules and leaders tables. A database made by version 1 is
+    schedules and leaders tables; version 15 the exchanges' types. A database made by version 1 is
     brought to the current version at the next start, messages and all."""
     from sqlalchemy import inspect, text, update
 
@@ -48,6 +48,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) ->
         conn.execute(text(f"DROP TABLE {old.tables.offers.name}"))
         conn.execute(text(f"DROP TABLE {old.tables.schedules.name}"))
         conn.execute(text(f"DROP TABLE {old.tables.leaders.name}"))
+        conn.execute(text(f"DROP TABLE {old.tables.exchanges.name}"))
         conn.execute(update(old.tables.schema_version).values(version=1))
     with pytest.raises(Exception, match="older"):
         Store(db_url, table_prefix=prefix, auto_migrate=False)
@@ -56,6 +57,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_messages(db_url: str) ->
         assert read_version(conn, new.tables) == CURRENT_VERSION
         assert inspect(conn).has_table(new.tables.schedules.name)
         assert inspect(conn).has_table(new.tables.leaders.name)
+        assert inspect(conn).has_table(new.tables.exchanges.name)
         columns = {c["name"] for c in inspect(conn).get_columns(events)}
         assert {"task_ids", "message_ids", "attempts"} <= columns
         offers = new.tables.offers.name
