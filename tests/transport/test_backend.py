@@ -146,14 +146,16 @@ def _until_napping(reads: list[str]) -> None:
     time.sleep(0.05)
 
 
-def _wait_in_thread(app: Celery, task_id: str) -> tuple[Any, dict[str, Any]]:
+def _wait_in_thread(app: Celery, task_id: str, **get: Any) -> tuple[Any, dict[str, Any]]:
+    """``AsyncResult(task_id).get(timeout=10, **get)`` in a thread: its value or error in the
+    box."""
     import threading
 
     box: dict[str, Any] = {}
 
     def waiting() -> None:
         try:
-            box["value"] = AsyncResult(task_id, app=app).get(timeout=10)
+            box["value"] = AsyncResult(task_id, app=app).get(timeout=10, **get)
         except Exception as exc:  # reported by the caller's assertion
             box["error"] = exc
 
@@ -181,18 +183,9 @@ def test_get_with_on_message_is_given_every_state_then_the_result(app: Celery) -
         seen.append((meta["status"], meta["result"]))
         reported.release()
 
-    box: dict[str, Any] = {}
-
-    def waiting() -> None:
-        try:
-            box["value"] = AsyncResult("tid-m", app=app).get(timeout=10, on_message=on_message)
-        except Exception as exc:  # reported by the assertion below
-            box["error"] = exc
-
     writer = _writer(app)
     writer.backend.mark_as_started("tid-m", pid=7)  # already there when get() starts
-    thread = threading.Thread(target=waiting)
-    thread.start()
+    thread, box = _wait_in_thread(app, "tid-m", on_message=on_message)
     assert reported.acquire(timeout=10)
     for step in (1, 2):
         writer.backend.store_result("tid-m", {"step": step}, "PROGRESS")
@@ -215,7 +208,7 @@ def test_get_with_on_message_is_given_every_state_then_the_result(app: Celery) -
     with pytest.raises(KeyError, match="gone"):
         AsyncResult("tid-mf", app=app).get(timeout=5, on_message=on_message)
     assert [status for status, _ in seen] == [states.FAILURE]
-    fresh = AsyncResult("tid-mf", app=_writer(app))  # no cached result: waited for again
+    fresh = AsyncResult("tid-mf", app=writer)  # no cached result: waited for again
     assert isinstance(fresh.get(timeout=5, propagate=False, on_message=on_message), KeyError)
     assert [status for status, _ in seen] == [states.FAILURE] * 2
     with pytest.raises(celery_exceptions.TimeoutError):
@@ -230,18 +223,10 @@ def test_on_message_sees_states_written_faster_than_it_reads(
 ) -> None:
     """On PostgreSQL each write's notification carries its state: states written in quick
     succession while the waiter naps are each given to on_message, with no read back."""
-    import threading
-
     seen: list[tuple[str, Any]] = []
-    box: dict[str, Any] = {}
-
-    def waiting() -> None:
-        box["value"] = AsyncResult("tid-q", app=app).get(
-            timeout=10, on_message=lambda m: seen.append((m["status"], m["result"]))
-        )
-
-    thread = threading.Thread(target=waiting)
-    thread.start()
+    thread, box = _wait_in_thread(
+        app, "tid-q", on_message=lambda m: seen.append((m["status"], m["result"]))
+    )
     _until_napping(reads)
     writer = _writer(app)
     for step in range(5):
@@ -263,8 +248,7 @@ def test_waiting_get_takes_the_result_from_its_notification(
     """A result small enough to travel with its NOTIFY is not read back; a larger one is."""
     thread, box = _wait_in_thread(app, "tid-n")
     _until_napping(reads)
-    writer = Celery("writer", broker=app.conf.broker_url, backend=app.conf.result_backend)
-    writer.conf.broker_transport_options = app.conf.broker_transport_options
+    writer = _writer(app)
     value = "x" * size
     writer.backend.store_result("tid-n", value, states.SUCCESS)
     thread.join(10)
@@ -282,8 +266,7 @@ def test_get_after_publishing_skips_its_first_read_and_still_sees_old_results(
     its get() needs no first read; a reused task id whose SUCCESS is already stored (and so
     is kept, not rewritten) is still found."""
     backend = backend_of(app)
-    writer = Celery("writer", broker=app.conf.broker_url, backend=app.conf.result_backend)
-    writer.conf.broker_transport_options = app.conf.broker_transport_options
+    writer = _writer(app)
     writer.backend.store_result("warm-up", 0, states.SUCCESS)
     assert AsyncResult("warm-up", app=app).get(timeout=5) == 0  # this thread now listens
     reads.clear()
@@ -313,8 +296,7 @@ def test_results_heard_while_waiting_for_another_are_not_waited_for_again(
     others' results too, so each later get() reads its result at once instead of napping for
     a notification already gone (it took one second per result)."""
     backend = backend_of(app)
-    writer = Celery("writer", broker=app.conf.broker_url, backend=app.conf.result_backend)
-    writer.conf.broker_transport_options = app.conf.broker_transport_options
+    writer = _writer(app)
     writer.backend.store_result("warm-up", 0, states.SUCCESS)
     assert AsyncResult("warm-up", app=app).get(timeout=5) == 0  # this thread now listens
     ids = [f"burst-{i}" for i in range(5)]
@@ -342,8 +324,7 @@ def test_a_failure_carried_by_its_notification_raises_as_usual(
 ) -> None:
     thread, box = _wait_in_thread(app, "tid-f")
     _until_napping(reads)
-    writer = Celery("writer", broker=app.conf.broker_url, backend=app.conf.result_backend)
-    writer.conf.broker_transport_options = app.conf.broker_transport_options
+    writer = _writer(app)
     writer.backend.mark_as_failure("tid-f", KeyError("no such order"))
     thread.join(10)
     assert isinstance(box.get("error"), KeyError) and "no such order" in str(box["error"])

@@ -97,11 +97,17 @@ class Topology(Aggregate):
             "routing_key": routing_key or "",
             "pattern": pattern or "",
         }
-        if connection is not None:  # inside the caller's transaction
-            connection.execute(self.sql.bind, params)
+        self._write(self.sql.bind, params, connection)
+
+    def _write(
+        self, statement: Any, params: Mapping[str, Any], connection: Connection | None
+    ) -> None:
+        """One write, inside the caller's transaction if it gave one, else in its own."""
+        if connection is not None:
+            connection.execute(statement, params)
             return
         with self.driver.writing() as conn:
-            conn.execute(self.sql.bind, params)
+            conn.execute(statement, params)
 
     @transient
     def unbind(self, exchange: str, queue: str, routing_key: str = "", pattern: str = "") -> None:
@@ -137,12 +143,7 @@ class Topology(Aggregate):
         """Record ``exchange``'s type (``direct``, ``topic``, ``fanout``): a process that
         publishes to it by name without declaring it routes by that type, as a broker's
         publishers do. The latest declaration's type stands."""
-        params = {"exchange": exchange, "type": type}
-        if connection is not None:  # inside the caller's transaction
-            connection.execute(self.sql.declare_exchange, params)
-            return
-        with self.driver.writing() as conn:
-            conn.execute(self.sql.declare_exchange, params)
+        self._write(self.sql.declare_exchange, {"exchange": exchange, "type": type}, connection)
 
     @transient
     def exchange_type(self, exchange: str) -> str | None:

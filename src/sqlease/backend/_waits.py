@@ -40,6 +40,25 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
             nap = min(nap, timeout - elapsed)
         return waker.wait_payloads(max(nap, 0.0))
 
+    def _wake(
+        self,
+        waker: Waker,
+        start: float,
+        interval: float,
+        timeout: float | None,
+        on_interval: Any,
+    ) -> list[str] | None:
+        """One turn of a wait for a task's result: Celery's ``on_interval``, the timeout, then
+        the nap until a notification; returns its payloads (noted as heard)."""
+        if on_interval:
+            on_interval()
+        elapsed = time.monotonic() - start
+        if timeout is not None and elapsed >= timeout:
+            raise CeleryTimeoutError("The operation timed out.")
+        payloads = self._nap(waker, interval, timeout, elapsed)
+        self._heard(payloads)
+        return payloads
+
     def _ready_meta_from(self, payloads: list[str] | None, task_id: Any) -> Any:
         """A final result carried by its notification (``<key>\\n<value>``), decoded and
         cached as ``get_task_meta`` would; None when no payload holds one."""
@@ -150,13 +169,7 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
                 if meta["status"] in states.READY_STATES:
                     return meta
             look = True
-            if on_interval:
-                on_interval()
-            elapsed = time.monotonic() - start
-            if timeout is not None and elapsed >= timeout:
-                raise CeleryTimeoutError("The operation timed out.")
-            payloads = self._nap(waker, interval, timeout, elapsed)
-            self._heard(payloads)
+            payloads = self._wake(waker, start, interval, timeout, on_interval)
             # The result usually arrives with its notification: no read back needed.
             meta = self._ready_meta_from(payloads, task_id)
             if meta is not None:
@@ -216,22 +229,12 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
 
         start = time.monotonic()
         meta = self.get_task_meta(task_id)
-        while not report(meta):
-            if on_interval:
-                on_interval()
-            elapsed = time.monotonic() - start
-            if timeout is not None and elapsed >= timeout:
-                raise CeleryTimeoutError("The operation timed out.")
-            payloads = self._nap(waker, interval, timeout, elapsed)
-            self._heard(payloads)
-            metas = self._metas_from(payloads, task_id)
-            if not metas:  # none carried, or the safety interval: read it back
-                meta = self.get_task_meta(task_id)
-                continue
-            for meta in metas[:-1]:
+        while not report(meta):  # (a state already reported is not given again)
+            payloads = self._wake(waker, start, interval, timeout, on_interval)
+            # None carried (or the safety interval): read it back.
+            for meta in self._metas_from(payloads, task_id) or [self.get_task_meta(task_id)]:
                 if report(meta):
-                    return meta
-            meta = metas[-1]
+                    break
         if meta["status"] == states.SUCCESS:
             self._cache[task_id] = meta
         return meta

@@ -163,7 +163,7 @@ class Channel(virtual.Channel):
         passive: bool = False,
     ) -> None:
         if passive:
-            if exchange and exchange not in self.state.exchanges and self._stored_type(exchange):
+            if exchange and self._declared_elsewhere(exchange):
                 return None  # declared by another process: it exists
             return super().exchange_declare(exchange, type, passive=True)
         super().exchange_declare(exchange, type, durable, auto_delete, arguments, nowait)
@@ -179,10 +179,9 @@ class Channel(virtual.Channel):
     def typeof(self, exchange: str, default: str = "direct") -> Any:
         """The exchange's type as declared here, else as stored by the process that declared
         it (Kombu alone would route an exchange it never declared as direct)."""
-        if exchange and exchange not in self.state.exchanges:
-            stored = self._stored_type(exchange)
-            if stored in self.exchange_types:
-                return self.exchange_types[stored]
+        stored = self._declared_elsewhere(exchange) if exchange else None
+        if stored is not None:
+            return self.exchange_types[stored]
         return super().typeof(exchange, default)
 
     def queue_bind(
@@ -193,27 +192,30 @@ class Channel(virtual.Channel):
         arguments: Any = None,
         **kwargs: Any,
     ) -> None:
-        if exchange and exchange not in self.state.exchanges:
-            stored = self._stored_type(exchange)
-            if stored in self.exchange_types:
-                # Declared by another process: bound to as it is (Kombu alone knows only
-                # the exchanges declared here, and fails with a KeyError).
-                self.state.exchanges[exchange] = {
-                    "type": stored,
-                    "durable": True,
-                    "auto_delete": False,
-                    "arguments": {},
-                    "table": [],
-                }
+        stored = self._declared_elsewhere(exchange) if exchange else None
+        if exchange and stored is not None:
+            # Bound to as it is (Kombu alone knows only the exchanges declared here, and
+            # fails with a KeyError).
+            self.state.exchanges[exchange] = {
+                "type": stored,
+                "durable": True,
+                "auto_delete": False,
+                "arguments": {},
+                "table": [],
+            }
         super().queue_bind(queue, exchange, routing_key, arguments, **kwargs)
 
-    def _stored_type(self, exchange: str) -> str | None:
+    def _declared_elsewhere(self, exchange: str) -> str | None:
+        """The type another process declared ``exchange`` with, when this process has not
+        declared it itself (None: declared here, or nowhere, or of a type Kombu lacks)."""
+        if exchange in self.state.exchanges:
+            return None
         known = self.connection.exchange_types.get(exchange)
         if known is None:
             known = self.store.exchange_type(exchange)
             if known is not None:
                 self.connection.exchange_types[exchange] = known
-        return known
+        return known if known in self.exchange_types else None
 
     def exchange_delete(self, exchange: str, if_unused: bool = False, nowait: bool = False) -> None:
         super().exchange_delete(exchange, if_unused=if_unused, nowait=nowait)
