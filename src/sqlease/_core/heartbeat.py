@@ -11,6 +11,11 @@ database was not reached in time): its slot then reads lost, it is no longer ren
 is told. It stays known as lost until it is dropped, so that its ack is refused here
 (``drop_for_ack``) and never reaches a database that may still hold the lease for it.
 
+Each lease may name its holder (a Kombu channel's QoS, ``Holder``). A holder collected
+without being closed (a Kombu connection dropped without ``close()``) abandons its leases:
+the next beat gives them back, where renewing them would keep its messages for the life of
+the process.
+
 A renewal waits no longer than the latest deadline it could extend (sqlease._db.bounds): a
 database that does not answer makes it give up and close its connection, and the next beat
 opens a new one. It runs on its own thread, never on the worker's event loop.
@@ -36,6 +41,19 @@ logger = logging.getLogger(__name__)
 LostCallback = Callable[[Fence], None]
 
 
+class Holder:
+    """Who holds leases through the heartbeat. It holds no reference to its owner: the owner
+    calls ``abandon`` from its finalizer (``weakref.finalize``), which must take no lock."""
+
+    __slots__ = ("abandoned",)
+
+    def __init__(self) -> None:
+        self.abandoned = False
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+
 @dataclass
 class _Held:
     store: Store
@@ -49,6 +67,7 @@ class _Held:
     slot: str
     #: Lost by the database's refusal (not by the clock): its ack is the database's to judge.
     refused: bool = False
+    holder: Holder | None = None
 
 
 class Heartbeat:
@@ -75,6 +94,7 @@ class Heartbeat:
         sent_at: float,
         task_id: str | None = None,
         on_lost: LostCallback | None = None,
+        holder: Holder | None = None,
     ) -> None:
         """Keep renewing ``fence``'s lease, claimed by a statement sent at ``sent_at`` (this
         clock) and confirmed: its lease clock starts there."""
@@ -85,6 +105,7 @@ class Heartbeat:
             interval=interval,
             sent_at=sent_at,
             on_lost=on_lost,
+            holder=holder,
         )
 
     def hold_all(
@@ -96,6 +117,7 @@ class Heartbeat:
         interval: float,
         sent_at: float,
         on_lost: LostCallback | None = None,
+        holder: Holder | None = None,
     ) -> list[str]:
         """``hold`` for each ``(fence, task_id)`` of one claim (one lock, one slot-table
         lock for those new here: a busy worker holds a claim's batch per statement); where
@@ -118,7 +140,9 @@ class Heartbeat:
                 else:  # held already (a renewed hold): its slot, the new deadline
                     slot = mine.slot
                     slots.write(slot, fence, deadline)
-                known[fence] = _Held(store, lease_ms, interval, task_id, on_lost, deadline, slot)
+                known[fence] = _Held(
+                    store, lease_ms, interval, task_id, on_lost, deadline, slot, holder=holder
+                )
                 slot_refs.append(slot)
             self._ensure_thread()
             # The thread may be asleep for a longer interval than this lease allows.
@@ -206,8 +230,16 @@ class Heartbeat:
         now = self._monotonic()
         run_out: list[tuple[Fence, _Held]] = []
         groups: dict[tuple[int, int], list[tuple[Fence, _Held]]] = {}
+        abandoned: list[tuple[Fence, _Held]] = []
         with self._lock:
-            for fence, held in self._held.items():
+            for fence, held in list(self._held.items()):
+                if held.holder is not None and held.holder.abandoned:
+                    del self._held[fence]
+                    if self._slots is not None:
+                        self._slots.free(held.slot)
+                    if held.deadline != LOST:
+                        abandoned.append((fence, held))
+                    continue
                 if held.deadline == LOST:
                     continue
                 if held.deadline < now:
@@ -222,6 +254,32 @@ class Heartbeat:
         )
         for entries in groups.values():
             self._renew(entries)
+        if abandoned:
+            self._give_back(abandoned)
+
+    def _give_back(self, abandoned: list[tuple[Fence, _Held]]) -> None:
+        """Give back the leases of holders collected unclosed (their messages delivered
+        again now, the attempt refunded as a closed channel's are); a lease that cannot be
+        given back runs out."""
+        logger.warning(
+            "sqlease: %d unacked message(s) of a Kombu connection that was garbage-collected "
+            "without being closed are given back",
+            len(abandoned),
+        )
+        by_store: dict[int, list[tuple[Fence, _Held]]] = {}
+        for fence, held in abandoned:
+            by_store.setdefault(id(held.store), []).append((fence, held))
+        for entries in by_store.values():
+            self._release(entries)
+
+    def _release(self, entries: list[tuple[Fence, _Held]]) -> None:
+        latest = max(held.deadline for _, held in entries)
+        try:
+            with bounded(lambda: latest - self._monotonic()):
+                entries[0][1].store.release([f for f, _ in entries], refund=True)
+        except Exception:
+            logger.warning("sqlease: could not give them back; their leases run out")
+            logger.debug("the release's error", exc_info=True)
 
     def _renew(self, entries: list[tuple[Fence, _Held]]) -> None:
         store = entries[0][1].store

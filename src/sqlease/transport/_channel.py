@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from queue import Empty
 from typing import Any, Protocol
 
+from amqp.exceptions import RecoverableConnectionError
 from kombu.transport import virtual
 
 from sqlease._core.heartbeat import heartbeat
@@ -283,6 +284,14 @@ class Channel(virtual.Channel):
     # ---- acknowledgement (fenced) --------------------------------------------------------
 
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
+        if self.connection is None:
+            # One of the transport's connection errors, as py-amqp raises, so that Celery's
+            # ``ack_log_error`` logs it: the close gave the message back, and it is
+            # delivered again.
+            raise RecoverableConnectionError(
+                f"channel closed: delivery {delivery_tag} was given back when its channel "
+                "closed and cannot be acked; it is delivered again"
+            )
         qos = self.qos
         fence = qos.fence_for(delivery_tag)
         fetcher = self.connection.fetcher

@@ -73,6 +73,7 @@ class Deliveries:
             interval=self._options.heartbeat_seconds,
             sent_at=sent_at,
             task_id=message.task_id,
+            holder=channel.qos.holder,
         )
         if split_redelivered([message])[0]:
             try:
@@ -112,6 +113,7 @@ class Deliveries:
             lease_ms=options.lease_ms,
             interval=options.heartbeat_seconds,
             sent_at=sent_at,
+            holder=channel.qos.holder,
         )
         clocks = {m.id: ref for m, ref in zip(messages, refs, strict=True)}
         again, fresh = split_redelivered(messages)

@@ -2,20 +2,58 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection
+from multiprocessing.util import Finalize
 from typing import Any
 
 from kombu.transport import virtual
 
+from sqlease._core.heartbeat import Holder
 from sqlease.delivery import fence_of
 from sqlease.store import Fence
+
+#: The QoS objects whose channels are open, restored at interpreter exit (as Kombu restores
+#: each through its own finalizer).
+_open: weakref.WeakSet[QoS] = weakref.WeakSet()
+
+
+def _restore_at_exit() -> None:
+    for qos in list(_open):
+        qos.restore_unacked_once()
+
+
+Finalize(None, _restore_at_exit, exitpriority=1)
+
+
+class _Collected:
+    """``QoS._on_collect``: when the QoS is collected unclosed, its holder abandons its
+    leases (the heartbeat gives them back). Kombu's own finalizer holds the QoS through its
+    callback, so neither it nor its channel and connection were ever collected, and the
+    heartbeat renewed their leases for the life of the process."""
+
+    __slots__ = ("_finalizer",)
+
+    def __init__(self, qos: QoS, holder: Holder) -> None:
+        self._finalizer = weakref.finalize(qos, holder.abandon)
+        self._finalizer.atexit = False  # _restore_at_exit gives them back at exit
+
+    def cancel(self) -> None:
+        self._finalizer.detach()
 
 
 class QoS(virtual.QoS):
     """Kombu's prefetch and unacked bookkeeping, extended by subclassing (as Kombu's redis
     transport does) rather than read from outside: a delivery is unacked while it is in
     ``_delivered`` and not yet marked ``_dirty`` (acked or rejected, removed at the next
-    ``can_consume``)."""
+    ``can_consume``). ``holder``: what the heartbeat knows its leases by."""
+
+    def __init__(self, channel: Any, prefetch_count: int = 0) -> None:
+        super().__init__(channel, prefetch_count)
+        self._on_collect.cancel()
+        self.holder = Holder()
+        self._on_collect = _Collected(self, self.holder)  # type: ignore[assignment]
+        _open.add(self)
 
     def unacked_count(self) -> int:
         """Deliveries held: prefetched or running, not yet acked."""

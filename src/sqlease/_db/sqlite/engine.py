@@ -5,6 +5,8 @@ a deferred one."""
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from typing import Any
 
 from sqlalchemy import create_engine, event
@@ -25,6 +27,14 @@ def create(url: URL, options: dict[str, Any]) -> Engine:
         max_overflow=10,
         pool_pre_ping=False,
     )
+
+    @event.listens_for(engine, "do_connect")
+    def _open(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        try:
+            return sqlite3.connect(*cargs, **cparams)
+        except sqlite3.OperationalError as exc:
+            # sqlite3 says "unable to open database file" without saying which.
+            raise sqlite3.OperationalError(_why_not_opened(exc, url.database)) from exc
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -57,6 +67,22 @@ def create(url: URL, options: dict[str, Any]) -> Engine:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _why_not_opened(error: sqlite3.OperationalError, database: str | None) -> str:
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return str(error)
+    path = os.path.abspath(database)
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        why = f"its directory {folder} does not exist"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        why = f"its directory {folder} is not writable by this process"
+    elif os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+        why = "the file is not readable and writable by this process"
+    else:
+        return f"{error} (SQLite database {path})"
+    return f"{error}: SQLite database {path} ({why})"
 
 
 def forget(engine: Engine) -> None:

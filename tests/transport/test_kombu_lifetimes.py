@@ -1,0 +1,122 @@
+"""A delivery whose channel or connection goes away, on SQLite and PostgreSQL: an ack after the
+close, a connection dropped without ``close()``; header values of the types Kombu's JSON
+carries; a SQLite file that cannot be opened."""
+
+from __future__ import annotations
+
+import decimal
+import gc
+import logging
+import uuid
+import weakref
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from amqp.exceptions import RecoverableConnectionError
+from kombu import Connection
+
+from sqlease import Store
+from sqlease._core.heartbeat import heartbeat
+from sqlease.transport import fence_of
+
+from .test_kombu import Connect, attempt_of, consume, get, msg_id, publish
+
+
+@pytest.mark.parametrize("close", ["channel", "connection"])
+def test_an_ack_after_the_close_is_a_connection_error_and_the_message_comes_back(
+    connect: Connect, db_store: Store, close: str
+) -> None:
+    conn, other = connect(), connect()
+    publish(conn, "q", {"n": 1})
+    channel = conn.channel()
+    [held] = consume(conn, ["q"], 1, prefetch=1, channel=channel)
+    if close == "channel":
+        channel.close()
+    else:
+        conn.release()
+
+    with pytest.raises(RecoverableConnectionError, match="given back when its channel closed"):
+        held.ack()
+    # One of the transport's connection errors: Celery's ack_log_error logs it.
+    assert isinstance(RecoverableConnectionError(), other.connection_errors)
+    held.ack_log_error(logging.getLogger("test"), other.connection_errors)
+
+    again = get(other, "q")
+    assert again is not None and msg_id(again) == msg_id(held)
+    assert again.delivery_info["redelivered"] is True and attempt_of(again) == 2
+    again.ack()
+
+
+def test_a_connection_dropped_unclosed_gives_its_messages_back(
+    broker_url: str,
+    transport_options: dict[str, Any],
+    connect: Connect,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Kombu's own finalizer kept a channel's QoS, and with it the connection, alive for the
+    life of the process, and the heartbeat renewed its leases all that time."""
+    leaked = Connection(broker_url, transport_options=transport_options)
+    publish(leaked, "q", {"n": 1})
+    [held] = consume(leaked, ["q"], 1, prefetch=1)
+    fence = fence_of(held.delivery_info)
+    assert fence is not None and heartbeat().holds(fence)
+    collected = weakref.ref(leaked.connection)
+    del held, leaked
+    gc.collect()
+    assert collected() is None
+
+    with caplog.at_level(logging.WARNING, logger="sqlease"):
+        heartbeat().beat()  # what the heartbeat's thread does at its next interval
+    assert not heartbeat().holds(fence)
+    assert "garbage-collected without being closed are given back" in caplog.text
+    again = get(connect(), "q")  # at once: no lease to wait out
+    assert again is not None and msg_id(again) == fence.message_id
+    assert again.delivery_info["redelivered"] is True
+    again.ack()
+
+
+def test_an_open_connection_keeps_its_leases_through_a_collection(conn: Connection) -> None:
+    publish(conn, "q", {"n": 1})
+    [held] = consume(conn, ["q"], 1, prefetch=1)
+    fence = fence_of(held.delivery_info)
+    assert fence is not None
+    del held  # the channel still holds it unacked
+    gc.collect()
+    heartbeat().beat()
+    assert heartbeat().holds(fence)
+
+
+def test_header_values_of_kombus_json_types_come_back_as_they_went(conn: Connection) -> None:
+    """As through Kombu's Redis transport (RabbitMQ's tables carry most of them too)."""
+    headers = {
+        "at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+        "amount": decimal.Decimal("1.50"),
+        "ref": uuid.UUID(int=7),
+        "raw": b"\x00\xffraw",
+        "plain": [1, "two"],
+    }
+    publish(conn, "q", {"n": 1}, headers=headers)
+    [message] = consume(conn, ["q"], 1, prefetch=1)
+    assert {k: message.headers[k] for k in headers} == headers
+    assert message.payload == {"n": 1}
+    message.ack()
+
+
+def test_a_header_value_no_json_can_carry_is_refused_by_name(conn: Connection) -> None:
+    with pytest.raises(Exception, match="cannot be stored as JSON") as refused:
+        publish(conn, "q", {"n": 1}, headers={"handler": object()})
+    assert "'q'" in str(refused.value)
+
+
+def test_a_sqlite_file_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir" / "app.db"
+    conn = Connection(f"sqlease+sqlite:///{missing}", transport_options={"polling_interval": 1})
+    try:
+        with pytest.raises(Exception) as failed:
+            conn.connect()
+        assert str(missing) in str(failed.value)
+        assert f"its directory {missing.parent} does not exist" in str(failed.value)
+    finally:
+        conn.release()
