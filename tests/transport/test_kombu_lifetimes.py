@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from amqp.exceptions import RecoverableConnectionError
-from kombu import Connection
+from kombu import Connection, Exchange
 
-from sqlease import Store
+from sqlease import ConfigurationError, Store
 from sqlease._core.heartbeat import heartbeat
 from sqlease.transport import fence_of
 
@@ -120,3 +120,10 @@ def test_a_sqlite_file_that_cannot_be_opened_is_named(tmp_path: Path) -> None:
         assert f"its directory {missing.parent} does not exist" in str(failed.value)
     finally:
         conn.release()
+
+
+def test_a_headers_exchange_is_refused_at_its_declaration(conn: Connection) -> None:
+    """Kombu's virtual transport took it and failed at the first bind with ``KeyError``."""
+    with pytest.raises(ConfigurationError, match="'hx': type 'headers' is not supported"):
+        Exchange("hx", "headers")(conn.default_channel).declare()
+    Exchange("tx", "topic")(conn.default_channel).declare()  # the supported types still are

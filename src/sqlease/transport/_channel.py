@@ -16,6 +16,7 @@ from kombu.transport import virtual
 
 from sqlease._core.heartbeat import heartbeat
 from sqlease.delivery import fence_of
+from sqlease.errors import ConfigurationError
 from sqlease.store import Store
 from sqlease.transport._acks import report_clock_refused_ack
 from sqlease.transport._control import durable_revoke
@@ -167,8 +168,14 @@ class Channel(virtual.Channel):
             if exchange and self._declared_elsewhere(exchange):
                 return None  # declared by another process: it exists
             return super().exchange_declare(exchange, type, passive=True)
-        super().exchange_declare(exchange, type, durable, auto_delete, arguments, nowait)
         type = type or "direct"
+        if type not in self.exchange_types:
+            # Kombu would take it and fail later, at a bind or publish, with a bare KeyError.
+            raise ConfigurationError(
+                f"exchange {exchange!r}: type {type!r} is not supported; sqlease routes "
+                f"{', '.join(sorted(self.exchange_types))} exchanges"
+            )
+        super().exchange_declare(exchange, type, durable, auto_delete, arguments, nowait)
         name = exchange or f"amq.{type}"
         if self.connection.exchange_types.get(name) != type:
             with self.connection.caller_transaction() as connection:
