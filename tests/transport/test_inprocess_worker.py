@@ -3,7 +3,8 @@
 solo and threads pools, the ping check, results through sqlease's backend, a retry, the
 STARTED state (``task_track_started``), ``autoretry_for`` with backoff, a clean stop that
 leaves nothing leased, the canvas (chain, group, chord, link, link_error, a chord's error)
-with the result API (forget, GroupResult save and restore, ``get(on_message=...)``), and a
+with the result API (forget, GroupResult save and restore, ``get(on_message=...)``), a frozen
+chord applied twice, and a
 client sending through a topic exchange it never declared."""
 
 from __future__ import annotations
@@ -244,3 +245,29 @@ def test_a_client_routes_through_a_topic_exchange_it_never_declared(db_url: str)
         assert result.result == 42
     worker_app.close()
     client.close()
+
+
+def test_a_frozen_chord_applied_again_runs_its_body_again(db_url: str) -> None:
+    # Each apply is a new run, though it keeps its group id and its header's task ids (Celery's
+    # suite: test_reapplying_frozen_chord_dispatches_body_again); the parts the first apply
+    # counted must not keep the second's from counting.
+    prefix = unique_prefix()
+    app = _app(db_url, prefix)
+    add = app.tasks["inprocess.add"]
+    runs: list[list[int]] = []
+
+    @app.task(name="inprocess.collect", shared=False)
+    def collect(values: list[int]) -> int:
+        runs.append(sorted(values))
+        return sum(values)
+
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        frozen = chord(group(add.s(1, 2), add.s(3, 4)), collect.s())
+        frozen.freeze()
+        assert frozen.apply_async().get(timeout=10) == 10
+        frozen.apply_async()
+        deadline = time.monotonic() + 10
+        while len(runs) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert runs == [[3, 7], [3, 7]]
+    app.close()

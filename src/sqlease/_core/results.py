@@ -154,6 +154,22 @@ class ResultStore:
             conn.execute(delete(self.counters).where(self.counters.c.key == key))
 
     @transient
+    def reset_counter(self, key: str) -> None:
+        """Start counter ``key`` afresh: the counter, the record of each part it counted
+        (``part_marker``) and the value stored under its key (a chord's size) go."""
+        marker_from, marker_to = part_marker(key, ""), part_marker(key, "")[:-1] + ";"
+        with self.store.driver.writing() as conn:
+            conn.execute(delete(self.results).where(self.results.c.key == key))
+            conn.execute(
+                delete(self.counters).where(
+                    or_(
+                        self.counters.c.key == key,
+                        (self.counters.c.key >= marker_from) & (self.counters.c.key < marker_to),
+                    )
+                )
+            )
+
+    @transient
     def expire(self, key: str, seconds: float | None) -> None:
         expires = None if not seconds else self._now() + int(seconds * 1000)
         with self.store.driver.writing() as conn:

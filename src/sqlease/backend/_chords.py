@@ -50,6 +50,15 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
             if size is not None:
                 request.chord = chord
 
+    def _apply_chord_incr(self, header_result_args: Any, body: Any, **kwargs: Any) -> Any:
+        """A chord is applied: its counter starts afresh. A frozen chord applied again keeps
+        its group id and its header's task ids, and each apply is a new run (Celery's suite,
+        ``test_reapplying_frozen_chord_dispatches_body_again``): the parts counted by an
+        earlier apply must not keep this one's from counting. (A part of the same apply
+        delivered twice is still counted once.)"""
+        self.results.reset_counter(self._key(self.get_key_for_chord(header_result_args[0])))
+        return super()._apply_chord_incr(header_result_args, body, **kwargs)
+
     def _counted_before(self, request: Any) -> bool:
         """Was this chord part counted already, with nothing more to do for it? (A part
         whose count may have been the chord's last, with the callback never sent, is not:
