@@ -1,9 +1,11 @@
 """Remote control and monitoring across processes: ``celery inspect ping`` and
 ``app.control`` broadcasts reach a running worker and its replies come back; a worker run with
-``-E`` sends task events that an ``app.events.Receiver`` in another process receives."""
+``-E`` sends task events that an ``app.events.Receiver`` in another process receives, its last
+ones and ``worker-offline`` included when it stops."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from typing import Any
 
@@ -72,3 +74,48 @@ def test_inspect_ping_control_broadcast_and_task_events(e2e: E2E) -> None:
     succeeded = next(e for e in events if e["type"] == "task-succeeded" and e["uuid"] == result.id)
     assert succeeded["hostname"] == node and succeeded["result"] == "5"
     assert len(e2e.finished(task_id=result.id)) == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_warm_shutdown_publishes_its_last_events(e2e: E2E) -> None:
+    """The events a worker sends from its event loop are published on a thread of their own;
+    the last ``task-succeeded`` events and ``worker-offline`` of a warm shutdown were left
+    there when the channel closed, and lost (monitors kept showing the worker online)."""
+    worker = e2e.start_worker(pool="threads", concurrency=1, events=True)
+    app = e2e.app()
+    node = worker.nodename
+    events: list[dict[str, Any]] = []
+    with app.connection_for_read() as conn:
+        receiver = app.events.Receiver(conn, handlers={"*": events.append})
+        thread = threading.Thread(
+            target=lambda: receiver.capture(limit=None, timeout=60, wakeup=True), daemon=True
+        )
+        thread.start()
+        try:
+            wait_for(
+                lambda: any(e["type"] == "worker-heartbeat" for e in events),
+                15,
+                "a worker-heartbeat event (the receiver is listening)",
+            )
+            results = [app.tasks["e2e.add"].delay(i, i) for i in range(20)]
+            wait_for(lambda: all(e2e.finished(task_id=r.id) for r in results), 30, "the 20 tasks")
+            worker.proc.send_signal(signal.SIGTERM)
+            assert worker.warm_shutdown(30) == 0
+
+            def succeeded() -> set[str]:
+                return {e["uuid"] for e in list(events) if e["type"] == "task-succeeded"}
+
+            wait_for(
+                lambda: (
+                    {r.id for r in results} <= succeeded()
+                    and any(e["type"] == "worker-offline" for e in events)
+                ),
+                15,
+                "every task-succeeded event and worker-offline",
+            )
+        finally:
+            receiver.should_stop = True
+            thread.join(10)
+    offline = [e for e in events if e["type"] == "worker-offline"]
+    assert offline[-1]["hostname"] == node
+    assert "an event was not published" not in worker.log()

@@ -4,9 +4,7 @@ ack, reject and restore, queues and bindings persisted in SQL."""
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Collection, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Collection, Iterable
 from contextlib import AbstractContextManager
 from queue import Empty
 from typing import Any, Protocol
@@ -20,36 +18,13 @@ from sqlease.errors import ConfigurationError
 from sqlease.store import Store
 from sqlease.transport._acks import report_clock_refused_ack
 from sqlease.transport._control import durable_revoke
+from sqlease.transport._events import EVENT_EXCHANGE, LaterEvents
 from sqlease.transport._fetcher import Fetcher
 from sqlease.transport._looks import ChannelLook
 from sqlease.transport._loop import on_a_loop_thread
 from sqlease.transport._qos import QoS
 
 logger = logging.getLogger(__name__)
-
-#: Celery's events exchange (its ``event_exchange`` setting's default).
-EVENT_EXCHANGE = "celeryev"
-
-_events_thread: ThreadPoolExecutor | None = None
-_events_lock = threading.Lock()
-
-
-def publish_later(publish: Callable[[], Any]) -> None:
-    """Run ``publish`` on the events thread (one per process, calls in order); a failure is
-    logged in one line (an event is best-effort)."""
-    global _events_thread
-    with _events_lock:
-        if _events_thread is None:
-            _events_thread = ThreadPoolExecutor(1, thread_name_prefix="sqlease-events")
-        future = _events_thread.submit(publish)
-
-    def failed(done: Future[Any]) -> None:
-        error = done.exception()
-        if error is not None:
-            logger.warning("sqlease: an event was not published: %s", str(error).splitlines()[0])
-
-    future.add_done_callback(failed)
-
 
 # The name ``QoS`` is the Channel's class attribute inside its body: annotations use this one.
 SqlQoS = QoS
@@ -90,6 +65,8 @@ class Channel(virtual.Channel):
         super().__init__(connection, **kwargs)
         #: What this channel knows of its queues (sqlease.transport._looks).
         self.look = ChannelLook()
+        #: The events this channel left to the events thread (``basic_publish``).
+        self._events = LaterEvents()
 
     @property
     def store(self) -> Store:
@@ -97,6 +74,7 @@ class Channel(virtual.Channel):
 
     def close(self) -> None:
         if not self.closed:
+            self._events.flush()
             self.look.close()
             if self.look.claiming and self.connection is not None:
                 # Its messages are given back (attempt refunded) before the channel's
@@ -143,12 +121,8 @@ class Channel(virtual.Channel):
         self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any
     ) -> Any:
         if exchange == EVENT_EXCHANGE and on_a_loop_thread():
-            # Celery's events (a worker's heartbeat every 2 s, task events with -E) are
-            # best-effort fanout. Published from the worker's event loop, each would wait on
-            # the database with the loop (for as long as a partition lasts); a thread of
-            # their own publishes them, in order, and the loop goes on.
-            publish = super().basic_publish
-            publish_later(lambda: publish(message, exchange, routing_key, **kwargs))
+            publish = super().basic_publish  # off the loop (sqlease.transport._events)
+            self._events.publish(lambda: publish(message, exchange, routing_key, **kwargs))
             return None
         return super().basic_publish(message, exchange, routing_key, **kwargs)
 
