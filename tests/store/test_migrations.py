@@ -1,4 +1,5 @@
-"""Migrations are safe when several processes start on an empty database at once."""
+"""Migrations are safe when several processes start on an empty database at once; a table
+prefix is used in lower case."""
 
 from __future__ import annotations
 
@@ -221,3 +222,23 @@ def test_a_new_schema_is_the_one_the_migrations_build_one_by_one(db_url: str) ->
     reopened = Store(db_url, table_prefix=one_by_one.prefix, auto_migrate=False)
     reopened.enqueue("q", "{}")
     assert reopened.size("q") == 1
+
+
+def test_a_mixed_case_prefix_names_its_tables_in_lower_case(db_url: str) -> None:
+    """PostgreSQL folds unquoted names to lower case, and a statement may name a table either
+    way: a prefix with a capital letter failed there at the first start."""
+    from kombu import Connection
+
+    mixed = "Mixed_" + unique_prefix()
+    store = Store(db_url, table_prefix=mixed)
+    assert store.tables.prefix == mixed.lower()
+    assert store.tables.messages.name == f"{mixed.lower()}messages"
+    store.enqueue("q", '{"n": 1}')
+    assert Store(db_url, table_prefix=mixed.lower(), auto_migrate=False).size("q") == 1
+    with Connection("sqlease+" + db_url, transport_options={"table_prefix": mixed}) as conn:
+        queue = conn.SimpleQueue("kq")
+        queue.put({"n": 2})
+        message = queue.get(timeout=5)
+        assert message.payload == {"n": 2}
+        message.ack()
+        queue.close()

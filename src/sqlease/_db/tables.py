@@ -48,12 +48,15 @@ MESSAGES_FILLFACTOR = 50
 
 
 def validate_prefix(prefix: str) -> str:
+    """The prefix as the tables are named: in lower case. SQL folds unquoted names to lower
+    case on PostgreSQL and ignores their case on SQLite, and a statement may name a table
+    either way; ``Shop_`` and ``shop_`` are the same tables, as SQLite always had them."""
     if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
         raise ConfigurationError(
             f"table_prefix {prefix!r} is not usable: use letters, digits and underscores, "
             "starting with a letter or underscore, at most 41 characters"
         )
-    return prefix
+    return prefix.lower()
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,9 @@ class SqleaseBackend(PushedWaits, NativeChords):  # type: ignore[misc]
         self.options = TransportOptions.parse(options)
         # Results are fenced only when the broker's messages are in the same tables: the
         # lease check and the write happen in one transaction.
-        self._same_db_as_broker = shares_database and self.options.table_prefix == broker_prefix
+        self._same_db_as_broker = (
+            shares_database and self.options.table_prefix == broker_prefix.lower()
+        )
         if shares_database and not self._same_db_as_broker:
             logger.warning(
                 "sqlease: result backend table_prefix %r differs from the broker's %r: results "
