@@ -34,6 +34,24 @@ def test_time_limits_end_the_task_and_the_worker_goes_on(e2e: E2E) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_a_time_limit_without_acks_on_timeout_runs_the_task_again(e2e: E2E) -> None:
+    """Celery stores the hard time limit's FAILURE, then rejects the delivery with requeue:
+    the task runs again (as on Redis and RabbitMQ, where it loops for ever), up to its
+    max_attempts here, instead of being completed from the stored FAILURE as a delivery
+    whose ack was lost is."""
+    backend = e2e.broker
+    e2e.start_worker(concurrency=1, E2E_BACKEND=backend)
+    app = e2e.app(backend=backend)
+    result = app.tasks["e2e.sleep_requeued"].apply_async((30,), time_limit=1)
+    wait_for(lambda: "attempts_exhausted" in e2e.kinds(result.id), 60, "its attempts to run out")
+    kinds = e2e.kinds(result.id)
+    assert "completed_from_stored_outcome" not in kinds, kinds
+    runs = len(e2e.executions(task_id=result.id))
+    assert runs == kinds.count("released") == 3, kinds  # max_attempts (3) runs, each requeued
+    assert result.state == "FAILURE"
+
+
+@pytest.mark.timeout(120)
 def test_autoretry_retries_then_fails_with_the_last_error(e2e: E2E) -> None:
     backend = e2e.broker
     e2e.start_worker(concurrency=1, E2E_BACKEND=backend)

@@ -78,6 +78,29 @@ def test_requeued_message_runs_again_instead_of_completing_from_its_old_result(
     assert ResultStore(store).completed_messages([first.id]) == set()
 
 
+def test_a_delivery_rejected_with_requeue_runs_again_instead_of_completing(app: Celery) -> None:
+    # Celery stores a hard time limit's FAILURE, then rejects with requeue when
+    # acks_on_failure_or_timeout is off: the worker asked for another run.
+    with app.connection_for_write() as conn:
+        store: Store = conn.transport.store
+    store.enqueue("celery", "{}", task_id="t")
+    store.enqueue("celery", "{}", task_id="u")
+    first, other = store.claim(["celery"], "w", lease_ms=60_000, limit=2)
+    for message, task_id in ((first, "t"), (other, "u")):
+        ResultStore(store).put(
+            f"celery-task-meta-{task_id}",
+            b"{}",
+            state="FAILURE",
+            task_id=task_id,
+            fence=message.fence,
+        )
+    assert store.release_rejected(first.fence)
+    assert ResultStore(store).completed_messages([first.id, other.id]) == {other.id}
+    [again] = store.claim(["celery"], "w2", lease_ms=60_000)
+    assert (again.id, again.attempt) == (first.id, 2)
+    assert not store.release_rejected(first.fence)  # stale: the new holder keeps it
+
+
 def _until(done: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():

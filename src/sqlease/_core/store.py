@@ -140,6 +140,8 @@ class Store:
     # ---- transitions ----
     release = delegate("transitions", Transitions.release)
     release_op = delegate("transitions", Transitions.release_op)
+    release_rejected = delegate("transitions", Transitions.release_rejected)
+    release_rejected_op = delegate("transitions", Transitions.release_rejected_op)
     fail_op = delegate("transitions", Transitions.fail_op)
     park = delegate("transitions", Transitions.park)
     fail = delegate("transitions", Transitions.fail)

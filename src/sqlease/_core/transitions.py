@@ -52,6 +52,31 @@ class Transitions(Aggregate):
         change = Change("ready", "released", None, int(delay_ms), refund, error, dump(data))
         return self.driver.message_transition(list(fences), change, self._now(now))
 
+    @transient
+    def release_rejected(self, fence: Fence, *, now: int | None = None) -> bool:
+        """``release_rejected_op`` at once."""
+        now = self._now(now)
+        done = self.driver.execute(self.release_rejected_op(fence, now=now))
+        return bool(promote_owed(self.driver, done, now))
+
+    def release_rejected_op(self, fence: Fence, *, now: int | None = None) -> Op[Acked]:
+        """A delivery its worker rejected with requeue (Celery: a hard time limit without
+        ``acks_on_failure_or_timeout``, ``reject_on_worker_lost``, ``Reject(requeue=True)``),
+        released as one op. A final result it stored (Celery stores the time limit's FAILURE
+        first) no longer completes its next delivery: the worker asked for it to run again,
+        it did not lose its ack (as ``requeue`` of a dead message)."""
+        results = self.tables.results
+
+        def unlink(conn: Connection) -> None:
+            conn.execute(
+                results.update()
+                .where(results.c.message_id == fence.message_id)
+                .values(message_id=None)
+            )
+
+        change = Change("ready", "released", None, 0, False, None, None)
+        return self.driver.message_transition([fence], change, self._now(now), unlink)
+
     def fail_op(
         self, fence: Fence, reason: str, *, error: str | None = None, now: int | None = None
     ) -> Op[Acked]:

@@ -78,10 +78,10 @@ class Acking:
         heartbeat().drop([fence])
         store = self._store()
         if self._loop.in_loop_thread() and not self._closing():
-            op = store.release_op([fence]) if requeue else store.fail_op(fence, "rejected")
+            op = store.release_rejected_op(fence) if requeue else store.fail_op(fence, "rejected")
             self._submit(Kind.CHANGE, op=op, fences=[fence], what="reject")
         else:
-            done = bool(store.release([fence])) if requeue else store.fail(fence, "rejected")
+            done = store.release_rejected(fence) if requeue else store.fail(fence, "rejected")
             if not done:
                 logger.warning("sqlease: stale reject ignored for %s", fence)
         if requeue:

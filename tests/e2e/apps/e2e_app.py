@@ -75,6 +75,14 @@ def make_app(
         records.end(row)
         return seconds
 
+    @app.task(name="e2e.sleep_requeued", bind=True, shared=False, acks_on_failure_or_timeout=False)
+    def sleep_requeued(self: Any, seconds: float, label: str | None = None) -> float:
+        # Celery rejects it with requeue when it hits its hard time limit.
+        row = records.start(self, label)
+        time.sleep(seconds)
+        records.end(row)
+        return seconds
+
     @app.task(
         name="e2e.tenant_sleep",
         bind=True,
