@@ -634,3 +634,27 @@ def test_completed_messages_lists_final_outcomes_only(make_store: Any) -> None:
     assert results.put("celery-task-meta-a", b"{}", state="SUCCESS", task_id="a", fence=a.fence)
     assert results.put("celery-task-meta-b", b"{}", state="STARTED", task_id="b", fence=b.fence)
     assert results.completed_messages([a.id, b.id]) == {a.id}
+
+
+def test_parts_added_to_a_counter_and_its_fresh_start(make_store: Any) -> None:
+    """``add_part`` (Celery's add_to_chord) and ``reset_counter`` (a chord applied again) on
+    exact keys: a chord whose id extends another's is not touched."""
+    results = ResultStore(make_store())
+    key, other = "chord-unlock-g1", "chord-unlock-g10"
+    for counter in (key, other):
+        results.put(counter, b"2")  # the chord's size
+        assert results.incr(counter, part="a") == 1
+        assert results.incr(counter, part="b") == 2
+    assert results.add_part(key, "c") == 1
+    assert results.add_part(key, "d") == 2
+    assert results.added_parts(key) == ["c", "d"] and results.added_count(key) == 2
+    assert results.added_parts(other) == [] and results.added_count(other) == 0
+    assert results.incr(key, part="a") == 0  # counted already
+
+    results.reset_counter(key, ["a", "b"])
+    assert results.get(key) is None
+    assert results.added_parts(key) == [] and results.added_count(key) == 0
+    assert results.incr(key, part="a") == 1  # counted afresh
+    assert results.incr(key, part="c") == 2  # the added part's record went too
+    assert results.get(other) == b"2"
+    assert results.incr(other, part="a") == 0  # the other chord keeps its records

@@ -4,7 +4,7 @@ solo and threads pools, the ping check, results through sqlease's backend, a ret
 STARTED state (``task_track_started``), ``autoretry_for`` with backoff, a clean stop that
 leaves nothing leased, the canvas (chain, group, chord, link, link_error, a chord's error)
 with the result API (forget, GroupResult save and restore, ``get(on_message=...)``), a frozen
-chord applied twice, and a
+chord applied twice, parts added to a chord (``add_to_chord``), and a
 client sending through a topic exchange it never declared."""
 
 from __future__ import annotations
@@ -270,4 +270,39 @@ def test_a_frozen_chord_applied_again_runs_its_body_again(db_url: str) -> None:
         while len(runs) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
     assert runs == [[3, 7], [3, 7]]
+    app.close()
+
+
+def test_a_part_adds_tasks_and_a_chain_to_its_chord(db_url: str) -> None:
+    # Celery's Task.add_to_chord, which only Redis's backend had: the chord waits for the added
+    # parts and joins their results with the header's (Celery's suite: test_add_to_chord,
+    # test_add_chord_to_chord).
+    prefix = unique_prefix()
+    app = _app(db_url, prefix)
+    add = app.tasks["inprocess.add"]
+
+    @app.task(name="inprocess.identity", shared=False)
+    def identity(value: Any) -> Any:
+        return value
+
+    @app.task(name="inprocess.total", shared=False)
+    def total(values: list[int]) -> int:
+        return sum(values)
+
+    @app.task(name="inprocess.adds_tasks", bind=True, shared=False)
+    def adds_tasks(self: Any, numbers: list[int], value: int) -> int:
+        for number in numbers:
+            self.add_to_chord(add.s(number, value))
+        return 0
+
+    @app.task(name="inprocess.adds_a_chain", bind=True, shared=False)
+    def adds_a_chain(self: Any, numbers: list[int], value: int) -> int:
+        self.add_to_chord(group(add.s(n, value) for n in numbers) | total.s())
+        return 0
+
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        tasks = (group([adds_tasks.s([1, 2, 3], 4)]) | identity.s())()
+        assert tasks.get(timeout=10) == [0, 5, 6, 7]  # the header's, then the added ones
+        chained = (group([adds_a_chain.s([1, 2, 3], 4)]) | identity.s())()
+        assert sorted(chained.get(timeout=10)) == [0, 18]
     app.close()

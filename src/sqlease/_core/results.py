@@ -1,4 +1,4 @@
-"""Key/value storage for Celery results and chord counters, fenced by delivery leases.
+"""Key/value storage for Celery results and chord counters (sqlease._core.chord_counters),
 
 A write made from inside a task delivered by sqlease carries the delivery's fence: it is
 applied only if that delivery still holds its lease, in the same transaction that checks it,
@@ -16,10 +16,13 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, or_, select, update
 
+from sqlease._core.chord_counters import ChordCounters, FenceRefused
 from sqlease._core.store import Store
 from sqlease._db.driver import ResultWrite
 from sqlease._db.retry import transient
 from sqlease.types import Fence, Outcome
+
+__all__ = ["TERMINAL_STATES", "FenceRefused", "ResultStore", "exception_meta"]
 
 TERMINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
 #: PostgreSQL refuses NOTIFY payloads of 8000 bytes or more (a key is cut to fit).
@@ -42,11 +45,7 @@ def exception_meta(
     return json.dumps(meta).encode("utf-8")
 
 
-class FenceRefused(Exception):
-    """Internal: a fenced write found its lease gone (nothing was written)."""
-
-
-class ResultStore:
+class ResultStore(ChordCounters):
     def __init__(self, store: Store) -> None:
         self.store = store
         self.results = store.tables.results
@@ -154,113 +153,11 @@ class ResultStore:
             conn.execute(delete(self.counters).where(self.counters.c.key == key))
 
     @transient
-    def reset_counter(self, key: str) -> None:
-        """Start counter ``key`` afresh: the counter, the record of each part it counted
-        (``part_marker``) and the value stored under its key (a chord's size) go."""
-        marker_from, marker_to = part_marker(key, ""), part_marker(key, "")[:-1] + ";"
-        with self.store.driver.writing() as conn:
-            conn.execute(delete(self.results).where(self.results.c.key == key))
-            conn.execute(
-                delete(self.counters).where(
-                    or_(
-                        self.counters.c.key == key,
-                        (self.counters.c.key >= marker_from) & (self.counters.c.key < marker_to),
-                    )
-                )
-            )
-
-    @transient
     def expire(self, key: str, seconds: float | None) -> None:
         expires = None if not seconds else self._now() + int(seconds * 1000)
         with self.store.driver.writing() as conn:
             for table in (self.results, self.counters):
                 conn.execute(update(table).where(table.c.key == key).values(expires_at_ms=expires))
-
-    @transient
-    def incr(
-        self,
-        key: str,
-        *,
-        fence: Fence | None = None,
-        task_id: str | None = None,
-        part: str | None = None,
-        part_expires_ms: int | None = None,
-    ) -> int:
-        """Atomically add one to a counter; raises FenceRefused if the fence's lease is gone.
-
-        ``part`` (a chord part's task id): counted once whatever happens. The first count
-        leaves a marker row, holding the value the count reached, in the same transaction.
-        A later one (the part ran again after its worker died) adds nothing. It returns 0,
-        so it can neither count twice nor fire the chord's callback again, with one
-        exception: if this part's count was the last one made and the counter is still
-        there, it returns that value again. Celery deletes the counter once it has sent the
-        callback, so a counter still standing at the part's own count means that the worker
-        died after the count and before the callback; returning the chord's size lets the
-        part's redelivery send it."""
-        insert = self._insert(self.counters).values(key=key, value=1)
-        stmt = insert.on_conflict_do_update(
-            index_elements=[self.counters.c.key],
-            set_={"value": self.counters.c.value + 1},
-        ).returning(self.counters.c.value)
-        with self.store.driver.writing() as conn:
-            if fence is not None and not self._held(conn, fence, task_id):
-                raise FenceRefused(fence)
-            if part is None:
-                return int(conn.execute(stmt).scalar_one())
-            marker_key = part_marker(key, part)
-            expires = None if part_expires_ms is None else self._now() + part_expires_ms
-            marker = (
-                self._insert(self.counters)
-                .values(key=marker_key, value=0, expires_at_ms=expires)
-                .on_conflict_do_nothing(index_elements=[self.counters.c.key])
-                .returning(self.counters.c.key)
-            )
-            if conn.execute(marker).first() is None:
-                counted, current = self._marker_and_counter(conn, key, part)
-                return counted if counted and counted == current else 0
-            value = int(conn.execute(stmt).scalar_one())
-            conn.execute(
-                update(self.counters).where(self.counters.c.key == marker_key).values(value=value)
-            )
-            return value
-
-    def _marker_and_counter(
-        self, conn: Connection, key: str, part: str
-    ) -> tuple[int | None, int | None]:
-        """The value ``part``'s count reached in counter ``key``, and the counter's value now
-        (None for a row that is not there)."""
-        marker_key = part_marker(key, part)
-        found = conn.execute(
-            select(self.counters.c.key, self.counters.c.value).where(
-                self.counters.c.key.in_([key, marker_key])
-            )
-        ).all()
-        rows = {row_key: value for row_key, value in found}
-        counted, current = rows.get(marker_key), rows.get(key)
-        return (
-            None if counted is None else int(counted),
-            None if current is None else int(current),
-        )
-
-    def parts_settled(self, keys_and_parts: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-        """Which (counter key, part) pairs need nothing more: counted, and not the last count
-        of a chord whose callback was never sent (the counter still stands at this part's
-        count and has reached the chord's size, or the size is unknown). A redelivered part
-        that is not settled must run again (``incr`` then lets it send the callback)."""
-        settled: set[tuple[str, str]] = set()
-        with self.store.driver.reading() as conn:
-            for key, part in keys_and_parts:
-                counted, current = self._marker_and_counter(conn, key, part)
-                if counted is None:
-                    continue  # not counted
-                if counted and counted == current:
-                    size = conn.execute(
-                        select(self.results.c.value).where(self.results.c.key == key)
-                    ).scalar()
-                    if size is None or counted >= _int_or_zero(size):
-                        continue  # maybe the last count, and the callback never sent
-                settled.add((key, part))
-        return settled
 
     @transient
     def record_final(
@@ -327,11 +224,6 @@ class ResultStore:
             return int(conn.execute(select(func.count()).select_from(self.results)).scalar_one())
 
 
-def part_marker(key: str, part: str) -> str:
-    """The counters row that records ``part`` as counted in counter ``key``."""
-    return f"{key}:counted:{part}"
-
-
 def _offer_params(offer: Mapping[str, Any] | None, fence: Fence | None) -> dict[str, Any] | None:
     """The offer a delivery asked its final result to write, as statement parameters; None
     when there is none or it is not as the transport writes it (a result is never failed
@@ -357,11 +249,3 @@ def _offer_params(offer: Mapping[str, Any] | None, fence: Fence | None) -> dict[
         "offer_lock_key": lock_key,
         "offer_ttl_ms": ttl_ms,
     }
-
-
-def _int_or_zero(value: Any) -> int:
-    """A chord size stored by ``set_chord_size`` (the text of an integer), else 0."""
-    try:
-        return int(bytes(value).decode() if isinstance(value, bytes | memoryview) else value)
-    except (TypeError, ValueError):
-        return 0

@@ -56,8 +56,34 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
         ``test_reapplying_frozen_chord_dispatches_body_again``): the parts counted by an
         earlier apply must not keep this one's from counting. (A part of the same apply
         delivered twice is still counted once.)"""
-        self.results.reset_counter(self._key(self.get_key_for_chord(header_result_args[0])))
+        group_id, parts = header_result_args[0], header_result_args[1]
+        self.results.reset_counter(
+            self._key(self.get_key_for_chord(group_id)), sorted(_part_ids(parts))
+        )
         return super()._apply_chord_incr(header_result_args, body, **kwargs)
+
+    def add_to_chord(self, chord_id: Any, result: Any) -> None:
+        """Celery's ``Task.add_to_chord``: one more part the chord waits for, its result
+        joined with the header's (after them) when the body is called."""
+        expires = getattr(self, "expires", None)
+        self.results.add_part(
+            self._key(self.get_key_for_chord(chord_id)),
+            str(result.id),
+            expires_ms=int(expires * 1000) if expires else None,
+        )
+
+    def _restore_group(self, group_id: Any) -> Any:
+        """The group as saved; while a part is counted (Celery's base restores it to join the
+        chord's header), with the parts added to the chord after it (``add_to_chord``)."""
+        meta = super()._restore_group(group_id)
+        if meta is None or counting_part.get() is None:
+            return meta
+        added = self.results.added_parts(self._key(self.get_key_for_chord(group_id)))
+        if added:
+            group = meta["result"]
+            results = list(group.results) + [self.app.AsyncResult(i) for i in added]
+            meta["result"] = self.app.GroupResult(group.id, results, app=self.app)
+        return meta
 
     def _counted_before(self, request: Any) -> bool:
         """Was this chord part counted already, with nothing more to do for it? (A part
@@ -86,6 +112,22 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
             return None
         stored = self.get(self.get_key_for_chord(group))
         try:
-            return None if stored is None else int(bytes_to_str(stored))
+            size = None if stored is None else int(bytes_to_str(stored))
         except ValueError:
             return None
+        if size is None:
+            return None  # Celery counts the restored header, added parts with it
+        return size + self.results.added_count(self._key(self.get_key_for_chord(group)))
+
+
+def _part_ids(results: Any) -> set[str]:
+    """The task ids that count towards a chord: its header's results, nested groups'
+    results in full (a chain reports as its last task, whose result it is)."""
+    ids: set[str] = set()
+    for result in results or ():
+        nested = getattr(result, "results", None)
+        if nested is not None:
+            ids |= _part_ids(nested)
+        elif getattr(result, "id", None):
+            ids.add(str(result.id))
+    return ids

@@ -1,0 +1,215 @@
+"""Chord counters in the result store: an atomic counter per chord, each part counted once
+(a marker row beside the counter), the parts a running part adds (Celery's ``add_to_chord``)
+and a fresh start when a chord is applied again. A mixin of ``ResultStore``
+(sqlease._core.results), whose tables and transaction helpers it uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sqlalchemy import Connection, Table, delete, select, update
+
+from sqlease._core.store import Store
+from sqlease._db.retry import transient
+from sqlease.types import Fence
+
+
+class FenceRefused(Exception):
+    """Internal: a fenced write found its lease gone (nothing was written)."""
+
+
+class ChordCounters:
+    store: Store
+    results: Table
+    counters: Table
+    _insert: Callable[[Table], Any]
+
+    def _now(self) -> int:
+        raise NotImplementedError
+
+    def _held(self, conn: Any, fence: Fence, task_id: str | None) -> bool:
+        raise NotImplementedError
+
+    @transient
+    def incr(
+        self,
+        key: str,
+        *,
+        fence: Fence | None = None,
+        task_id: str | None = None,
+        part: str | None = None,
+        part_expires_ms: int | None = None,
+    ) -> int:
+        """Atomically add one to a counter; raises FenceRefused if the fence's lease is gone.
+
+        ``part`` (a chord part's task id): counted once whatever happens. The first count
+        leaves a marker row, holding the value the count reached, in the same transaction.
+        A later one (the part ran again after its worker died) adds nothing. It returns 0,
+        so it can neither count twice nor fire the chord's callback again, with one
+        exception: if this part's count was the last one made and the counter is still
+        there, it returns that value again. Celery deletes the counter once it has sent the
+        callback, so a counter still standing at the part's own count means that the worker
+        died after the count and before the callback; returning the chord's size lets the
+        part's redelivery send it."""
+        insert = self._insert(self.counters).values(key=key, value=1)
+        stmt = insert.on_conflict_do_update(
+            index_elements=[self.counters.c.key],
+            set_={"value": self.counters.c.value + 1},
+        ).returning(self.counters.c.value)
+        with self.store.driver.writing() as conn:
+            if fence is not None and not self._held(conn, fence, task_id):
+                raise FenceRefused(fence)
+            if part is None:
+                return int(conn.execute(stmt).scalar_one())
+            marker_key = part_marker(key, part)
+            expires = None if part_expires_ms is None else self._now() + part_expires_ms
+            marker = (
+                self._insert(self.counters)
+                .values(key=marker_key, value=0, expires_at_ms=expires)
+                .on_conflict_do_nothing(index_elements=[self.counters.c.key])
+                .returning(self.counters.c.key)
+            )
+            if conn.execute(marker).first() is None:
+                counted, current = self._marker_and_counter(conn, key, part)
+                return counted if counted and counted == current else 0
+            value = int(conn.execute(stmt).scalar_one())
+            conn.execute(
+                update(self.counters).where(self.counters.c.key == marker_key).values(value=value)
+            )
+            return value
+
+    def _marker_and_counter(
+        self, conn: Connection, key: str, part: str
+    ) -> tuple[int | None, int | None]:
+        """The value ``part``'s count reached in counter ``key``, and the counter's value now
+        (None for a row that is not there)."""
+        marker_key = part_marker(key, part)
+        found = conn.execute(
+            select(self.counters.c.key, self.counters.c.value).where(
+                self.counters.c.key.in_([key, marker_key])
+            )
+        ).all()
+        rows = {row_key: value for row_key, value in found}
+        counted, current = rows.get(marker_key), rows.get(key)
+        return (
+            None if counted is None else int(counted),
+            None if current is None else int(current),
+        )
+
+    def parts_settled(self, keys_and_parts: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which (counter key, part) pairs need nothing more: counted, and not the last count
+        of a chord whose callback was never sent (the counter still stands at this part's
+        count and has reached the chord's size, or the size is unknown). A redelivered part
+        that is not settled must run again (``incr`` then lets it send the callback)."""
+        settled: set[tuple[str, str]] = set()
+        with self.store.driver.reading() as conn:
+            for key, part in keys_and_parts:
+                counted, current = self._marker_and_counter(conn, key, part)
+                if counted is None:
+                    continue  # not counted
+                if counted and counted == current:
+                    size = conn.execute(
+                        select(self.results.c.value).where(self.results.c.key == key)
+                    ).scalar()
+                    if size is None or counted >= _int_or_zero(size):
+                        continue  # maybe the last count, and the callback never sent
+                settled.add((key, part))
+        return settled
+
+    @transient
+    def reset_counter(self, key: str, parts: Iterable[str]) -> None:
+        """Start counter ``key`` afresh: the counter, the value stored under its key (a
+        chord's size), the record of each of ``parts`` as counted (``part_marker``) and the
+        parts added to it (``add_part``) with theirs go. Exact keys only: a range of keys
+        would follow the database's collation, which need not sort ``:`` bytewise."""
+        with self.store.driver.writing() as conn:
+            added = self._added(conn, key)
+            markers = [part_marker(key, part) for part in [*parts, *added]]
+            counter_keys = [key, _added_key(key), *markers]
+            result_keys = [key, *(_added_key(key, n) for n in range(1, len(added) + 1))]
+            for table, keys in ((self.counters, counter_keys), (self.results, result_keys)):
+                for at in range(0, len(keys), _KEYS_PER_STATEMENT):
+                    chunk = keys[at : at + _KEYS_PER_STATEMENT]
+                    conn.execute(delete(table).where(table.c.key.in_(chunk)))
+
+    @transient
+    def add_part(self, key: str, part: str, *, expires_ms: int | None = None) -> int:
+        """Record ``part`` as one more part that counter ``key`` waits for (Celery's
+        ``add_to_chord``); how many have been added."""
+        now = self._now()
+        expires = None if expires_ms is None else now + expires_ms
+        count = (
+            self._insert(self.counters)
+            .values(key=_added_key(key), value=1, expires_at_ms=expires)
+            .on_conflict_do_update(
+                index_elements=[self.counters.c.key],
+                set_={"value": self.counters.c.value + 1},
+            )
+            .returning(self.counters.c.value)
+        )
+        with self.store.driver.writing() as conn:
+            added = int(conn.execute(count).scalar_one())
+            conn.execute(
+                self._insert(self.results).values(
+                    key=_added_key(key, added),
+                    value=part.encode(),
+                    expires_at_ms=expires,
+                    updated_at_ms=now,
+                )
+            )
+        return added
+
+    @transient
+    def added_count(self, key: str) -> int:
+        """How many parts ``add_part`` recorded for counter ``key``."""
+        with self.store.driver.reading() as conn:
+            value = conn.execute(
+                select(self.counters.c.value).where(self.counters.c.key == _added_key(key))
+            ).scalar()
+        return int(value or 0)
+
+    @transient
+    def added_parts(self, key: str) -> list[str]:
+        """The parts ``add_part`` recorded for counter ``key``, in the order they were added."""
+        with self.store.driver.reading() as conn:
+            return self._added(conn, key)
+
+    def _added(self, conn: Connection, key: str) -> list[str]:
+        count = conn.execute(
+            select(self.counters.c.value).where(self.counters.c.key == _added_key(key))
+        ).scalar()
+        keys = [_added_key(key, n) for n in range(1, int(count or 0) + 1)]
+        found: dict[str, str] = {}
+        for at in range(0, len(keys), _KEYS_PER_STATEMENT):
+            rows = conn.execute(
+                select(self.results.c.key, self.results.c.value).where(
+                    self.results.c.key.in_(keys[at : at + _KEYS_PER_STATEMENT])
+                )
+            ).all()
+            found.update((row.key, bytes(row.value).decode()) for row in rows)
+        return [found[k] for k in keys if k in found]
+
+
+#: Keys per ``IN`` list (SQLite allows 32,766 parameters in a statement).
+_KEYS_PER_STATEMENT = 1000
+
+
+def _added_key(key: str, number: int | None = None) -> str:
+    """The counter of the parts added to counter ``key``, or the row naming the added part
+    ``number`` (from 1)."""
+    return f"{key}:added" if number is None else f"{key}:added:{number}"
+
+
+def part_marker(key: str, part: str) -> str:
+    """The counters row that records ``part`` as counted in counter ``key``."""
+    return f"{key}:counted:{part}"
+
+
+def _int_or_zero(value: Any) -> int:
+    """A chord size stored by ``set_chord_size`` (the text of an integer), else 0."""
+    try:
+        return int(bytes(value).decode() if isinstance(value, bytes | memoryview) else value)
+    except (TypeError, ValueError):
+        return 0
