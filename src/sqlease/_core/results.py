@@ -1,4 +1,5 @@
 """Key/value storage for Celery results and chord counters (sqlease._core.chord_counters),
+fenced by delivery leases.
 
 A write made from inside a task delivered by sqlease carries the delivery's fence: it is
 applied only if that delivery still holds its lease, in the same transaction that checks it,
