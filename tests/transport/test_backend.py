@@ -491,6 +491,28 @@ def test_a_part_delivered_again_after_its_chord_fired_leaves_the_body_alone(
     assert published == [[1, 1]]
 
 
+def test_a_chord_whose_group_is_gone_fails_its_body(app: Celery, published: list[Any]) -> None:
+    # The parts read the header only when the last one joins it; a group deleted before then
+    # (by hand, or expired) still fails the body with Celery's ChordError, not a bare error.
+    backend = backend_of(app)
+    header = GroupResult("gone-g", [AsyncResult("gone-a", app=app), AsyncResult("gone-b", app=app)])
+    header.save()
+    backend.set_chord_size("gone-g", 2)
+    body = app.signature("t.add", args=(1,))
+    body_id = body.freeze().id
+    backend.store_result("gone-a", 1, states.SUCCESS)
+    first = SimpleNamespace(id="gone-a", group="gone-g", chord=dict(body), task="t.add")
+    backend.on_chord_part_return(first, states.SUCCESS, 1)
+    header.delete()
+    backend.store_result("gone-b", 1, states.SUCCESS)
+    last = SimpleNamespace(id="gone-b", group="gone-g", chord=dict(body), task="t.add")
+    backend.on_chord_part_return(last, states.SUCCESS, 1)
+    failed = app.AsyncResult(body_id)
+    assert failed.state == states.FAILURE
+    assert "GroupResult gone-g no longer exists" in str(failed.result)
+    assert published == []
+
+
 def test_chord_with_a_nested_group_waits_for_every_part(app: Celery, published: list[Any]) -> None:
     # Header group(a, chain(b, group(c, d))): a, c and d report as parts (Celery publishes the
     # size, 3, through set_chord_size), while the restored header has two entries. Counting to

@@ -135,6 +135,15 @@ class ResultStore(ChordCounters):
         return None if value is None else bytes(value)
 
     @transient
+    def exists(self, key: str) -> bool:
+        """Whether a live value is stored under ``key`` (without reading it)."""
+        with self.store.driver.reading() as conn:
+            found = conn.execute(
+                select(self.results.c.key).where(self.results.c.key == key, self._live())
+            ).first()
+        return found is not None
+
+    @transient
     def mget(self, keys: Sequence[str]) -> list[bytes | None]:
         if not keys:
             return []
@@ -159,6 +168,24 @@ class ResultStore(ChordCounters):
         with self.store.driver.writing() as conn:
             for table in (self.results, self.counters):
                 conn.execute(update(table).where(table.c.key == key).values(expires_at_ms=expires))
+
+    @transient
+    def expire_many(self, expiries: Sequence[tuple[str, float | None]]) -> None:
+        """``expire`` for each ``(key, seconds)``, in one transaction."""
+        now = self._now()
+        by_time: dict[int | None, list[str]] = {}
+        for key, seconds in expiries:
+            by_time.setdefault(None if not seconds else now + int(seconds * 1000), []).append(key)
+        with self.store.driver.writing() as conn:
+            for expires, keys in by_time.items():
+                for at in range(0, len(keys), 1000):
+                    chunk = keys[at : at + 1000]
+                    for table in (self.results, self.counters):
+                        conn.execute(
+                            update(table)
+                            .where(table.c.key.in_(chunk))
+                            .values(expires_at_ms=expires)
+                        )
 
     @transient
     def record_final(

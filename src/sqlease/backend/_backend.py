@@ -15,7 +15,7 @@ from sqlease._celery.registry import store_for
 from sqlease._core.delivery_lease import DeliveryLease
 from sqlease._core.results import ResultStore
 from sqlease.backend._chords import NativeChords
-from sqlease.backend._fencing import REFUSED, counting_part, writing_under
+from sqlease.backend._fencing import REFUSED, counting_part, pending_expiries, writing_under
 from sqlease.backend._waits import PushedWaits
 from sqlease.delivery import CLOCK_KEY, LEASE_KEY, OFFER_KEY, fence_of
 from sqlease.errors import ConfigurationError, DatabaseUnavailable, LeaseLost
@@ -277,7 +277,11 @@ class SqleaseBackend(PushedWaits, NativeChords):  # type: ignore[misc]
         return self.results.incr(self._key(key), **terms)
 
     def expire(self, key: Any, value: Any) -> Any:
-        self.results.expire(self._key(key), value)
+        pending = pending_expiries.get()
+        if pending is not None:  # counting a chord part: written with the others at its end
+            pending.append((self._key(key), value))
+        else:
+            self.results.expire(self._key(key), value)
 
     def cleanup(self) -> None:
         removed = self.results.cleanup()

@@ -4,13 +4,15 @@ delivery's lease."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery.backends.base import KeyValueStoreBackend
+from celery.exceptions import ChordError
 from kombu.utils.encoding import bytes_to_str
 
 from sqlease._core.results import FenceRefused
-from sqlease.backend._fencing import REFUSED, counting_part, writing_under
+from sqlease.backend._fencing import REFUSED, counting_part, pending_expiries, writing_under
 
 logger = logging.getLogger(__name__)
 
@@ -39,16 +41,21 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
             request.chord = dict(chord, chord_size=size)  # Celery's base reads it from here
         token = writing_under.set((fence, str(request.id)) if fence else None)
         part = counting_part.set(str(request.id))
+        expiries: list[tuple[str, float | None]] = []
+        later = pending_expiries.set(expiries)
         try:
             return super().on_chord_part_return(request, state, result, **kwargs)
         except FenceRefused:
             logger.warning("sqlease: chord part of task %s refused: its lease is gone", request.id)
             return None
         finally:
+            pending_expiries.reset(later)
             counting_part.reset(part)
             writing_under.reset(token)
             if size is not None:
                 request.chord = chord
+            if expiries:
+                self.results.expire_many(expiries)
 
     def _apply_chord_incr(self, header_result_args: Any, body: Any, **kwargs: Any) -> Any:
         """A chord is applied: its counter starts afresh. A frozen chord applied again keeps
@@ -73,17 +80,27 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
         )
 
     def _restore_group(self, group_id: Any) -> Any:
-        """The group as saved; while a part is counted (Celery's base restores it to join the
-        chord's header), with the parts added to the chord after it (``add_to_chord``)."""
+        """The group as saved. While a part is counted (Celery's base restores the chord's
+        header first, in every part, to join it in the last one), a stand-in that reads it
+        only when it is used, with the parts added to the chord after it (``add_to_chord``):
+        decoding a header of 1,000 results in each of its 1,000 parts made a chord's cost
+        grow with the square of its size."""
+        if counting_part.get() is None:
+            return super()._restore_group(group_id)
+        if not self.results.exists(self._key(self.get_key_for_group(group_id))):
+            return None  # Celery's base fails the chord: the group no longer exists
+        return {"result": _LazyHeader(lambda: self._header(group_id))}
+
+    def _header(self, group_id: Any) -> Any:
         meta = super()._restore_group(group_id)
-        if meta is None or counting_part.get() is None:
-            return meta
+        if meta is None:
+            raise ChordError(f"GroupResult {group_id} no longer exists")
+        group = meta["result"]
         added = self.results.added_parts(self._key(self.get_key_for_chord(group_id)))
         if added:
-            group = meta["result"]
             results = list(group.results) + [self.app.AsyncResult(i) for i in added]
-            meta["result"] = self.app.GroupResult(group.id, results, app=self.app)
-        return meta
+            group = self.app.GroupResult(group.id, results, app=self.app)
+        return group
 
     def _counted_before(self, request: Any) -> bool:
         """Was this chord part counted already, with nothing more to do for it? (A part
@@ -118,6 +135,32 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
         if size is None:
             return None  # Celery counts the restored header, added parts with it
         return size + self.results.added_count(self._key(self.get_key_for_chord(group)))
+
+
+class _LazyHeader:
+    """A chord's header restored on first use (``NativeChords._restore_group``): Celery's base
+    asks only whether it exists in all but the chord's last part, unless it must count it
+    (no chord size known), which ``len`` reads."""
+
+    __slots__ = ("_group", "_load")
+
+    def __init__(self, load: Callable[[], Any]) -> None:
+        self._load = load
+        self._group: Any = None
+
+    def _loaded(self) -> Any:
+        if self._group is None:
+            self._group = self._load()
+        return self._group
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loaded(), name)
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+    def __iter__(self) -> Any:
+        return iter(self._loaded())
 
 
 def _part_ids(results: Any) -> set[str]:

@@ -13,5 +13,10 @@ writing_under: ContextVar[tuple[Fence, str] | None] = ContextVar(
 )
 #: The chord part (task id) whose count is being written: counted once (ResultStore.incr).
 counting_part: ContextVar[str | None] = ContextVar("sqlease_counting_part", default=None)
+#: While a chord part is counted: the expiries Celery's base sets (``expire``), written
+#: together at the end in one transaction (the chord's last part sets one per header part).
+pending_expiries: ContextVar[list[tuple[str, float | None]] | None] = ContextVar(
+    "sqlease_pending_expiries", default=None
+)
 #: Set on a request whose result was refused (its lease was gone).
 REFUSED = "sqlease_refused"
