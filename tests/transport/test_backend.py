@@ -680,3 +680,31 @@ def test_parts_added_to_a_counter_and_its_fresh_start(make_store: Any) -> None:
     assert results.incr(key, part="c") == 2  # the added part's record went too
     assert results.get(other) == b"2"
     assert results.incr(other, part="a") == 0  # the other chord keeps its records
+
+
+def test_a_waits_costly_parent_check_runs_at_most_a_tenth_of_the_time(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``get()`` on a result with parents has Celery check them at each turn of the wait,
+    reading each pending one (a chord's header: 1,000 reads); a client waiting on a
+    1,000-part chord next to an in-process worker kept it waiting (50 s on SQLite). A check
+    that costs runs for no more than a tenth of the wait."""
+    import threading
+
+    checks: list[float] = []
+
+    def costly(self: AsyncResult) -> None:  # as reading a large header's pending results
+        checks.append(time.monotonic())
+        time.sleep(0.3)
+
+    monkeypatch.setattr(AsyncResult, "_maybe_reraise_parent_error", costly)
+    box: dict[str, Any] = {}
+    child = AsyncResult("tid-c", app=app, parent=AsyncResult("tid-p", app=app))
+    thread = threading.Thread(target=lambda: box.update(value=child.get(timeout=10)))
+    thread.start()
+    time.sleep(4.5)  # four checks at the nap between them (1 s, woken by nothing) and cost
+    _writer(app).backend.mark_as_done("tid-c", "done")
+    thread.join(10)
+    assert box.get("value") == "done", box
+    # get()'s own check, the wait's first, then none sooner than 3 s after it
+    assert 2 <= len(checks) <= 3, [round(c - checks[0], 2) for c in checks]

@@ -310,9 +310,9 @@ def test_a_part_adds_tasks_and_a_chain_to_its_chord(db_url: str) -> None:
 
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
         tasks = (group([adds_tasks.s([1, 2, 3], 4)]) | identity.s())()
-        assert tasks.get(timeout=10) == [0, 5, 6, 7]  # the header's, then the added ones
+        assert tasks.get(timeout=20) == [0, 5, 6, 7]  # the header's, then the added ones
         chained = (group([adds_a_chain.s([1, 2, 3], 4)]) | identity.s())()
-        assert sorted(chained.get(timeout=10)) == [0, 18]
+        assert sorted(chained.get(timeout=20)) == [0, 18]
     app.close()
 
 

@@ -98,6 +98,33 @@ class ChordCounters:
             None if current is None else int(current),
         )
 
+    @transient
+    def part_state(self, key: str, part: str) -> tuple[bool, int | None]:
+        """For a chord part about to be counted, in one read: whether it needs nothing more
+        (``parts_settled``), and the chord's size: the size stored under ``key`` with the
+        parts added since (``add_part``), None if no size is stored."""
+        marker_key, added_key = part_marker(key, part), _added_key(key)
+        with self.store.driver.reading() as conn:
+            found = conn.execute(
+                select(self.counters.c.key, self.counters.c.value).where(
+                    self.counters.c.key.in_([key, marker_key, added_key])
+                )
+            ).all()
+            stored = conn.execute(
+                select(self.results.c.value).where(
+                    self.results.c.key == key,
+                    self.results.c.expires_at_ms.is_(None)
+                    | (self.results.c.expires_at_ms > self._now()),
+                )
+            ).scalar()
+        rows = {row_key: int(value) for row_key, value in found}
+        counted, current = rows.get(marker_key), rows.get(key)
+        size = None if stored is None else _int_or_none(stored)
+        settled = counted is not None and not (
+            counted and counted == current and (size is None or counted >= size)
+        )
+        return settled, None if size is None else size + rows.get(added_key, 0)
+
     def parts_settled(self, keys_and_parts: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
         """Which (counter key, part) pairs need nothing more: counted, and not the last count
         of a chord whose callback was never sent (the counter still stands at this part's
@@ -205,6 +232,14 @@ def _added_key(key: str, number: int | None = None) -> str:
 def part_marker(key: str, part: str) -> str:
     """The counters row that records ``part`` as counted in counter ``key``."""
     return f"{key}:counted:{part}"
+
+
+def _int_or_none(value: Any) -> int | None:
+    """A chord size stored by ``set_chord_size`` (the text of an integer), else None."""
+    try:
+        return int(bytes(value).decode() if isinstance(value, bytes | memoryview) else value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _int_or_zero(value: Any) -> int:

@@ -9,7 +9,6 @@ from typing import Any
 
 from celery.backends.base import KeyValueStoreBackend
 from celery.exceptions import ChordError
-from kombu.utils.encoding import bytes_to_str
 
 from sqlease._core.results import FenceRefused
 from sqlease.backend._fencing import REFUSED, counting_part, pending_expiries, writing_under
@@ -25,7 +24,8 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
         if fence is not None and getattr(request, REFUSED, False):
             return None  # its result was refused: it must not count towards the chord
         chord = getattr(request, "chord", None)
-        if self._counted_before(request):
+        settled, size = self._part_state(request)
+        if settled:
             # A duplicate of a part already counted (the same task delivered twice, e.g. a
             # publish repeated by the app): Celery's base would restore the group first, which
             # is deleted once the chord fired, and fail the chord's body with "GroupResult …
@@ -36,7 +36,6 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
                 request.group,
             )
             return None
-        size = self._chord_size(request)
         if size is not None and isinstance(chord, dict):
             request.chord = dict(chord, chord_size=size)  # Celery's base reads it from here
         token = writing_under.set((fence, str(request.id)) if fence else None)
@@ -102,15 +101,20 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
             group = self.app.GroupResult(group.id, results, app=self.app)
         return group
 
-    def _counted_before(self, request: Any) -> bool:
-        """Was this chord part counted already, with nothing more to do for it? (A part
-        whose count may have been the chord's last, with the callback never sent, is not:
-        its redelivery must go on and send the callback.)"""
+    def _part_state(self, request: Any) -> tuple[bool, int | None]:
+        """Whether this chord part was counted already, with nothing more to do for it (a
+        part whose count may have been the chord's last, with the callback never sent, is
+        not: its redelivery must go on and send the callback); and the chord's size as
+        stored by :meth:`set_chord_size`, with the parts added since (None when the request
+        carries one, or none is stored: Celery then counts the restored header)."""
         group, part = getattr(request, "group", None), getattr(request, "id", None)
-        if not group or not part or not getattr(request, "chord", None):
-            return False
-        pair = (self._key(self.get_key_for_chord(group)), str(part))
-        return pair in self.results.parts_settled([pair])
+        chord = getattr(request, "chord", None)
+        if not group or not part or not chord:
+            return False, None
+        settled, size = self.results.part_state(self._key(self.get_key_for_chord(group)), str(part))
+        if not isinstance(chord, dict) or chord.get("chord_size") is not None:
+            size = None
+        return settled, size
 
     def set_chord_size(self, group_id: Any, chord_size: int) -> None:
         """Celery calls this while publishing a chord's header, with the number of parts that
@@ -120,21 +124,6 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
         joins a part that has not run. Stored in the results table under the chord counter's
         own key, so it is expired and deleted with the counter."""
         self._put(self.get_key_for_chord(group_id), str(int(chord_size)), None, fence=None)
-
-    def _chord_size(self, request: Any) -> int | None:
-        """The size stored by :meth:`set_chord_size` for this part's chord, unless the
-        request already carries one (None: Celery falls back to the restored header)."""
-        chord, group = getattr(request, "chord", None), getattr(request, "group", None)
-        if not group or not isinstance(chord, dict) or chord.get("chord_size") is not None:
-            return None
-        stored = self.get(self.get_key_for_chord(group))
-        try:
-            size = None if stored is None else int(bytes_to_str(stored))
-        except ValueError:
-            return None
-        if size is None:
-            return None  # Celery counts the restored header, added parts with it
-        return size + self.results.added_count(self._key(self.get_key_for_chord(group)))
 
 
 class _LazyHeader:
