@@ -1,5 +1,6 @@
 """A delivery whose channel or connection goes away, on SQLite and PostgreSQL: an ack after the
-close, a connection dropped without ``close()``; header values of the types Kombu's JSON
+close, a connection dropped without ``close()``, a delivery whose result was stored as its
+channel closed; header values of the types Kombu's JSON
 carries; a SQLite file that cannot be opened."""
 
 from __future__ import annotations
@@ -127,3 +128,29 @@ def test_a_headers_exchange_is_refused_at_its_declaration(conn: Connection) -> N
     with pytest.raises(ConfigurationError, match="'hx': type 'headers' is not supported"):
         Exchange("hx", "headers")(conn.default_channel).declare()
     Exchange("tx", "topic")(conn.default_channel).declare()  # the supported types still are
+
+
+def test_a_closing_channel_acks_a_delivery_whose_result_is_stored(
+    conn: Connection, db_store: Store
+) -> None:
+    """Celery stops its consumer before its pool: a task that stored its result as the
+    channel closed has its ack still on its way. Given back, it waited for its next worker
+    (its state "queued" until then); it is acked as that worker would, from its result."""
+    from sqlease._core.results import ResultStore
+
+    publish(conn, "q", {"n": 1}, headers={"id": "finished"})
+    publish(conn, "q", {"n": 2}, headers={"id": "running"})
+    channel = conn.channel()
+    finished, running = consume(conn, ["q"], 2, prefetch=2, channel=channel)
+    fence = fence_of(finished.delivery_info)
+    assert fence is not None
+    ResultStore(db_store).put(
+        "celery-task-meta-finished", b"{}", state="SUCCESS", task_id="finished", fence=fence
+    )
+    channel.close()
+
+    assert db_store.get_message(msg_id(finished)) is None  # acked
+    kinds = [e.kind for e in db_store.events(task_id="finished")]
+    assert kinds[-1] == "completed_from_stored_outcome", kinds
+    row = db_store.get_message(msg_id(running))
+    assert row is not None and (row.state, row.lease_owner) == ("ready", None)  # given back

@@ -13,10 +13,12 @@ from amqp.exceptions import RecoverableConnectionError
 from kombu.transport import virtual
 
 from sqlease._core.heartbeat import heartbeat
+from sqlease._core.results import ResultStore
 from sqlease.delivery import fence_of
 from sqlease.errors import ConfigurationError
-from sqlease.store import Store
+from sqlease.store import Fence, Store
 from sqlease.transport._acks import report_clock_refused_ack
+from sqlease.transport._completion import settle_redelivered
 from sqlease.transport._control import durable_revoke
 from sqlease.transport._events import EVENT_EXCHANGE, LaterEvents
 from sqlease.transport._fetcher import Fetcher
@@ -50,6 +52,9 @@ class ChannelHost(Protocol):
     def caller_transaction(self) -> AbstractContextManager[Any]: ...
 
     def withdraw_offers(self) -> None: ...
+
+    @property
+    def results(self) -> ResultStore: ...
 
 
 class Channel(virtual.Channel):
@@ -307,9 +312,28 @@ class Channel(virtual.Channel):
         if fence is None:
             return super()._restore(message)
         heartbeat().drop([fence])
+        if self._finished_meanwhile(fence):
+            return None
         self.store.release([fence], refund=True)
         self.connection.fetcher.look_again()
         return None
+
+    def _finished_meanwhile(self, fence: Fence) -> bool:
+        """Celery stops its consumer before its pool: a task that stored its final result as
+        the channel closed has its ack still on its way, and given back it would wait for
+        its next worker to complete it from that result (its state "queued" until then). It
+        is acked here instead, as that worker would (``settle_redelivered``)."""
+        try:
+            row = self.store.get_message(fence.message_id)
+            if row is None or row.task_id is None or row.lease_owner != fence.owner:
+                return False  # gone, no task, or held by another worker now
+            if row.attempt != fence.attempt:
+                return False
+            done, _ = settle_redelivered(self.store, self.connection.results, [row])
+        except Exception:
+            logger.warning("sqlease: could not look for a stored result at close", exc_info=True)
+            return False
+        return row.id in done
 
     def _restore_at_beginning(self, message: Any) -> None:
         self._restore(message)
