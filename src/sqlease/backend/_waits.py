@@ -48,8 +48,8 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
         timeout: float | None,
         on_interval: Any,
     ) -> list[str] | None:
-        """One turn of a wait for a task's result: Celery's ``on_interval``, the
-        timeout, then the nap until a notification; returns its payloads (noted as heard)."""
+        """One turn of a wait for a task's result: Celery's ``on_interval``, the timeout, then
+        the nap until a notification; returns its payloads (noted as heard)."""
         if on_interval:
             on_interval()
         elapsed = time.monotonic() - start
