@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ from sqlease._core.lease_clock import LOST
 from sqlease._core.results import FenceRefused, ResultStore
 from sqlease.backend import SqleaseBackend
 from sqlease.backend._fencing import REFUSED
+from sqlease.backend._waits import _Costly
 from sqlease.delivery import CLOCK_KEY
 from sqlease.testing import FakeClock
 from sqlease.transport import ATTEMPT_KEY, ID_KEY, LEASE_KEY, OWNER_KEY
@@ -669,13 +671,19 @@ def test_parts_added_to_a_counter_and_its_fresh_start(make_store: Any) -> None:
         assert results.incr(counter, part="b") == 2
     assert results.add_part(key, "c") == 1
     assert results.add_part(key, "d") == 2
-    assert results.added_parts(key) == ["c", "d"] and results.added_count(key) == 2
-    assert results.added_parts(other) == [] and results.added_count(other) == 0
+    assert results.added_parts(key) == ["c", "d"]
+    assert results.added_parts(other) == []
     assert results.incr(key, part="a") == 0  # counted already
+    # b's count (2) is the latest but short of the chord's size with the added parts (4):
+    # nothing more for it, where the other chord's b (2 of 2) may still owe the callback.
+    assert results.part_state(key, "b") == (True, 4)
+    assert results.part_state(other, "b") == (False, 2)
+    assert results.parts_settled([(key, "b"), (other, "b")]) == {(key, "b")}
 
     results.reset_counter(key, ["a", "b"])
     assert results.get(key) is None
-    assert results.added_parts(key) == [] and results.added_count(key) == 0
+    assert results.added_parts(key) == []
+    assert results.part_state(key, "a") == (False, None)  # neither counted nor sized
     assert results.incr(key, part="a") == 1  # counted afresh
     assert results.incr(key, part="c") == 2  # the added part's record went too
     assert results.get(other) == b"2"
@@ -688,23 +696,55 @@ def test_a_waits_costly_parent_check_runs_at_most_a_tenth_of_the_time(
     """``get()`` on a result with parents has Celery check them at each turn of the wait,
     reading each pending one (a chord's header: 1,000 reads); a client waiting on a
     1,000-part chord next to an in-process worker kept it waiting (50 s on SQLite). A check
-    that costs runs for no more than a tenth of the wait."""
+    that costs runs for no more than a tenth of the wait: here each costs 100 s on the
+    checks' clock, which stands still otherwise, so the wait's first is its only one."""
     import threading
 
+    clock = FakeClock(0)
+    monkeypatch.setattr(_Costly, "clock", staticmethod(lambda: clock() / 1000))
     checks: list[float] = []
 
     def costly(self: AsyncResult) -> None:  # as reading a large header's pending results
         checks.append(time.monotonic())
-        time.sleep(0.3)
+        clock.advance(100_000)
 
     monkeypatch.setattr(AsyncResult, "_maybe_reraise_parent_error", costly)
     box: dict[str, Any] = {}
     child = AsyncResult("tid-c", app=app, parent=AsyncResult("tid-p", app=app))
     thread = threading.Thread(target=lambda: box.update(value=child.get(timeout=10)))
     thread.start()
-    time.sleep(4.5)  # four checks at the nap between them (1 s, woken by nothing) and cost
+    time.sleep(2.5)  # two turns or more of the wait (a nap of 1 s, woken by nothing)
     _writer(app).backend.mark_as_done("tid-c", "done")
     thread.join(10)
     assert box.get("value") == "done", box
-    # get()'s own check, the wait's first, then none sooner than 3 s after it
-    assert 2 <= len(checks) <= 3, [round(c - checks[0], 2) for c in checks]
+    assert len(checks) == 2, checks  # get()'s own check, then the wait's first
+
+
+def test_a_cheap_check_runs_every_turn_and_a_costly_one_a_tenth_of_the_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock(0)
+    monkeypatch.setattr(_Costly, "clock", staticmethod(lambda: clock() / 1000))
+    ran: list[int] = []
+    cost = {"ms": 1}
+
+    def check() -> None:
+        ran.append(clock())
+        clock.advance(cost["ms"])
+
+    costly = _Costly(check)
+    for _ in range(5):  # 1 ms: under CHEAP, so every turn
+        costly()
+        clock.advance(100)
+    assert len(ran) == 5
+    cost["ms"] = 300
+    costly()  # runs (the last check was cheap) and costs 300 ms: none for 3 s after it
+    started = ran[-1]
+    for _ in range(40):
+        clock.advance(100)
+        costly()
+    gaps = [b - a for a, b in itertools.pairwise(ran[5:])]
+    assert ran[5] == started and gaps and all(gap >= 3_000 for gap in gaps), gaps
+    assert len(ran) == 5 + 1 + 1  # the 4.3 s after it hold one more
+    costly(force=True)  # a failure's last check runs whatever it costs
+    assert len(ran) == 8

@@ -103,47 +103,43 @@ class ChordCounters:
         """For a chord part about to be counted, in one read: whether it needs nothing more
         (``parts_settled``), and the chord's size: the size stored under ``key`` with the
         parts added since (``add_part``), None if no size is stored."""
-        marker_key, added_key = part_marker(key, part), _added_key(key)
         with self.store.driver.reading() as conn:
-            found = conn.execute(
-                select(self.counters.c.key, self.counters.c.value).where(
-                    self.counters.c.key.in_([key, marker_key, added_key])
-                )
-            ).all()
-            stored = conn.execute(
-                select(self.results.c.value).where(
-                    self.results.c.key == key,
-                    self.results.c.expires_at_ms.is_(None)
-                    | (self.results.c.expires_at_ms > self._now()),
-                )
-            ).scalar()
-        rows = {row_key: int(value) for row_key, value in found}
-        counted, current = rows.get(marker_key), rows.get(key)
-        size = None if stored is None else _int_or_none(stored)
-        settled = counted is not None and not (
-            counted and counted == current and (size is None or counted >= size)
-        )
-        return settled, None if size is None else size + rows.get(added_key, 0)
+            counted, current, size = self._part_rows(conn, key, part)
+        return _settled(counted, current, size), size
 
     def parts_settled(self, keys_and_parts: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-        """Which (counter key, part) pairs need nothing more: counted, and not the last count
-        of a chord whose callback was never sent (the counter still stands at this part's
-        count and has reached the chord's size, or the size is unknown). A redelivered part
-        that is not settled must run again (``incr`` then lets it send the callback)."""
-        settled: set[tuple[str, str]] = set()
+        """Which (counter key, part) pairs need nothing more (``_settled``). A redelivered
+        part that is not settled must run again (``incr`` then lets it send the callback)."""
         with self.store.driver.reading() as conn:
-            for key, part in keys_and_parts:
-                counted, current = self._marker_and_counter(conn, key, part)
-                if counted is None:
-                    continue  # not counted
-                if counted and counted == current:
-                    size = conn.execute(
-                        select(self.results.c.value).where(self.results.c.key == key)
-                    ).scalar()
-                    if size is None or counted >= _int_or_zero(size):
-                        continue  # maybe the last count, and the callback never sent
-                settled.add((key, part))
-        return settled
+            return {
+                (key, part)
+                for key, part in keys_and_parts
+                if _settled(*self._part_rows(conn, key, part))
+            }
+
+    def _part_rows(
+        self, conn: Connection, key: str, part: str
+    ) -> tuple[int | None, int | None, int | None]:
+        """The value ``part``'s count reached in counter ``key``, the counter's value now, and
+        the chord's size (stored under ``key``, with the parts added since), in two reads;
+        None for what is not there (a size that is not an integer is None too)."""
+        marker_key, added_key = part_marker(key, part), _added_key(key)
+        found = conn.execute(
+            select(self.counters.c.key, self.counters.c.value).where(
+                self.counters.c.key.in_([key, marker_key, added_key])
+            )
+        ).all()
+        stored = conn.execute(
+            select(self.results.c.value).where(
+                self.results.c.key == key,
+                self.results.c.expires_at_ms.is_(None)
+                | (self.results.c.expires_at_ms > self._now()),
+            )
+        ).scalar()
+        rows = {row_key: int(value) for row_key, value in found}
+        size = None if stored is None else _int_or_none(stored)
+        total = None if size is None else size + rows.get(added_key, 0)
+        return rows.get(marker_key), rows.get(key), total
 
     @transient
     def reset_counter(self, key: str, parts: Iterable[str]) -> None:
@@ -189,15 +185,6 @@ class ChordCounters:
         return added
 
     @transient
-    def added_count(self, key: str) -> int:
-        """How many parts ``add_part`` recorded for counter ``key``."""
-        with self.store.driver.reading() as conn:
-            value = conn.execute(
-                select(self.counters.c.value).where(self.counters.c.key == _added_key(key))
-            ).scalar()
-        return int(value or 0)
-
-    @transient
     def added_parts(self, key: str) -> list[str]:
         """The parts ``add_part`` recorded for counter ``key``, in the order they were added."""
         with self.store.driver.reading() as conn:
@@ -229,6 +216,16 @@ def _added_key(key: str, number: int | None = None) -> str:
     return f"{key}:added" if number is None else f"{key}:added:{number}"
 
 
+def _settled(counted: int | None, current: int | None, size: int | None) -> bool:
+    """Whether a chord part needs nothing more: counted, and not maybe the last count of a
+    chord whose callback was never sent. That is when the counter still stands at this part's
+    count (Celery deletes it once it has sent the callback) and the count reached the chord's
+    ``size`` (its parts with those added), or the size is not known."""
+    if counted is None:
+        return False  # not counted
+    return not (counted and counted == current and (size is None or counted >= size))
+
+
 def part_marker(key: str, part: str) -> str:
     """The counters row that records ``part`` as counted in counter ``key``."""
     return f"{key}:counted:{part}"
@@ -240,11 +237,3 @@ def _int_or_none(value: Any) -> int | None:
         return int(bytes(value).decode() if isinstance(value, bytes | memoryview) else value)
     except (TypeError, ValueError):
         return None
-
-
-def _int_or_zero(value: Any) -> int:
-    """A chord size stored by ``set_chord_size`` (the text of an integer), else 0."""
-    try:
-        return int(bytes(value).decode() if isinstance(value, bytes | memoryview) else value)
-    except (TypeError, ValueError):
-        return 0

@@ -357,6 +357,8 @@ class _Costly:
 
     #: A check cheaper than this runs at every turn.
     CHEAP = 0.01
+    #: The clock that times the checks (a test's fake clock in their tests).
+    clock = staticmethod(time.monotonic)
 
     def __init__(self, call: Any) -> None:
         self._call = call
@@ -364,7 +366,7 @@ class _Costly:
         self._cost = 0.0
 
     def __call__(self, force: bool = False) -> Any:
-        now = time.monotonic()
+        now = self.clock()
         costly = self._cost >= self.CHEAP
         if not force and costly and self._last is not None and now - self._last < 10 * self._cost:
             return None
@@ -372,4 +374,4 @@ class _Costly:
         try:
             return self._call()
         finally:
-            self._cost = time.monotonic() - now
+            self._cost = self.clock() - now
