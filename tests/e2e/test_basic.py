@@ -1,4 +1,5 @@
-"""Tasks sent with ``.delay()`` run on real workers, prefork and threads, SQLite and PostgreSQL."""
+"""Tasks sent with ``.delay()`` run on real workers of every Celery pool (prefork, threads,
+solo, gevent, eventlet), SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo", "gevent", "eventlet"])
 def test_delay_runs_each_task_once(e2e: E2E, pool: str) -> None:
     backend = e2e.broker  # sqlease's result backend, in the broker's database
     worker = e2e.start_worker(pool=pool, concurrency=2, E2E_BACKEND=backend)
@@ -33,7 +34,7 @@ def test_delay_runs_each_task_once(e2e: E2E, pool: str) -> None:
     assert all(isinstance(r["message_id"], int) for r in rows)
     assert {r["hostname"] for r in rows} == {worker.nodename}
     pids = {r["pid"] for r in rows}
-    if pool in ("threads", "solo"):
+    if pool != "prefork":
         assert pids == {worker.pid}
     else:
         assert worker.pid not in pids
@@ -42,6 +43,26 @@ def test_delay_runs_each_task_once(e2e: E2E, pool: str) -> None:
     for r in results:
         e2e.wait_acked(r.id)
         assert e2e.kinds(r.id)[0] == "enqueued"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_green_pools_keep_the_leases_of_tasks_longer_than_a_lease(e2e: E2E, pool: str) -> None:
+    """In a green pool the heartbeat is a green thread beside the tasks, and every database
+    wait must yield to the others (psycopg's own wait blocked an eventlet worker at its first
+    query): tasks sleeping for twice the lease keep it, and each runs once."""
+    worker = e2e.start_worker(pool=pool, concurrency=8, E2E_LEASE_SECONDS=1)
+    app = e2e.app()
+    sleeps = [app.tasks["e2e.sleep"].delay(2.0, label=f"s{i}") for i in range(4)]
+    adds = [app.tasks["e2e.add"].delay(i, i, label=f"a{i}") for i in range(20)]
+    rows = wait_for(lambda: (r := e2e.finished()) and len(r) >= 24 and r, 60, "24 executions")
+    assert sorted(r["task_id"] for r in rows) == sorted(r.id for r in sleeps + adds)
+    assert {r["attempt"] for r in rows} == {1}, rows  # no lease was lost, nothing ran twice
+    started = sorted(r["started"] for r in rows if r["name"] == "e2e.sleep")
+    assert started[-1] - started[0] < 1.5  # the four slept side by side, not one by one
+    for r in sleeps + adds:
+        e2e.wait_acked(r.id)  # the ack is fenced: the lease held to the end
+    assert "its lease is lost" not in worker.log()
 
 
 @pytest.mark.timeout(120)

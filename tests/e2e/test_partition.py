@@ -55,21 +55,28 @@ def first(rows: list[dict[str, Any]], **where: Any) -> dict[str, Any] | None:
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
-def test_a_worker_cut_off_from_its_database_stops_within_its_lease(e2e: E2E) -> None:
+@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+def test_a_worker_cut_off_from_its_database_stops_within_its_lease(e2e: E2E, pool: str) -> None:
+    """With A's tasks in prefork processes, or in green threads beside A's heartbeat."""
     url = make_url(e2e.db_url)
     proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
     try:
-        _partition(e2e, proxy, url.set(host="127.0.0.1", port=proxy.port))
+        _partition(e2e, proxy, url.set(host="127.0.0.1", port=proxy.port), pool)
     finally:
         proxy.close()
 
 
-def _partition(e2e: E2E, proxy: StallingProxy, proxied: Any) -> None:
+def _partition(e2e: E2E, proxy: StallingProxy, proxied: Any, pool: str) -> None:
     app = make_app(e2e.broker, prefix=e2e.prefix, lease_seconds=LEASE)
     e2e._apps.append(app)
     through = "sqlease+" + proxied.render_as_string(hide_password=False)
     a = e2e.start_worker(
-        app="partition_app", concurrency=2, queues="celery,only_a", E2E_BROKER=through, E2E_HOST="A"
+        app="partition_app",
+        pool=pool,
+        concurrency=2,
+        queues="celery,only_a",
+        E2E_BROKER=through,
+        E2E_HOST="A",
     )
     work = app.tasks["part.work"].delay(40, 0.25)
     block = app.tasks["part.block"].delay(6.0)

@@ -13,7 +13,10 @@ limit raises ``SoftTimeLimitExceeded``:
   handler is installed only where the process has none for that signal;
 - in any other thread (the threads pool), or where the signal is taken, with
   ``PyThreadState_SetAsyncExc``: raised at the thread's next Python instruction, so a call
-  blocked in C code finishes first.
+  blocked in C code finishes first;
+- in a green thread (the gevent and eventlet pools), thrown into the task's greenlet from the
+  hub (sqlease._celery.green_threads): a green blocking call (``time.sleep``, a socket read) is
+  cut short. ``threading.get_ident`` names the greenlet there, so each task has its own entry.
 
 It lands in the task's body: one that arrives while Celery's own code runs (the lease was already
 lost when the task started, or the body has just returned) is held back and sent again a few
@@ -39,6 +42,7 @@ from typing import Any
 
 from celery import signals
 
+from sqlease._celery.green_threads import GreenThread, green_thread_here
 from sqlease._core.delivery_lease import DeliveryLease
 from sqlease.delivery import CLOCK_KEY, LEASE_KEY, fence_of
 from sqlease.errors import ConfigurationError, LeaseLost
@@ -65,6 +69,8 @@ class _Armed:
     #: The code of the task's body (its ``run``): the interruption is raised only while it
     #: runs (None: wherever the thread is).
     body: CodeType | None = None
+    #: The green thread the task runs in (gevent's and eventlet's pools), None in an OS one.
+    green: GreenThread | None = None
 
 
 #: By thread ident: the delivery whose task that thread runs, while it may be interrupted.
@@ -178,6 +184,9 @@ def _send(ident: int) -> None:
         armed = _armed.get(ident)
         if armed is None or not armed.sent:
             return  # raised meanwhile, or the task is done
+        if armed.green is not None:
+            armed.green.call_soon(lambda: _throw_green(ident))
+            return
         by_signal = (
             _handler_installed and SIGNAL is not None and ident == threading.main_thread().ident
         )
@@ -190,6 +199,20 @@ def _send(ident: int) -> None:
             return
     assert SIGNAL is not None
     signal.pthread_kill(ident, SIGNAL)
+
+
+def _throw_green(ident: int) -> None:
+    """(The hub of the task's green thread, where the task waits.) Raise the interruption in
+    the task's greenlet if it waits in the body, else send it again later. No lock: nothing
+    else runs in this OS thread meanwhile."""
+    armed = _armed.get(ident)
+    if armed is None or not armed.sent or armed.green is None:
+        return
+    if not _in_body(armed.green.frame(), armed.body):
+        _send_later(ident)
+        return
+    armed.sent = False
+    armed.green.throw(LeaseInterrupted(armed.fence.message_id, armed.fence.attempt))
 
 
 def _send_later(ident: int) -> None:
@@ -208,9 +231,11 @@ def arm(task: Any) -> None:
         return
     lease = DeliveryLease.of(fence, int(info.get(LEASE_KEY) or 60_000), info.get(CLOCK_KEY))
     ident = threading.get_ident()
-    _install_handler()
+    green = green_thread_here()
+    if green is None:
+        _install_handler()
     with _lock:
-        _armed[ident] = _Armed(fence, lease, body=_body_of(task))
+        _armed[ident] = _Armed(fence, lease, body=_body_of(task), green=green)
     lease.watch(lambda: _interrupt(ident))
 
 

@@ -9,9 +9,11 @@ connection behind a pooler taken as lost (``desynced``)."""
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import psycopg
+import psycopg.waiting
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine
 
@@ -43,6 +45,22 @@ KEEPALIVE_PARAMS = (
     "keepalives_count",
     "tcp_user_timeout",
 )
+
+
+def green_waits() -> None:
+    """psycopg waits on its sockets with its C function unless gevent has patched ``select``;
+    under eventlet's patching (Celery's eventlet pool) that wait blocks every green thread of
+    the process, so an eventlet worker hung at its first query. Its own ``select`` wait, which
+    eventlet makes green, is taken there instead, unless ``PSYCOPG_WAIT_FUNC`` chose one."""
+    patcher = sys.modules.get("eventlet.patcher")
+    if patcher is None or not patcher.is_monkey_patched("select"):
+        return
+    waiting: Any = psycopg.waiting
+    if getattr(waiting, "wait_c", None) is not None and waiting.wait is waiting.wait_c:
+        waiting.wait = waiting.wait_select
+
+
+green_waits()
 
 #: pg_stat_activity's application_name of sqlease's connections, unless the URL names one.
 APPLICATION_NAME = "sqlease"
