@@ -87,12 +87,15 @@ def test_other_database_is_refused(
 ) -> None:
     app, store, _, _ = setup
     other = create_engine(f"sqlite:///{tmp_path}/other.db")
-    with (
-        other.begin() as conn,
-        sqlease.transaction(conn),
-        pytest.raises(ConfigurationError, match="different database"),
-    ):
-        app.tasks["orders.ship"].delay(1)
+    try:
+        with (
+            other.begin() as conn,
+            sqlease.transaction(conn),
+            pytest.raises(ConfigurationError, match="different database"),
+        ):
+            app.tasks["orders.ship"].delay(1)
+    finally:
+        other.dispose()
     assert queued(store) == 0
 
 
