@@ -51,7 +51,8 @@ def green_waits() -> None:
     """psycopg waits on its sockets with its C function unless gevent has patched ``select``;
     under eventlet's patching (Celery's eventlet pool) that wait blocks every green thread of
     the process, so an eventlet worker hung at its first query. Its own ``select`` wait, which
-    eventlet makes green, is taken there instead, unless ``PSYCOPG_WAIT_FUNC`` chose one."""
+    eventlet makes green, is taken there instead, unless ``PSYCOPG_WAIT_FUNC`` chose one.
+    Called at import and at each engine's creation."""
     patcher = sys.modules.get("eventlet.patcher")
     if patcher is None or not patcher.is_monkey_patched("select"):
         return
@@ -175,6 +176,7 @@ def desynced(error: BaseException) -> bool:
 
 
 def create(url: URL, options: dict[str, Any]) -> Engine:
+    green_waits()  # again: eventlet may have patched since this module was imported
     clean, pooling = pooler.split(url)
     # ?pool_size= / ?max_overflow= cap every engine of the URL (docs/howto/operations.md,
     # "Connections").
