@@ -51,9 +51,11 @@ def test_green_pools_keep_the_leases_of_tasks_longer_than_a_lease(e2e: E2E, pool
     """In a green pool the heartbeat is a green thread beside the tasks, and every database
     wait must yield to the others (psycopg's own wait blocked an eventlet worker at its first
     query): tasks sleeping for twice the lease keep it, and each runs once."""
-    worker = e2e.start_worker(pool=pool, concurrency=8, E2E_LEASE_SECONDS=1)
+    # A lease of 2 s, not less: on SQLite each statement blocks the process's every green
+    # thread, the heartbeat's too, while it waits for the file.
+    worker = e2e.start_worker(pool=pool, concurrency=8, E2E_LEASE_SECONDS=2)
     app = e2e.app()
-    sleeps = [app.tasks["e2e.sleep"].delay(2.0, label=f"s{i}") for i in range(4)]
+    sleeps = [app.tasks["e2e.sleep"].delay(4.5, label=f"s{i}") for i in range(4)]
     adds = [app.tasks["e2e.add"].delay(i, i, label=f"a{i}") for i in range(20)]
     rows = wait_for(lambda: (r := e2e.finished()) and len(r) >= 24 and r, 60, "24 executions")
     assert sorted(r["task_id"] for r in rows) == sorted(r.id for r in sleeps + adds)

@@ -20,7 +20,15 @@ class GreenThread:
     """The greenlet a task runs in, and how to run a function in its hub soon."""
 
     greenlet: Any
+    #: Run a function in the hub soon (from any green thread of this OS thread).
     call_soon: Callable[[Callable[[], None]], None]
+    #: (In the hub.) Run a function in the hub after a delay, in seconds, without blocking:
+    #: the hub cannot wait (a ``threading.Timer`` started there raises).
+    call_later: Callable[[float, Callable[[], None]], None]
+
+    def dead(self) -> bool:
+        """The greenlet has ended."""
+        return bool(getattr(self.greenlet, "dead", True))
 
     def frame(self) -> FrameType | None:
         """Where the greenlet waits (None while it runs, or once it is done)."""
@@ -29,7 +37,7 @@ class GreenThread:
 
     def throw(self, error: BaseException) -> None:
         """(In the hub.) Raise ``error`` in the greenlet, where it waits."""
-        if not getattr(self.greenlet, "dead", True):
+        if not self.dead():
             self.greenlet.throw(error)
 
 
@@ -44,12 +52,23 @@ def green_thread_here() -> GreenThread | None:
         return None  # a thread's own greenlet: an OS thread
     gevent_monkey = sys.modules.get("gevent.monkey")
     if gevent_monkey is not None and gevent_monkey.is_module_patched("threading"):
-        loop = importlib.import_module("gevent").get_hub().loop
+        gevent = importlib.import_module("gevent")
+        loop = gevent.get_hub().loop
+
+        def later(delay: float, fn: Callable[[], None]) -> None:
+            # A greenlet started by the loop's timer (no switch now), which hands the call
+            # back to the hub.
+            gevent.spawn_later(delay, loop.run_callback, fn)
+
         # (Thread-safe: the lease watch is a greenlet too once threading is patched, but a
         # thread started before the patch would call it from another OS thread.)
-        return GreenThread(current, lambda fn: loop.run_callback_threadsafe(fn))
+        return GreenThread(current, lambda fn: loop.run_callback_threadsafe(fn), later)
     patcher = sys.modules.get("eventlet.patcher")
     if patcher is not None and patcher.is_monkey_patched("thread"):
         hub = importlib.import_module("eventlet.hubs").get_hub()
-        return GreenThread(current, lambda fn: hub.schedule_call_global(0, fn))
+        return GreenThread(
+            current,
+            lambda fn: hub.schedule_call_global(0, fn),
+            lambda delay, fn: hub.schedule_call_global(delay, fn),
+        )
     return None

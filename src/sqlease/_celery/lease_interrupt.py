@@ -203,13 +203,18 @@ def _send(ident: int) -> None:
 
 def _throw_green(ident: int) -> None:
     """(The hub of the task's green thread, where the task waits.) Raise the interruption in
-    the task's greenlet if it waits in the body, else send it again later. No lock: nothing
-    else runs in this OS thread meanwhile."""
+    the task's greenlet if it waits in the body, else try again a little later. No lock:
+    nothing else runs in this OS thread meanwhile."""
     armed = _armed.get(ident)
     if armed is None or not armed.sent or armed.green is None:
         return
+    if armed.green.dead():  # ended without Celery's postrun: nothing to raise, ever
+        if _armed.pop(ident, None) is armed:
+            armed.lease.close()
+        return
     if not _in_body(armed.green.frame(), armed.body):
-        _send_later(ident)
+        # Sent again from the hub's own timer: the hub cannot start a thread.
+        armed.green.call_later(RESEND_S, lambda: _throw_green(ident))
         return
     armed.sent = False
     armed.green.throw(LeaseInterrupted(armed.fence.message_id, armed.fence.attempt))

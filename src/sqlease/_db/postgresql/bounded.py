@@ -30,18 +30,18 @@ MIN_CONNECT_TIMEOUT_S = 2
 
 _READ = int(Wait.R)
 _WRITE = int(Wait.W)
-_HAS_POLL = hasattr(select, "poll")
-if _HAS_POLL:
-    _POLLIN = select.POLLIN
-    _POLLOUT = select.POLLOUT
-    _POLL_READABLE = select.POLLIN | select.POLLERR | select.POLLHUP
-    _POLL_WRITABLE = select.POLLOUT | select.POLLERR | select.POLLHUP
+# (Linux's values where select has none: its poll is then not used.)
+_POLLIN = getattr(select, "POLLIN", 0x001)
+_POLLOUT = getattr(select, "POLLOUT", 0x004)
+_POLL_READABLE = _POLLIN | getattr(select, "POLLERR", 0x008) | getattr(select, "POLLHUP", 0x010)
+_POLL_WRITABLE = _POLLOUT | getattr(select, "POLLERR", 0x008) | getattr(select, "POLLHUP", 0x010)
 
 
 def _ready(fileno: int, wanted: int, timeout: float) -> int:
     """Wait up to ``timeout`` seconds for the socket to be ready as ``wanted`` says; the
-    ``Ready`` bits (0: not yet)."""
-    if _HAS_POLL:
+    ``Ready`` bits (0: not yet). ``select.poll`` is looked for at each call: eventlet's
+    monkey-patching removes it (its green ``select.select`` is taken then)."""
+    if hasattr(select, "poll"):
         poller = select.poll()
         poller.register(
             fileno, (_POLLIN if wanted & _READ else 0) | (_POLLOUT if wanted & _WRITE else 0)

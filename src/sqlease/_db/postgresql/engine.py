@@ -9,6 +9,8 @@ connection behind a pooler taken as lost (``desynced``)."""
 from __future__ import annotations
 
 import logging
+import os
+import selectors
 import sys
 from typing import Any
 
@@ -48,17 +50,28 @@ KEEPALIVE_PARAMS = (
 
 
 def green_waits() -> None:
-    """psycopg waits on its sockets with its C function unless gevent has patched ``select``;
-    under eventlet's patching (Celery's eventlet pool) that wait blocks every green thread of
-    the process, so an eventlet worker hung at its first query. Its own ``select`` wait, which
-    eventlet makes green, is taken there instead, unless ``PSYCOPG_WAIT_FUNC`` chose one.
-    Called at import and at each engine's creation."""
-    patcher = sys.modules.get("eventlet.patcher")
-    if patcher is None or not patcher.is_monkey_patched("select"):
+    """psycopg chooses how to wait on its sockets when it is imported: its C function unless
+    gevent had patched ``select`` by then. Under eventlet's patching (Celery's eventlet pool),
+    or gevent's made after psycopg's import, that wait blocks every green thread of the
+    process, so an eventlet worker hung at its first query. Its own ``select`` wait, which the
+    patch makes green, is taken there instead (and the selector its connects wait on), unless
+    ``PSYCOPG_WAIT_FUNC`` chose the wait. Called at import and at each engine's creation."""
+    if "PSYCOPG_WAIT_FUNC" in os.environ or not _select_patched():
         return
     waiting: Any = psycopg.waiting
     if getattr(waiting, "wait_c", None) is not None and waiting.wait is waiting.wait_c:
         waiting.wait = waiting.wait_select
+    if getattr(waiting, "DefaultSelector", None) is not selectors.DefaultSelector:
+        waiting.DefaultSelector = selectors.DefaultSelector
+
+
+def _select_patched() -> bool:
+    """Whether gevent or eventlet has monkey-patched ``select``."""
+    gevent_monkey = sys.modules.get("gevent.monkey")
+    if gevent_monkey is not None and gevent_monkey.is_module_patched("select"):
+        return True
+    patcher = sys.modules.get("eventlet.patcher")
+    return patcher is not None and bool(patcher.is_monkey_patched("select"))
 
 
 green_waits()
