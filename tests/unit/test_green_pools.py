@@ -12,9 +12,8 @@ import sys
 
 import pytest
 
-SCRIPT = r"""
-import sys
-POOL = sys.argv[1]
+#: The pool's monkey-patching, as its worker makes it first, and its spawn and join.
+PATCH = r"""
 if POOL == "gevent":
     from gevent import monkey; monkey.patch_all()
     import gevent
@@ -25,7 +24,15 @@ else:
     def joinall(gs):
         for g in gs:
             g.wait()
+"""
 
+SCRIPT = (
+    r"""
+import sys
+POOL = sys.argv[1]
+"""
+    + PATCH
+    + r"""
 import json, time
 from types import SimpleNamespace
 from celery import signals
@@ -98,6 +105,7 @@ joinall([
 ])
 print(json.dumps(outcome))
 """
+)
 
 
 @pytest.mark.timeout(60)
@@ -121,23 +129,16 @@ def test_a_green_task_whose_lease_is_lost_is_interrupted_alone(pool: str) -> Non
     assert "Traceback" not in done.stderr, done.stderr
 
 
-QUERIES = r"""
+QUERIES = (
+    r"""
 import sys
 POOL, URL = sys.argv[1], sys.argv[2]
 if POOL.endswith("-late"):  # sqlease (and psycopg) imported before the patch
     import sqlease._db.postgresql.engine
     POOL = POOL.removesuffix("-late")
-if POOL == "gevent":
-    from gevent import monkey; monkey.patch_all()
-    import gevent
-    spawn, joinall = gevent.spawn, lambda gs: gevent.joinall(gs, timeout=10)
-else:
-    import eventlet; eventlet.monkey_patch()
-    spawn = eventlet.spawn
-    def joinall(gs):
-        for g in gs:
-            g.wait()
-
+"""
+    + PATCH
+    + r"""
 import time
 from sqlalchemy import text
 from sqlease._db import bounds
@@ -158,6 +159,7 @@ joinall([spawn(query, True) for _ in range(3)])
 print(round(max(first, time.monotonic() - started), 2))
 engine.dispose()
 """
+)
 
 
 @pytest.mark.pg
