@@ -34,19 +34,40 @@ def _admin_engine() -> Any:
     return create_engine(url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
 
 
-#: Tests that run real ``celery`` processes, PgBouncer or Chromium, race processes against the
-#: database, or start PostgreSQL servers of their own (the chaos run, failover): ``alone``, so
-#: that the README's command runs them after the others and by themselves, where their leases
-#: and timeouts were measured. The rest (fake clocks, one process) run two at a time (``-n 2``).
-ALONE = ("e2e", "concurrency", "pooler", "ui/test_browser.py")
+#: Tests that run real ``celery`` processes, PgBouncer or Chromium: ``processes``, run after the
+#: others (the README's command), two at a time: they mostly wait (for a worker to start, a
+#: lease to expire, a browser to answer), their leases are seconds long, and each has its own
+#: database, prefix, ports and files. Those that race processes, judge timing from the
+#: database (rate limits, beat slots, a lease's end when cut off, blocking calls), count the
+#: server's connections, or start and restart PostgreSQL servers of their own (the chaos run,
+#: failover): ``alone``, last and by themselves, where their leases and timeouts were
+#: measured. The rest (fake clocks, one process) run two at a time (``-n 2``) first.
+ALONE = (
+    "concurrency",
+    "e2e/test_beat_processes.py",
+    "e2e/test_chaos.py",
+    "e2e/test_connections.py",
+    "e2e/test_durable.py",
+    "e2e/test_failover.py",
+    "e2e/test_flow.py",
+    "e2e/test_loop_thread.py",
+    "e2e/test_partition.py",
+)
+PROCESSES = ("e2e", "pooler", "ui/test_browser.py")
+
+
+def _under(where: str, parts: tuple[str, ...]) -> bool:
+    return any(where == part or where.startswith(part + "/") for part in parts)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).parent
     for item in items:
         where = Path(str(item.path)).relative_to(root).as_posix()
-        if any(where == part or where.startswith(part + "/") for part in ALONE):
+        if _under(where, ALONE):
             item.add_marker(pytest.mark.alone)
+        elif _under(where, PROCESSES):
+            item.add_marker(pytest.mark.processes)
 
 
 @pytest.fixture(scope="session")

@@ -325,10 +325,10 @@ class Channel(virtual.Channel):
         is acked here instead, as that worker would (``settle_redelivered``)."""
         try:
             row = self.store.get_message(fence.message_id)
-            if row is None or row.task_id is None or row.lease_owner != fence.owner:
-                return False  # gone, no task, or held by another worker now
-            if row.attempt != fence.attempt:
-                return False
+            if row is None or row.task_id is None:
+                return False  # gone, or no task
+            if (row.lease_owner, row.attempt) != (fence.owner, fence.attempt):
+                return False  # released, or held by another worker or attempt now
             done, _ = settle_redelivered(self.store, self.connection.results, [row])
         except Exception:
             logger.warning("sqlease: could not look for a stored result at close", exc_info=True)
