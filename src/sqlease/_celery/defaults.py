@@ -120,10 +120,11 @@ def _warn_if_early_ack(sender: Any = None, **kwargs: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None or not uses_sqlease(app):
         return
-    from sqlease._celery import pool_room, scheduled
+    from sqlease._celery import no_prefetch, pool_room, scheduled
 
     pool_room.remember(sender)  # its free pool processes: handoff offers while busy
     scheduled.install()  # inspect scheduled: the ETA tasks waiting in the database
+    no_prefetch.install(app)  # worker_disable_prefetch, which Celery applies to Redis alone
     if not app.conf.task_acks_late:
         logger.warning(
             "sqlease: task_acks_late is False, so tasks are acknowledged before they run and a "

@@ -103,9 +103,10 @@ class Claims:
         if queues and self._looks.should_claim(
             channel.look, channel.qos, notifications=self._notifications
         ):
-            qos = channel.qos
-            credit = qos.can_consume_max_estimate() if qos.prefetch_count else None
-            delivered += self.claim(channel, queues, min(credit or CLAIM_BATCH, CLAIM_BATCH))
+            credit = channel.qos.credit()
+            limit = CLAIM_BATCH if credit is None else min(credit, CLAIM_BATCH)
+            if limit > 0:
+                delivered += self.claim(channel, queues, limit)
         return delivered
 
     def claim(self, channel: Consumer, queues: list[str], limit: int) -> int:

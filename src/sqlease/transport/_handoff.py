@@ -21,14 +21,7 @@ from sqlease._core.handoff import Handoff
 from sqlease._db.wakeup import Waker
 from sqlease.store import Fence
 from sqlease.transport._looks import Consumer
-
-
-def _celery_pool_load() -> tuple[int, int] | None:
-    """In a Celery worker whose pool is known: its size and its tasks received and not
-    finished; None elsewhere."""
-    from sqlease._celery import pool_room
-
-    return pool_room.load()
+from sqlease.transport._qos import celery_pool_load
 
 
 def _celery_holds_tasks() -> bool:
@@ -108,7 +101,7 @@ class Handoffs:
         worker whose pool is known, a pool process free of every delivery held (but
         ``besides``, being acked) and of every task received and not finished; elsewhere,
         nothing held at all (``holds_nothing``)."""
-        load = _celery_pool_load()
+        load = celery_pool_load()
         if load is None:
             return self.holds_nothing(besides)
         channels = self._channels()

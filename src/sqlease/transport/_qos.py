@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from multiprocessing.util import Finalize
 from typing import Any
 
@@ -24,6 +24,14 @@ def _restore_at_exit() -> None:
 
 
 Finalize(None, _restore_at_exit, exitpriority=1)
+
+
+def celery_pool_load() -> tuple[int, int] | None:
+    """In a Celery worker whose pool is known: its size and its tasks received and not
+    finished; None elsewhere."""
+    from sqlease._celery import pool_room
+
+    return pool_room.load()
 
 
 class _Collected:
@@ -48,6 +56,11 @@ class QoS(virtual.QoS):
     ``_delivered`` and not yet marked ``_dirty`` (acked or rejected, removed at the next
     ``can_consume``). ``holder``: what the heartbeat knows its leases by."""
 
+    #: With Celery's ``worker_disable_prefetch`` (sqlease._celery.no_prefetch), set on the
+    #: task consumer's channel: how many more tasks the worker may take now (its pool's
+    #: processes, or the autoscaler's most, less the tasks it holds).
+    task_room: Callable[[], int] | None = None
+
     def __init__(self, channel: Any, prefetch_count: int = 0) -> None:
         super().__init__(channel, prefetch_count)
         self._on_collect.cancel()
@@ -58,6 +71,20 @@ class QoS(virtual.QoS):
     def unacked_count(self) -> int:
         """Deliveries held: prefetched or running, not yet acked."""
         return len(self._delivered) - len(self._dirty)
+
+    def can_consume(self) -> bool:
+        if self.task_room is not None and self.task_room() <= 0:
+            return False
+        return bool(super().can_consume())
+
+    def credit(self) -> int | None:
+        """How many deliveries the channel may take now: its free prefetch credit, and no
+        more than its ``task_room`` when that is set; None when nothing limits it."""
+        credit = self.can_consume_max_estimate() if self.prefetch_count else None
+        if self.task_room is not None:
+            room = max(self.task_room(), 0)
+            credit = room if credit is None else min(credit, room)
+        return credit
 
     def holds_besides(self, acking: Collection[str]) -> bool:
         """Whether a delivery is held other than those with the tags ``acking``."""
@@ -78,7 +105,12 @@ class QoS(virtual.QoS):
         pcount = self.prefetch_count
         if not pcount or pcount < 8:
             return False
-        return self.unacked_count() > 0 and self.can_consume_max_estimate() < pcount // 2
+        if self.unacked_count() == 0 or self.can_consume_max_estimate() >= pcount // 2:
+            return False
+        # Not while a pool process is idle: what the worker holds is then all running (long
+        # tasks with a prefetch multiplier of 1, say) and nothing waits to keep it busy.
+        load = celery_pool_load()
+        return load is None or load[1] >= load[0]
 
     def fence_for(self, delivery_tag: str) -> Fence | None:
         """The lease the delivery ``delivery_tag`` holds (None if unknown or unleased)."""

@@ -1,0 +1,88 @@
+"""The transport's QoS: the credit of a claim, and when a worker waits to refill, with the pool
+of the Celery worker in the process (sqlease._celery.pool_room) and Celery's
+``worker_disable_prefetch`` (the task room the consumer step sets)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery.worker import state
+
+from sqlease._celery import pool_room
+from sqlease.transport._qos import QoS
+
+
+class _Pool:
+    def __init__(self, size: int) -> None:
+        self.num_processes = size
+
+
+class _Worker:
+    def __init__(self, size: int) -> None:
+        self.pool = _Pool(size)
+
+
+class _Request:
+    pass
+
+
+@pytest.fixture
+def reserved() -> Iterator[list[_Request]]:
+    """Requests the worker received and has not finished (Celery's own bookkeeping)."""
+    requests: list[_Request] = []
+    yield requests
+    for r in requests:
+        state.reserved_requests.discard(r)  # type: ignore[arg-type]
+    pool_room._worker = None
+    pool_room._pid = 0
+
+
+def _receive(reserved: list[_Request], n: int) -> None:
+    for _ in range(n):
+        r = _Request()
+        reserved.append(r)
+        state.reserved_requests.add(r)  # type: ignore[arg-type]
+
+
+def _qos(prefetch: int, held: int) -> QoS:
+    qos = QoS(object(), prefetch)
+    for i in range(held):
+        qos.append(object(), f"{i}.1")
+    return qos
+
+
+def test_the_credit_is_the_free_prefetch_and_no_more_than_the_task_room() -> None:
+    qos = _qos(8, 3)
+    assert qos.credit() == 5 and qos.can_consume()
+    qos.task_room = lambda: 2
+    assert qos.credit() == 2 and qos.can_consume()
+    qos.task_room = lambda: 0
+    assert qos.credit() == 0 and not qos.can_consume()
+    qos.task_room = lambda: -1  # more held than the pool runs (a handoff came meanwhile)
+    assert qos.credit() == 0 and not qos.can_consume()
+
+
+def test_without_a_prefetch_limit_only_the_task_room_limits() -> None:
+    qos = _qos(0, 40)
+    assert qos.credit() is None and qos.can_consume()
+    qos.task_room = lambda: 3
+    assert qos.credit() == 3
+
+
+def test_a_worker_with_an_idle_process_does_not_wait_to_refill(reserved: Any) -> None:
+    qos = _qos(8, 5)  # five held, three of the prefetch of eight free: under half
+    assert qos.refill_later()  # outside a worker: wait for half the credit
+    eight, four = _Worker(8), _Worker(4)  # (remembered by weak reference)
+    pool_room.remember(eight)
+    _receive(reserved, 5)
+    assert not qos.refill_later()  # all five run, three processes idle: claim now
+    pool_room.remember(four)
+    assert qos.refill_later()  # one of the five waits for a process: refill later
+
+
+def test_a_small_or_unlimited_prefetch_never_waits_to_refill() -> None:
+    assert not _qos(4, 3).refill_later()
+    assert not _qos(0, 3).refill_later()
+    assert not _qos(8, 0).refill_later()
