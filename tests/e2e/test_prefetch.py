@@ -93,3 +93,17 @@ def test_disable_prefetch_with_autoscale_holds_the_autoscalers_most(e2e: E2E) ->
         release.touch()
     wait_for(lambda: len(e2e.finished()) == 5, 60, "every task to finish")
     assert "holds no more tasks than its pool runs (3)" in worker.log()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_a_green_worker_out_of_credit_claims_as_its_tasks_end(e2e: E2E, pool: str) -> None:
+    """The gevent and eventlet pools have no event loop: the worker waits for work in the
+    transport, and what frees its prefetch credit (an ack) sends no notification. With a
+    safety poll of 30 s, 40 short tasks on 2 green threads with a multiplier of 1 (a prefetch
+    of 2) all finish at once, not two per poll."""
+    e2e.start_worker(pool=pool, concurrency=2, E2E_PREFETCH_MULTIPLIER=1, E2E_POLLING_INTERVAL=30)
+    app = e2e.app(polling_interval=30.0)
+    results = [app.tasks["e2e.add"].delay(i, i) for i in range(40)]
+    wait_for(lambda: len(e2e.finished()) == 40, 20, "the 40 tasks to finish")
+    assert {r["task_id"] for r in e2e.finished()} == {r.id for r in results}

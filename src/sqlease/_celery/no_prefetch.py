@@ -58,9 +58,16 @@ class NoPrefetch(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, c: Any) -> None:
         from celery.worker import state
 
+        if not c.app.conf.get("worker_disable_prefetch"):  # (the step stays on the app)
+            return
         consumer = getattr(c, "task_consumer", None)
         qos: Any = getattr(getattr(consumer, "channel", None), "qos", None)
-        if not hasattr(qos, "task_room"):  # not a sqlease channel's QoS: Celery decides
+        if not hasattr(qos, "task_room"):  # not a sqlease channel's QoS
+            logger.warning(
+                "sqlease: worker_disable_prefetch is ignored: the task consumer's channel is "
+                "not sqlease's (%s)",
+                type(qos).__name__,
+            )
             return
         controller = c.controller
 

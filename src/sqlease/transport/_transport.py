@@ -44,6 +44,11 @@ from sqlease.urls import client_url, display_url, to_sqlalchemy_url
 
 logger = logging.getLogger(__name__)
 
+#: A synchronous drain out of prefetch credit looks again after this many seconds, then after
+#: twice as long each time it is still out, up to STARVED_RECHECK_MAX_S: see ``drain_events``.
+STARVED_RECHECK_S = 0.01
+STARVED_RECHECK_MAX_S = 0.25
+
 # The name ``Channel`` is the Transport's class attribute inside its body: annotations there use
 # this one.
 SqlChannel = Channel
@@ -301,10 +306,13 @@ class Transport(virtual.Transport):
         waker.fileno()  # listen before looking, so no notification falls in between
         fetcher = self.fetcher
         assert self.cycle is not None
+        looked_at = start  # the last look at every queue
+        recheck = STARVED_RECHECK_S
         while True:
             self._queues.keep_alive()
             if fetcher.take_noack_first():
                 return
+            fetcher.looks.starved = False
             try:
                 self.cycle.get(self._deliver, timeout=timeout)
                 return
@@ -316,13 +324,29 @@ class Transport(virtual.Transport):
             wait = self.polling_interval
             if timeout is not None:
                 wait = min(wait, timeout - elapsed)
-            queues = fetcher.consumed_queues()
-            due_ms = self.store.next_due_in_ms(queues) if queues else None
-            if due_ms is not None:
-                wait = min(wait, due_ms / 1000.0 + 0.001)
-            waker.wait(max(wait, 0.0))
-            # Woken or not (then this is the safety poll): look at every queue again.
-            fetcher.notified(None)
+            starved = fetcher.looks.starved
+            if starved:
+                # Out of prefetch credit. What frees it, an ack or (with
+                # worker_disable_prefetch) a finished task, happens in another thread or
+                # greenlet (the gevent and eventlet pools have no event loop) and sends no
+                # notification: look again shortly, not at the safety poll, which would pace
+                # the worker at its prefetch per polling interval; less and less often while
+                # its tasks go on (long ones cost it a look or four a second, short ones a few
+                # milliseconds each). Nothing can be claimed meanwhile: no due time is read.
+                wait = min(wait, recheck)
+                recheck = min(recheck * 2, STARVED_RECHECK_MAX_S)
+            else:
+                queues = fetcher.consumed_queues()
+                due_ms = self.store.next_due_in_ms(queues) if queues else None
+                if due_ms is not None:
+                    wait = min(wait, due_ms / 1000.0 + 0.001)
+            woken = waker.wait(max(wait, 0.0))
+            now = time.monotonic()
+            if woken or not starved or now - looked_at >= self.polling_interval:
+                # Woken, or the safety poll: look at every queue again (the no-ack ones too,
+                # which a short recheck for credit leaves to their throttle).
+                fetcher.notified(None)
+                looked_at = now
 
     def close_connection(self, connection: Any) -> None:
         """The one shutdown sequence: no more offers; the fetcher gives back what its claims
