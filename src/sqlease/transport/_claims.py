@@ -103,10 +103,9 @@ class Claims:
         if queues and self._looks.should_claim(
             channel.look, channel.qos, notifications=self._notifications
         ):
-            credit = channel.qos.credit()
+            credit = channel.qos.credit()  # at least 1: should_claim asked can_consume
             limit = CLAIM_BATCH if credit is None else min(credit, CLAIM_BATCH)
-            if limit > 0:
-                delivered += self.claim(channel, queues, limit)
+            delivered += self.claim(channel, queues, limit)
         return delivered
 
     def claim(self, channel: Consumer, queues: list[str], limit: int) -> int:
