@@ -331,3 +331,33 @@ def test_a_full_batch_of_new_entries_ticks_again_at_once(
     assert s.tick() == 0.0  # a full batch planned: more are waiting
     s.tick()
     assert all(e.next_run_at_ms is not None for e in s.entries.all())
+
+
+def test_interval_entries_synced_together_keep_one_phase_across_passes(
+    make_app: Callable[..., Celery], beat_clock: FakeClock, schedulers: list[Scheduler]
+) -> None:
+    """As Celery's scheduler starts every entry at once: entries made by one sync are
+    planned from its first pass, however many passes (BATCH each) planning them takes. A
+    short interval whose slot from then has already come is planned from now instead."""
+    from sqlease.beat._scheduler import BATCH
+
+    many = {f"e{i:04d}": EVERY_MINUTE for i in range(2 * BATCH + 10)}
+    many["short"] = {"task": "beat_test.tick", "schedule": 0.5}
+    s = scheduler(make_app(many), beat_clock, schedulers)
+    start = beat_clock()
+    assert s.tick() == 0.0
+    beat_clock.advance(700)  # a slow pass: the short entry's slot from the start came
+    assert s.tick() == 0.0
+    beat_clock.advance(700)
+    s.tick()
+    entries = {e.name: e for e in s.entries.all()}
+    phases = {e.next_run_at_ms for n, e in entries.items() if n.startswith("e")}
+    assert phases == {start + 60_000} and len(entries) == 2 * BATCH + 12  # (and cleanup)
+    assert entries["short"].next_run_at_ms in (start + 500, beat_clock() + 500)
+    # Entries added by a later sync are planned from that sync's pass.
+    beat_clock.advance(5_000)
+    later = scheduler(make_app({**many, "late": EVERY_MINUTE}), beat_clock, schedulers, "b2")
+    s.close()
+    beat_clock.advance(61_000)  # (b1's leadership ran out)
+    later.tick()
+    assert later.entries.require("late").next_run_at_ms == beat_clock() + 60_000

@@ -5,6 +5,8 @@ notification gives the message back at once, attempt refunded."""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -336,3 +338,118 @@ def test_a_handoff_past_the_prefetch_limit_is_given_back(
     [other] = db_store.claim(["work"], "other", lease_ms=5_000)
     assert other.id == second.id
     got[0].ack()
+
+
+def test_a_handoff_arriving_while_a_claim_takes_the_credit_is_given_back(
+    connect: Connect,
+    db_store: Store,
+    hub: Hub,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A claim under way has taken the credit it may fill (the claim's limit): a handoff
+    arriving meanwhile, through an offer that still stood, is given back, attempt refunded,
+    and the worker never holds more than its prefetch. (Kept, the claim would then bring a
+    second message to a consumer with a prefetch of one.)"""
+    caplog.set_level(logging.INFO, logger="sqlease.transport._handed")
+    got: list[Message] = []
+    options = {"polling_interval": 30, "loop_statements": False}
+    producer = connect()
+    publish(producer, "work", {"n": "declare"})
+    worker = consuming_worker(_with(connect, options), hub, got, prefetch=1)
+    run_until(hub, lambda: len(got) == 1)
+    got.pop().ack()
+    transport, channel = worker.transport, worker.default_channel
+    run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
+    run_until(hub, lambda: not transport.fetcher.runner.pending)  # (its last look answered)
+    store = transport.store
+    real, entered, gate = store.ack_and_claim_op, threading.Event(), threading.Event()
+
+    def held_up(*args: Any, **kwargs: Any) -> Any:  # (the runner's thread)
+        entered.set()
+        gate.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "ack_and_claim_op", held_up)
+    transport.fetcher.claim(channel, ["work"], 1)  # as a notification's look would
+    run_until(hub, entered.is_set)
+    assert not channel.qos.can_consume()  # its one credit is the claim's
+    publish(producer, "work", {"n": 1})  # handed over: the offer still stood
+    run_until(hub, lambda: "given back" in caplog.text)
+    publish(producer, "work", {"n": 2})  # ready: the offer was used up
+    gate.set()  # the claim takes the second; then the first is released (the runner's order)
+    run_until(hub, lambda: len(got) == 1 and not channel.look.claiming)
+    [first] = [m for m in _work_rows(db_store) if m.id != msg_id(got[0])]
+
+    def released() -> list[Any]:
+        events = db_store.events(message_id=first.id)
+        return [e.data for e in events if e.kind == "released"]
+
+    run_until(hub, lambda: len(got) > 1 or released() != [])
+    assert len(got) == 1 and got[0].payload == {"n": 2}
+    assert channel.qos.claiming == 0 and channel.qos.unacked_count() == 1
+    assert released() == [{"delay_ms": 0, "refund": True}]
+    row = db_store.get_message(first.id)
+    assert row is not None and row.lease_owner is None and row.state == "ready"
+    got.pop().ack()
+    run_until(hub, lambda: len(got) == 1)
+    assert got[0].payload == {"n": 1}
+    got.pop().ack()
+    run_until(hub, lambda: rows(db_store, "work") == 0)
+    worker.release()
+
+
+def test_a_redelivery_being_settled_counts_against_the_credit(
+    connect: Connect, db_store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redelivered message is checked for a stored result off the loop before it is
+    delivered. Until then it holds its credit: nothing else is claimed or accepted for a
+    consumer with a prefetch of one, and once delivered it is the only message held."""
+    from sqlease.transport import _deliveries
+
+    producer = connect()
+    publish(producer, "work", {"n": 1}, headers={"id": "task-1"})  # a task, with its id
+    [gone] = db_store.claim(["work"], "gone:1:x", lease_ms=1, limit=1)  # a worker vanished
+    publish(producer, "work", {"n": 2}, headers={"id": "task-2"})
+    real, entered, gate = _deliveries.settle_redelivered, threading.Event(), threading.Event()
+
+    def held_up(*args: Any) -> Any:  # (the side thread)
+        entered.set()
+        gate.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(_deliveries, "settle_redelivered", held_up)
+    time.sleep(0.01)  # its lease of 1 ms ran out
+    got: list[Message] = []
+    worker = consuming_worker(_with(connect, {"polling_interval": 30}), hub, got, prefetch=1)
+    channel = worker.default_channel
+    run_until(hub, entered.is_set)
+    deadline = time.monotonic() + 0.5
+    run_until(hub, lambda: time.monotonic() > deadline or got != [])  # the loop goes on
+    waiting = db_store.get_message(msg_id_of(db_store, 2))
+    assert got == [] and waiting is not None and waiting.lease_owner is None
+    assert channel.qos.settling == 1 and not channel.qos.can_consume()
+    gate.set()
+    run_until(hub, lambda: len(got) == 1)
+    assert got[0].payload == {"n": 1} and attempt_of(got[0]) == 2
+    assert channel.qos.settling == 0 and channel.qos.unacked_count() == 1
+    got.pop().ack()
+    run_until(hub, lambda: len(got) == 1)
+    assert got[0].payload == {"n": 2}
+    got.pop().ack()
+    run_until(hub, lambda: rows(db_store, "work") == 0)
+    assert gone.attempt == 1
+    worker.release()
+
+
+def msg_id_of(store: Store, n: int) -> int:
+    """The id of the message on "work" whose payload is ``{"n": n}``."""
+    [found] = [m.id for m in _work_rows(store) if f'"n": {n}' in _body(m)]
+    return found
+
+
+def _body(message: Any) -> str:
+    import base64
+    import json
+
+    return base64.b64decode(json.loads(message.payload)["body"]).decode()

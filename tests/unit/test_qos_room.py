@@ -86,3 +86,49 @@ def test_a_small_or_unlimited_prefetch_never_waits_to_refill() -> None:
     assert not _qos(4, 3).refill_later()
     assert not _qos(0, 3).refill_later()
     assert not _qos(8, 0).refill_later()
+
+
+def test_deliveries_on_their_way_take_credit() -> None:
+    """A claim under way may bring as many as its limit, and redelivered messages being
+    checked for a stored result are delivered next: both count as taken, so nothing (a
+    handoff, another claim) is accepted beyond the prefetch meanwhile."""
+    qos = _qos(8, 3)
+    qos.claiming = 4
+    assert qos.credit() == 1 and qos.can_consume()
+    qos.settling = 1
+    assert qos.credit() == 0 and not qos.can_consume()
+    assert qos.can_consume_max_estimate() == 0 and qos.unacked_count() == 3
+    # (Whether the worker has room for a handoff: a claim under way is asked of its look.)
+    assert qos.held_besides(["0.1"]) == 3 and qos.holds_besides(["0.1", "1.1", "2.1"])
+    qos.claiming, qos.settling = 0, 0
+    assert qos.credit() == 5 and qos.can_consume()
+    assert qos.held_besides(["0.1"]) == 2 and not qos.holds_besides(["0.1", "1.1", "2.1"])
+
+
+def test_deliveries_on_their_way_delay_the_refill_like_held_ones() -> None:
+    qos = _qos(8, 3)  # five of eight free: claims now
+    assert not qos.refill_later()
+    qos.settling = 2  # three free: waits for half
+    assert qos.refill_later()
+
+
+def test_the_task_room_counts_deliveries_on_their_way(reserved: Any) -> None:
+    """``worker_disable_prefetch``: the pool's room less the tasks received and those on
+    their way, acked early or late."""
+    from types import SimpleNamespace
+
+    from sqlease._celery.no_prefetch import NoPrefetch
+
+    qos = _qos(0, 1)  # one acked late (also received)
+    _receive(reserved, 2)  # and one acked early: two received
+    channel = SimpleNamespace(qos=qos)
+    app = SimpleNamespace(conf={"worker_disable_prefetch": True})
+    consumer = SimpleNamespace(
+        app=app, task_consumer=SimpleNamespace(channel=channel), controller=_Worker(4)
+    )
+    NoPrefetch.start(object.__new__(NoPrefetch), consumer)
+    assert qos.task_room is not None and qos.task_room() == 2
+    qos.claiming = 1
+    assert qos.task_room() == 1 and qos.credit() == 1
+    qos.settling = 1
+    assert qos.task_room() == 0 and not qos.can_consume()

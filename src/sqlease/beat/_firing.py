@@ -62,16 +62,29 @@ class Firing:
         """The entry's first slot after ``slot``."""
         return next_slot(self._schedule(entry), slot, self.app)
 
-    def plan_next(self, term: Term, entry: EntryRow, now: int) -> None:
-        """An entry added, re-scheduled or enabled: its first slot after now."""
-        first = next_slot(self._schedule(entry), now, self.app)
+    def first_slot(self, entry: EntryRow, now: int, since: int | None = None) -> int:
+        """An entry's first slot after ``since`` (the planning's start, no later than
+        now), or after now when that one has already come."""
+        sched = self._schedule(entry)
+        if since is not None and since < now:
+            first = next_slot(sched, since, self.app)
+            if first > now:
+                return first
+        return next_slot(sched, now, self.app)
+
+    def plan_next(self, term: Term, entry: EntryRow, now: int, since: int | None = None) -> None:
+        """An entry added, re-scheduled or enabled: its first slot after now (after
+        ``since``, see ``first_slot``)."""
+        first = self.first_slot(entry, now, since)
         with self.entries.firing(term, self.options.lease_ms) as conn:
             if self.entries.advance(conn, entry, next_ms=first, fired_ms=None, task_id=None):
                 self.entries.event(conn, entry.name, "planned", {"next_run_at": iso(first)})
 
-    def plan_together(self, term: Term, entries: list[EntryRow], now: int) -> None:
+    def plan_together(
+        self, term: Term, entries: list[EntryRow], now: int, since: int | None = None
+    ) -> None:
         """``plan_next`` for many entries, CHUNK per leader transaction."""
-        firsts = [(e, next_slot(self._schedule(e), now, self.app)) for e in entries]
+        firsts = [(e, self.first_slot(e, now, since)) for e in entries]
         for start in range(0, len(firsts), CHUNK):
             with self.entries.firing(term, self.options.lease_ms) as conn:
                 for entry, first in firsts[start : start + CHUNK]:

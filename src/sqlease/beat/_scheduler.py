@@ -77,6 +77,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self._backoff: dict[str, float] = {}
         self._entries: ScheduleStore | None = None
         self._prebuilder: Prebuilder | None = None
+        # While a sync's entries are planned over several passes (BATCH each), the time of
+        # its first pass: they are all planned from it (see _pass).
+        self._planning_from: int | None = None
         super().__init__(app, *args, **kwargs)
 
     # ---- set-up ------------------------------------------------------------------------
@@ -201,13 +204,18 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         for entry in asked:
             self._guarded(entry, self._unplanned, firing, term, entry, now)
         fresh = [e for e in unplanned if e.run_requested_at_ms is None and self._ready(e)]
+        # Entries synced together are planned from one time, as Celery's scheduler gives them
+        # one start: interval entries made at once keep one phase, however many passes
+        # planning them takes.
+        since = now if self._planning_from is None else self._planning_from
+        self._planning_from = since if len(unplanned) == BATCH else None
         try:
-            firing.plan_together(term, fresh, now)
+            firing.plan_together(term, fresh, now, since=since)
         except (LeadershipLost, DatabaseUnavailable):
             raise
         except Exception:  # one entry's schedule cannot be computed: plan them one by one
             for entry in fresh:
-                self._guarded(entry, firing.plan_next, term, entry, now)
+                self._guarded(entry, firing.plan_next, term, entry, now, since)
         due = self.entries.due(now, DUE_BATCH)
         for entry in firing.fire_together(term, [e for e in due if self._ready(e)], now):
             self._guarded(entry, firing.fire_due, term, entry, now)

@@ -112,6 +112,7 @@ class Claims:
         """A claim for the channel: the acks waiting go with it (those of the tasks whose
         completion freed the credit), in one statement."""
         channel.look.claim_started()
+        channel.qos.claiming = limit  # its credit is taken until its answer is handled
         self._sweep(queues)
         fences = self._acks.take()
         # The lease clock of what it brings counts from here (no later than it is sent).

@@ -135,10 +135,15 @@ class Deliveries:
                     return None
 
             # In the loop the answer comes later (``_settled`` delivers then); elsewhere now.
-            self._side.run(
-                settle,
-                lambda found: delivered.append(self._settled(channel, again, found, offer)),
-            )
+            # Until then the channel's credit counts them as taken.
+            qos = channel.qos
+            qos.settling += len(again)
+
+            def settled(found: tuple[set[int], set[str]] | None) -> None:
+                qos.settling -= len(again)
+                delivered.append(self._settled(channel, again, found, offer))
+
+            self._side.run(settle, settled)
         return sum(delivered)
 
     def _settled(

@@ -67,15 +67,31 @@ class QoS(virtual.QoS):
         self.holder = Holder()
         self._on_collect = _Collected(self, self.holder)  # type: ignore[assignment]
         _open.add(self)
+        # Deliveries on their way, which the credit counts as taken: the most the claim under
+        # way may bring (set while it is, so a handoff arriving meanwhile cannot take the same
+        # credit), and redelivered messages whose stored results are being looked for.
+        self.claiming = 0
+        self.settling = 0
 
     def unacked_count(self) -> int:
         """Deliveries held: prefetched or running, not yet acked."""
         return len(self._delivered) - len(self._dirty)
 
+    def on_the_way(self) -> int:
+        """Deliveries that may come from what is under way (a claim, a settling)."""
+        return self.claiming + self.settling
+
     def can_consume(self) -> bool:
         if self.task_room is not None and self.task_room() <= 0:
             return False
-        return bool(super().can_consume())
+        pcount = self.prefetch_count
+        return not pcount or self.unacked_count() + self.on_the_way() < pcount
+
+    def can_consume_max_estimate(self) -> int | None:
+        pcount = self.prefetch_count
+        if pcount:
+            return max(pcount - self.unacked_count() - self.on_the_way(), 0)
+        return None
 
     def credit(self) -> int | None:
         """How many deliveries the channel may take now: its free prefetch credit, and no
@@ -87,14 +103,19 @@ class QoS(virtual.QoS):
         return credit
 
     def holds_besides(self, acking: Collection[str]) -> bool:
-        """Whether a delivery is held other than those with the tags ``acking``."""
+        """Whether a delivery is held other than those with the tags ``acking`` (redelivered
+        ones being settled count: they are delivered next)."""
+        if self.settling:
+            return True
         dirty = self._dirty
         return any(t not in dirty and t not in acking for t in self._delivered)
 
     def held_besides(self, acking: Collection[str]) -> int:
-        """How many deliveries are held other than those with the tags ``acking``."""
+        """How many deliveries are held other than those with the tags ``acking`` (and
+        redelivered ones being settled)."""
         dirty = self._dirty
-        return sum(1 for t in self._delivered if t not in dirty and t not in acking)
+        held = sum(1 for t in self._delivered if t not in dirty and t not in acking)
+        return held + self.settling
 
     def refill_later(self) -> bool:
         """While messages are still buffered, wait until half of the prefetch credit is free
@@ -105,7 +126,8 @@ class QoS(virtual.QoS):
         pcount = self.prefetch_count
         if not pcount or pcount < 8:
             return False
-        if self.unacked_count() == 0 or self.can_consume_max_estimate() >= pcount // 2:
+        held = self.unacked_count()
+        if held == 0 or pcount - held - self.on_the_way() >= pcount // 2:
             return False
         # Not while a pool process is idle: what the worker holds is then all running (long
         # tasks with a prefetch multiplier of 1, say) and nothing waits to keep it busy.
