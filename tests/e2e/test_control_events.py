@@ -119,3 +119,33 @@ def test_a_warm_shutdown_publishes_its_last_events(e2e: E2E) -> None:
     offline = [e for e in events if e["type"] == "worker-offline"]
     assert offline[-1]["hostname"] == node
     assert "an event was not published" not in worker.log()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stop", ["killed", "stopped"])
+def test_commands_sent_while_a_worker_was_down_do_not_stop_it_when_it_comes_back(
+    e2e: E2E, stop: str
+) -> None:
+    """A worker killed (or stopped) and started again under the same name: a ``shutdown``
+    and a ``cancel_consumer`` broadcast while it was down do not reach it, as on RabbitMQ and
+    Redis. It runs tasks from its queue and answers commands sent once it is up."""
+    fixed = f"same-{e2e.prefix.strip('_')}@e2e"
+    backend = e2e.broker
+    first = e2e.start_worker(args=["-n", fixed], wait=False, E2E_BACKEND=backend)
+    first.wait_log(f"{fixed} ready.", 60)
+    app = e2e.app(backend=backend)
+    assert app.control.ping(destination=[fixed], timeout=5) == [{fixed: {"ok": "pong"}}]
+    if stop == "killed":
+        first.kill()
+    else:
+        assert first.warm_shutdown() == 0
+    app.control.broadcast("shutdown")
+    app.control.cancel_consumer("celery")
+    again = e2e.start_worker(args=["-n", fixed], wait=False, E2E_BACKEND=backend)
+    again.wait_log(f"{fixed} ready.", 60)
+    assert app.tasks["e2e.add"].delay(2, 3).get(timeout=30) == 5
+    assert app.control.ping(destination=[fixed], timeout=5) == [{fixed: {"ok": "pong"}}]
+    queues = app.control.inspect([fixed], timeout=5).active_queues()
+    assert queues is not None and [q["name"] for q in queues[fixed]] == ["celery"], queues
+    assert again.alive(), again.log()[-2000:]
+    assert "remote-control command(s) sent to" in again.log()

@@ -19,7 +19,7 @@ from sqlease.errors import ConfigurationError
 from sqlease.store import Fence, Store
 from sqlease.transport._acks import report_clock_refused_ack
 from sqlease.transport._completion import settle_redelivered
-from sqlease.transport._control import durable_revoke
+from sqlease.transport._control import drop_stale_commands, durable_revoke
 from sqlease.transport._events import EVENT_EXCHANGE, LaterEvents
 from sqlease.transport._fetcher import Fetcher
 from sqlease.transport._looks import ChannelLook
@@ -227,6 +227,7 @@ class Channel(virtual.Channel):
     def basic_consume(
         self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any
     ) -> Any:
+        drop_stale_commands(self, queue, no_ack)
         self.look.consume(queue, no_ack=no_ack)
         self.connection.fetcher.looks.wake()
         return super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
@@ -341,8 +342,7 @@ class Channel(virtual.Channel):
     # ---- queues and bindings -----------------------------------------------------------
 
     def _new_queue(self, queue: str, **kwargs: Any) -> None:
-        # auto_delete / exclusive / x-expires (Celery's reply, event and remote-control
-        # queues): the queue expires once idle (TransportOptions.idle_queue_expiry).
+        # auto_delete, exclusive, x-expires: it expires once idle (idle_queue_expiry).
         self.connection.declare_queue(
             queue,
             auto_delete=bool(kwargs.get("auto_delete") or kwargs.get("exclusive")),

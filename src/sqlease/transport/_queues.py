@@ -73,6 +73,9 @@ class DeclaredQueues:
             if connection is None:
                 self._declared.add(queue)
 
+    def expires_when_idle(self, queue: str) -> bool:
+        return queue in self._expiring
+
     def forget(self, queue: str) -> None:
         self._declared.discard(queue)
         self._expiring.pop(queue, None)

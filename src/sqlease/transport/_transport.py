@@ -233,6 +233,10 @@ class Transport(virtual.Transport):
     def forget_queue(self, queue: str) -> None:
         self._queues.forget(queue)
 
+    def expires_when_idle(self, queue: str) -> bool:
+        """Declared here auto-delete, exclusive or with ``x-expires``."""
+        return self._queues.expires_when_idle(queue)
+
     # ---- wake-ups --------------------------------------------------------------------------
 
     @property
