@@ -362,9 +362,10 @@ class StoreMachine(RuleBasedStateMachine):
                 key=ModelMessage.order,
             )[:PARK_SCAN]
 
-        for m in front():  # at a full gate: parked there
+        for m in front():  # at a full gate: parked there, without the lease that ran out
             if m.key is not None and self.running(m.key[0]) >= m.key[1]:
                 m.state, m.reason, m.gate = "parked", "gate", f"key:{m.key[0]}"
+                m.owner, m.expires = None, None
         ivl = self.rate_interval
         if queue != RATE_QUEUE or ivl is None:
             return
