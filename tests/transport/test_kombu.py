@@ -944,6 +944,59 @@ def test_a_message_past_its_ttl_is_not_delivered_and_kept_as_expired(
     assert rows(db_store, "q") == 0
 
 
+def test_a_queues_message_ttl_expires_what_waited_longer(conn: Connection, db_store: Store) -> None:
+    """``Queue(message_ttl=…)`` (RabbitMQ's ``x-message-ttl``): a message queued longer than
+    its queue's TTL is not delivered and kept as expired; a message's own shorter TTL still
+    wins. (Kombu's virtual channels drop the argument; sqlease keeps it.)"""
+    queue = Queue("ttlq", message_ttl=2)  # seconds
+    queue(conn.default_channel).declare()
+    publish(conn, "ttlq", {"n": "stale"})
+    publish(conn, "ttlq", {"n": "fresh"})
+    publish(conn, "ttlq", {"n": "own ttl"}, expiration=0.5)
+    stale, _fresh, own = queued_ids(db_store, "ttlq")
+    backdate(db_store, stale, 3000)
+    backdate(db_store, own, 1000)
+    got = consume(conn, [queue], 3, prefetch=10, timeout=1.0)
+    assert bodies(got) == [{"n": "fresh"}]
+    got[0].ack()
+    expired = [db_store.get_message(i) for i in (stale, own)]
+    assert [(m.state, m.reason) for m in expired if m] == [("dead", "expired")] * 2
+    assert expired[0] is not None and "queue's TTL of 2000 ms" in (expired[0].last_error or "")
+    assert expired[1] is not None and "message TTL of 500 ms" in (expired[1].last_error or "")
+
+
+def test_a_queues_message_ttl_applies_to_consumers_that_never_ack(
+    connect: Connect, db_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Remote control and events: deleted on fetch, a message past its queue's TTL is left
+    in the timeline, not delivered; the batch's TTLs are judged at one database time."""
+    conn = connect()
+    queue = Queue("noackttl", message_ttl=2)
+    queue(conn.default_channel).declare()
+    for n in range(4):
+        publish(conn, "noackttl", {"n": n})
+    ids = queued_ids(db_store, "noackttl")
+    backdate(db_store, ids[0], 3000)
+    backdate(db_store, ids[2], 3000)
+    reads: list[int] = []
+    real = Store.now_ms
+    monkeypatch.setattr(Store, "now_ms", lambda self: reads.append(1) or real(self))
+    got = consume(conn, [queue], 2, no_ack=True, timeout=1.0)
+    assert sorted(m.payload["n"] for m in got) == [1, 3]
+    assert rows(db_store, "noackttl") == 0
+    for dropped in (ids[0], ids[2]):
+        [event] = db_store.events(message_id=dropped)
+        assert event.kind == "expired" and "queue's TTL of 2000 ms" in event.data["error"]
+    assert len(reads) == 1  # one batch, one read of the database's time
+
+
+@pytest.mark.parametrize("ttl", [-1, 1.5, "300", True])
+def test_a_bad_message_ttl_is_refused_at_declaration(conn: Connection, ttl: Any) -> None:
+    queue = Queue("badttl", queue_arguments={"x-message-ttl": ttl})
+    with pytest.raises(ConfigurationError, match="'badttl': x-message-ttl"):
+        queue(conn.default_channel).declare()
+
+
 def test_ttl_applies_to_basic_get_and_no_ack_fetches(conn: Connection, db_store: Store) -> None:
     publish(conn, "q", {"n": 1}, expiration=1)
     publish(conn, "q", {"n": 2})

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from amqp.exceptions import RecoverableConnectionError
 from kombu.transport import virtual
+from kombu.transport.base import to_rabbitmq_queue_arguments
 
 from sqlease._core.heartbeat import heartbeat
 from sqlease._core.results import ResultStore
@@ -106,11 +107,8 @@ class Channel(virtual.Channel):
 
     def consumes(self, queue: str) -> bool:
         """Open, and ``queue`` consumed with acks here."""
-        return (
-            self.accepts_deliveries()
-            and queue in self._active_queues
-            and queue not in self.look.noack_queues
-        )
+        noack = self.look.noack_queues
+        return self.accepts_deliveries() and queue in self._active_queues and queue not in noack
 
     def holds_besides(self, acking: Collection[str]) -> bool:
         """Whether a delivery is held other than those with the tags ``acking``."""
@@ -272,9 +270,8 @@ class Channel(virtual.Channel):
 
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
         if self.connection is None:
-            # One of the transport's connection errors, as py-amqp raises, so that Celery's
-            # ``ack_log_error`` logs it: the close gave the message back, and it is
-            # delivered again.
+            # A connection error, as py-amqp raises, so that Celery's ``ack_log_error`` logs
+            # it: the close gave the message back, and it is delivered again.
             raise RecoverableConnectionError(
                 f"channel closed: delivery {delivery_tag} was given back when its channel "
                 "closed and cannot be acked; it is delivered again"
@@ -290,9 +287,8 @@ class Channel(virtual.Channel):
                     fetcher.acks.add(fence)
                 else:
                     # Its lease is known lost here (refused, or its clock ran out): the task
-                    # stopped or its result was refused, so the ack must not reach a
-                    # database that may still hold the lease. It comes back when that
-                    # lease expires.
+                    # stopped or its result was refused; an ack must not reach a database
+                    # that may still hold the lease. It comes back when that lease expires.
                     report_clock_refused_ack(fence)
         finally:
             super().basic_ack(delivery_tag, multiple=multiple)
@@ -348,6 +344,10 @@ class Channel(virtual.Channel):
             auto_delete=bool(kwargs.get("auto_delete") or kwargs.get("exclusive")),
             arguments=kwargs.get("arguments"),
         )
+
+    def prepare_queue_arguments(self, arguments: Any, **kwargs: Any) -> Any:
+        # Queue(message_ttl=…) as x-message-ttl (Kombu's virtual channels drop it).
+        return to_rabbitmq_queue_arguments(arguments, message_ttl=kwargs.get("message_ttl"))
 
     def bind_again(self, queue: str) -> None:
         """Write this channel's bindings of ``queue`` again (after the queue expired)."""

@@ -220,10 +220,12 @@ def decode(
     refuse: Refuse,
     offer: dict[str, Any] | None = None,
     clock: str | None = None,
+    queue_ttl: int | None = None,
 ) -> dict[str, Any] | None:
     """The Kombu payload of a fetched row, stamped with its lease (and ``clock``, where its
     lease clock is published); None if the row is not a readable message (refused
-    ``undecodable``) or its TTL passed (refused ``expired``)."""
+    ``undecodable``) or its TTL or its queue's (``queue_ttl``, ms) passed (refused
+    ``expired``)."""
     try:
         payload, properties, delivery_info = parse(message, decode_body)
     except UNREADABLE as exc:
@@ -238,9 +240,15 @@ def decode(
         refuse(message, "undecodable", error)
         return None
     expired = None
-    if properties.get("expiration") is not None:
+    if properties.get("expiration") is not None or queue_ttl is not None:
         expired = ttl_passed(
-            message, payload, properties, lease_ms=lease_ms, now_ms=now_ms, leased=leased
+            message,
+            payload,
+            properties,
+            lease_ms=lease_ms,
+            now_ms=now_ms,
+            leased=leased,
+            queue_ttl=queue_ttl,
         )
     if expired is not None:
         logger.info(
@@ -290,18 +298,23 @@ def ttl_passed(
     lease_ms: int,
     now_ms: Callable[[], int],
     leased: bool,
+    queue_ttl: int | None = None,
 ) -> str | None:
     """Kombu's per-message TTL (``publish(expiration=…)``, the AMQP ``expiration``
-    property): why the message is not to be delivered, if it stayed queued longer than that
-    after it became deliverable (counted from its publish or eta, or an operator's requeue);
-    else None. Celery task messages with an ``expires`` header are left to the worker, which
-    revokes them itself (REVOKED result, ``task_revoked`` signal, ``task-revoked`` event), as
-    on Redis."""
+    property) and its queue's (``x-message-ttl``, ``queue_ttl``): why the message is not to
+    be delivered, if it stayed queued longer than the shorter of them after it became
+    deliverable (counted from its publish or eta, or an operator's requeue); else None.
+    Celery task messages with an ``expires`` header are left to the worker for their own
+    TTL, which revokes them itself (REVOKED result, ``task_revoked`` signal,
+    ``task-revoked`` event), as on Redis."""
     ttl = ttl_ms(properties.get("expiration"))
-    if ttl is None:
-        return None
     headers = payload.get("headers")
     if isinstance(headers, dict) and headers.get("task") and headers.get("expires"):
+        ttl = None
+    whose = "message"
+    if queue_ttl is not None and (ttl is None or queue_ttl < ttl):
+        ttl, whose = queue_ttl, "queue's"
+    if ttl is None:
         return None
     if message.lease_expires_at_ms is not None and leased:
         # When it was leased: at the claim, or at the publish for a handoff (so a TTL
@@ -314,7 +327,7 @@ def ttl_passed(
     waited = delivered_at - message.available_at_ms
     if waited <= ttl:
         return None
-    return f"message TTL of {ttl} ms passed before delivery ({waited} ms queued)"
+    return f"{whose} TTL of {ttl} ms passed before delivery ({waited} ms queued)"
 
 
 def stamp(

@@ -40,7 +40,8 @@ class Deliveries:
     ``store()`` / ``results()``: the transport's stores; ``deliver(payload, queue)``: Kombu's
     delivery to the consumer; ``side``: the database work off the loop; ``loop``: the
     event-loop glue; ``submit(kind, **context)``: a job for the fetcher's runner;
-    ``closing()``: whether the connection is closing."""
+    ``closing()``: whether the connection is closing; ``queue_ttl(queue)``: the queue's
+    ``x-message-ttl`` as this process declared it (ms; None: none)."""
 
     def __init__(
         self,
@@ -53,8 +54,10 @@ class Deliveries:
         loop: EventLoop,
         submit: Callable[..., int],
         closing: Callable[[], bool],
+        queue_ttl: Callable[[str], int | None] = lambda queue: None,
     ) -> None:
         self._store = store
+        self._queue_ttl = queue_ttl
         self._results = results
         self._options = options
         self._deliver = deliver
@@ -196,10 +199,19 @@ class Deliveries:
         return delivered
 
     def deliver_taken(self, channel: Consumer, taken: list[Message]) -> int:
-        """Messages deleted on fetch (no lease to hold or give back): decoded and delivered."""
+        """Messages deleted on fetch (no lease to hold or give back): decoded and delivered.
+        Their TTLs are judged at one time, the database's, read once for the batch if one
+        has a TTL (a queue's: every event and remote-control message)."""
         delivered = 0
+        read: list[int] = []
+
+        def now_ms() -> int:
+            if not read:
+                read.append(self._store().now_ms())
+            return read[0]
+
         for message in taken:
-            payload = self.decode(channel, message, leased=False)
+            payload = self.decode(channel, message, leased=False, now_ms=now_ms)
             if payload is not None:
                 self._deliver(payload, message.queue)
                 delivered += 1
@@ -213,8 +225,10 @@ class Deliveries:
         leased: bool,
         offer: dict[str, Any] | None = None,
         clock: str | None = None,
+        now_ms: Callable[[], int] | None = None,
     ) -> dict[str, Any] | None:
-        """``clock``: where its lease clock is published (None: asked of the heartbeat)."""
+        """``clock``: where its lease clock is published (None: asked of the heartbeat);
+        ``now_ms``: the time its TTL is judged at, if not leased (None: the database's)."""
         store = self._store()
         if leased and clock is None:
             clock = heartbeat().clock_ref(message.fence)
@@ -222,11 +236,12 @@ class Deliveries:
             message,
             channel.decode_body,
             lease_ms=self._options.lease_ms,
-            now_ms=store.now_ms,
+            now_ms=now_ms or store.now_ms,
             leased=leased,
             refuse=lambda m, reason, error: self._refuse(m, reason, error, leased=leased),
             offer=offer,
             clock=clock if leased else None,
+            queue_ttl=self._queue_ttl(message.queue),
         )
 
     def _refuse(self, message: Message, reason: str, error: str, *, leased: bool) -> None:

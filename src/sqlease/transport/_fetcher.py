@@ -50,7 +50,8 @@ class Fetcher:
     the event-loop glue; ``handoffs``: the offers' state; ``notifications``: publishes name
     their queues to idle clients (a drained queue waits for one instead of a claim);
     ``cycle()``: Kombu's fair cycle over the channels; ``connection_errors``: what makes
-    Celery reconnect."""
+    Celery reconnect; ``queue_ttl(queue)``: a queue's ``x-message-ttl`` (ms) as declared
+    here."""
 
     def __init__(
         self,
@@ -66,6 +67,7 @@ class Fetcher:
         notifications: bool,
         cycle: Callable[[], Any],
         connection_errors: tuple[type[BaseException], ...],
+        queue_ttl: Callable[[str], int | None] = lambda queue: None,
     ) -> None:
         self._store = store
         self._options = options
@@ -97,6 +99,7 @@ class Fetcher:
             loop=loop,
             submit=self._submit,
             closing=self._is_closing,
+            queue_ttl=queue_ttl,
         )
         self._idle = IdleLook(
             store=store,

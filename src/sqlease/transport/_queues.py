@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from sqlease.errors import ConfigurationError
 from sqlease.options import TransportOptions
 from sqlease.store import Store
 from sqlease.transport._completion import SideCalls
@@ -60,8 +61,14 @@ class DeclaredQueues:
         #: touched every queue_touch_seconds (see keep_alive).
         self._expiring: dict[str, int] = {}
         self._next_touch = 0.0
+        #: The queues declared here with an ``x-message-ttl``: their messages are not
+        #: delivered once queued longer than it (ms), as RabbitMQ drops them.
+        self._message_ttl: dict[str, int] = {}
 
     def declare(self, queue: str, *, auto_delete: bool = False, arguments: Any = None) -> None:
+        ttl = message_ttl_of(queue, arguments)
+        if ttl is not None:  # (a declaration without one, a producer's, keeps it)
+            self._message_ttl[queue] = ttl
         expires_ms = self._options.queue_expiry_ms(auto_delete, arguments)
         if expires_ms is not None:
             self._expiring[queue] = expires_ms
@@ -73,12 +80,16 @@ class DeclaredQueues:
             if connection is None:
                 self._declared.add(queue)
 
+    def message_ttl(self, queue: str) -> int | None:
+        return self._message_ttl.get(queue)
+
     def expires_when_idle(self, queue: str) -> bool:
         return queue in self._expiring
 
     def forget(self, queue: str) -> None:
         self._declared.discard(queue)
         self._expiring.pop(queue, None)
+        self._message_ttl.pop(queue, None)
 
     def keep_alive(self) -> None:
         """Touch the auto-delete queues this process consumes, every queue_touch_seconds,
@@ -116,3 +127,18 @@ class DeclaredQueues:
             self._store().declare_queue(queue, expires_ms=self._expiring[queue])
             for channel in self._channels():
                 channel.bind_again(queue)
+
+
+def message_ttl_of(queue: str, arguments: Any) -> int | None:
+    """A queue's ``x-message-ttl`` (Kombu's ``Queue(message_ttl=…)``, in ms), checked as
+    RabbitMQ checks it: a whole number of milliseconds >= 0."""
+    value = (arguments or {}).get("x-message-ttl")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise ConfigurationError(
+            f"queue {queue!r}: x-message-ttl {value!r} is not a whole number of milliseconds"
+        )
+    if value < 0:
+        raise ConfigurationError(f"queue {queue!r}: x-message-ttl {value!r} is negative")
+    return int(value)

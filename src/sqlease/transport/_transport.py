@@ -134,6 +134,7 @@ class Transport(virtual.Transport):
             notifications=self.caps.notifications,
             cycle=lambda: self.cycle,
             connection_errors=self.connection_errors,
+            queue_ttl=lambda queue: self._queues.message_ttl(queue),
         )
         #: Exchange types this connection recorded in the database or read from it.
         self.exchange_types: dict[str, str] = {}
