@@ -353,7 +353,7 @@ def test_interval_entries_synced_together_keep_one_phase_across_passes(
     entries = {e.name: e for e in s.entries.all()}
     phases = {e.next_run_at_ms for n, e in entries.items() if n.startswith("e")}
     assert phases == {start + 60_000} and len(entries) == 2 * BATCH + 12  # (and cleanup)
-    assert entries["short"].next_run_at_ms in (start + 500, beat_clock() + 500)
+    assert entries["short"].next_run_at_ms == beat_clock() + 500  # (planned in the third)
     # Entries added by a later sync are planned from that sync's pass.
     beat_clock.advance(5_000)
     later = scheduler(make_app({**many, "late": EVERY_MINUTE}), beat_clock, schedulers, "b2")
@@ -361,3 +361,23 @@ def test_interval_entries_synced_together_keep_one_phase_across_passes(
     beat_clock.advance(61_000)  # (b1's leadership ran out)
     later.tick()
     assert later.entries.require("late").next_run_at_ms == beat_clock() + 60_000
+
+
+def test_a_planning_left_unfinished_for_over_a_minute_plans_the_rest_from_now(
+    make_app: Callable[..., Celery], beat_clock: FakeClock, schedulers: list[Scheduler]
+) -> None:
+    """The first pass's time holds for one sync's planning only (seconds): entries planned
+    a minute or more later (a stalled beat, a lost and regained leadership) are planned from
+    then, never from a time long gone (an hourly entry would fire early)."""
+    from sqlease.beat._scheduler import BATCH
+
+    hourly = {"task": "beat_test.tick", "schedule": 3600.0}
+    s = scheduler(
+        make_app({f"h{i:04d}": hourly for i in range(BATCH + 10)}), beat_clock, schedulers
+    )
+    start = beat_clock()
+    assert s.tick() == 0.0
+    beat_clock.advance(61_000)
+    s.tick()
+    firsts = sorted({e.next_run_at_ms for e in s.entries.all() if e.name.startswith("h")})
+    assert firsts == [start + 3_600_000, beat_clock() + 3_600_000]

@@ -39,6 +39,9 @@ logger = logging.getLogger("sqlease.beat")
 BATCH = 200
 #: Due entries read per tick (as BATCH).
 DUE_BATCH = 2000
+#: The longest a sync's planning keeps its first pass's time (a wave of BATCH passes takes
+#: seconds; entries left unplanned longer, backed off say, are planned from now).
+PLANNING_WAVE_MS = 60_000
 #: A tick builds fires ahead (sqlease.beat._prebuild) for at most this long, and only while
 #: the next slot is further away than that plus PREBUILD_MARGIN_S.
 PREBUILD_S = 0.5
@@ -174,14 +177,16 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             now = self._now()
             term = self._lead(now)
             if term is None:
+                self._planning_from = None
                 return self.options.standby_poll
             return self._pass(term, now)
         except LeadershipLost as lost:
             logger.warning("sqlease beat: %s", lost)
-            self.term = None
+            self.term = self._planning_from = None
             return self.options.standby_poll
         except DatabaseUnavailable as error:
             logger.warning("sqlease beat: the database is unavailable (%s); retrying", error)
+            self._planning_from = None
             return min(self.options.standby_poll * 10, 5.0)
 
     @property
@@ -207,7 +212,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         # Entries synced together are planned from one time, as Celery's scheduler gives them
         # one start: interval entries made at once keep one phase, however many passes
         # planning them takes.
-        since = now if self._planning_from is None else self._planning_from
+        since = self._planning_from
+        if since is None or now - since > PLANNING_WAVE_MS:
+            since = now
         self._planning_from = since if len(unplanned) == BATCH else None
         try:
             firing.plan_together(term, fresh, now, since=since)

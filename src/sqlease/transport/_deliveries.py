@@ -200,14 +200,22 @@ class Deliveries:
 
     def deliver_taken(self, channel: Consumer, taken: list[Message]) -> int:
         """Messages deleted on fetch (no lease to hold or give back): decoded and delivered.
-        Their TTLs are judged at one time, the database's, read once for the batch if one
-        has a TTL (a queue's: every event and remote-control message)."""
+        Their own TTLs are judged at one time, the database's, read once for the batch if
+        one has a TTL. Their queue's TTL is not applied: a consumer that never acks takes
+        what is there (Celery's remote control, events and gossip, whose stale copies the
+        maintenance pass deletes); judging it would cost a read on the loop per take."""
         delivered = 0
         read: list[int] = []
 
         def now_ms() -> int:
             if not read:
-                read.append(self._store().now_ms())
+                try:
+                    read.append(self._store().now_ms())
+                except Exception as exc:
+                    # Deleted on fetch: delivered rather than lost on a guess (0 is before
+                    # any message was published: none has waited past its TTL).
+                    logger.warning("sqlease: TTLs not judged, the time unread (%s)", exc)
+                    read.append(0)
             return read[0]
 
         for message in taken:
@@ -241,7 +249,7 @@ class Deliveries:
             refuse=lambda m, reason, error: self._refuse(m, reason, error, leased=leased),
             offer=offer,
             clock=clock if leased else None,
-            queue_ttl=self._queue_ttl(message.queue),
+            queue_ttl=self._queue_ttl(message.queue) if leased else None,
         )
 
     def _refuse(self, message: Message, reason: str, error: str, *, leased: bool) -> None:
