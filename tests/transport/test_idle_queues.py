@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
+from sqlalchemy import select
 
 from sqlease import Store
 from sqlease._core.maintenance import run_pass
@@ -84,3 +85,18 @@ def test_a_consumer_whose_queue_expired_declares_and_binds_it_again(
             )
         drain_for(conn, 0.5)
         assert got == [{"after": 1}]
+
+
+def test_a_queues_expires_reaches_its_idle_expiry(
+    connect: Callable[..., Connection], db_store: Store
+) -> None:
+    """``Queue(expires=…)`` (RabbitMQ's ``x-expires``), which Kombu's virtual channels drop,
+    is the queue's idle expiry (the longer of it and ``idle_queue_expiry``); a queue
+    declared without it stays until deleted."""
+    conn = connect(idle_queue_expiry=EXPIRY)
+    Queue("expiring", expires=5.0)(conn.default_channel).declare()
+    Queue("staying")(conn.default_channel).declare()
+    queues = db_store.tables.queues
+    with db_store.engine.connect() as c:
+        rows = dict(c.execute(select(queues.c.name, queues.c.expires_ms)).all())
+    assert rows["expiring"] == 5_000 and rows["staying"] is None

@@ -11,7 +11,6 @@ from typing import Any, Protocol
 
 from amqp.exceptions import RecoverableConnectionError
 from kombu.transport import virtual
-from kombu.transport.base import to_rabbitmq_queue_arguments
 
 from sqlease._core.heartbeat import heartbeat
 from sqlease._core.results import ResultStore
@@ -26,6 +25,7 @@ from sqlease.transport._fetcher import Fetcher
 from sqlease.transport._looks import ChannelLook
 from sqlease.transport._loop import on_a_loop_thread
 from sqlease.transport._qos import QoS
+from sqlease.transport._queues import queue_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -346,8 +346,7 @@ class Channel(virtual.Channel):
         )
 
     def prepare_queue_arguments(self, arguments: Any, **kwargs: Any) -> Any:
-        # Queue(message_ttl=…) as x-message-ttl (Kombu's virtual channels drop it).
-        return to_rabbitmq_queue_arguments(arguments, message_ttl=kwargs.get("message_ttl"))
+        return queue_arguments(arguments, **kwargs)
 
     def bind_again(self, queue: str) -> None:
         """Write this channel's bindings of ``queue`` again (after the queue expired)."""

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from kombu.transport.base import to_rabbitmq_queue_arguments
+
 from sqlease.errors import ConfigurationError
 from sqlease.options import TransportOptions
 from sqlease.store import Store
@@ -142,3 +144,11 @@ def message_ttl_of(queue: str, arguments: Any) -> int | None:
     if value < 0:
         raise ConfigurationError(f"queue {queue!r}: x-message-ttl {value!r} is negative")
     return int(value)
+
+
+def queue_arguments(arguments: Any, **declared: Any) -> Any:
+    """A queue's arguments with Kombu's ``Queue(message_ttl=…, expires=…)`` as RabbitMQ's
+    ``x-message-ttl`` and ``x-expires``: Kombu's virtual channels drop them."""
+    return to_rabbitmq_queue_arguments(
+        arguments, message_ttl=declared.get("message_ttl"), expires=declared.get("expires")
+    )
