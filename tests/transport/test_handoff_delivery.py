@@ -340,18 +340,18 @@ def test_a_handoff_past_the_prefetch_limit_is_given_back(
     got[0].ack()
 
 
-def test_a_handoff_arriving_while_a_claim_takes_the_credit_is_given_back(
+def test_a_handoff_during_a_claim_is_kept_and_the_claims_surplus_given_back(
     connect: Connect,
     db_store: Store,
     hub: Hub,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A claim under way has taken the credit it may fill (the claim's limit): a handoff
-    arriving meanwhile, through an offer that still stood, is given back, attempt refunded,
-    and the worker never holds more than its prefetch. (Kept, the claim would then bring a
-    second message to a consumer with a prefetch of one.)"""
-    caplog.set_level(logging.INFO, logger="sqlease.transport._handed")
+    """A handoff can arrive while a claim sized by the credit is under way (its offer still
+    stood). The handoff is delivered, with its attempt; what the claim then brings beyond
+    the credit is given back, attempt refunded: the worker never holds more than its
+    prefetch. (Before, the claim's message came too: two held with a prefetch of one.)"""
+    caplog.set_level(logging.INFO, logger="sqlease.transport._claims")
     got: list[Message] = []
     options = {"polling_interval": 30, "loop_statements": False}
     producer = connect()
@@ -373,27 +373,26 @@ def test_a_handoff_arriving_while_a_claim_takes_the_credit_is_given_back(
     monkeypatch.setattr(store, "ack_and_claim_op", held_up)
     transport.fetcher.claim(channel, ["work"], 1)  # as a notification's look would
     run_until(hub, entered.is_set)
-    assert not channel.qos.can_consume()  # its one credit is the claim's
     publish(producer, "work", {"n": 1})  # handed over: the offer still stood
-    run_until(hub, lambda: "given back" in caplog.text)
+    run_until(hub, lambda: len(got) == 1)
+    assert got[0].payload == {"n": 1} and attempt_of(got[0]) == 1
     publish(producer, "work", {"n": 2})  # ready: the offer was used up
-    gate.set()  # the claim takes the second; then the first is released (the runner's order)
-    run_until(hub, lambda: len(got) == 1 and not channel.look.claiming)
-    [first] = [m for m in _work_rows(db_store) if m.id != msg_id(got[0])]
+    [second] = [m for m in _work_rows(db_store) if m.id != msg_id(got[0])]
 
     def released() -> list[Any]:
-        events = db_store.events(message_id=first.id)
+        events = db_store.events(message_id=second.id)
         return [e.data for e in events if e.kind == "released"]
 
+    gate.set()  # the claim takes the second, beyond the credit: given back
     run_until(hub, lambda: len(got) > 1 or released() != [])
-    assert len(got) == 1 and got[0].payload == {"n": 2}
-    assert channel.qos.claiming == 0 and channel.qos.unacked_count() == 1
+    assert len(got) == 1 and channel.qos.unacked_count() == 1
     assert released() == [{"delay_ms": 0, "refund": True}]
-    row = db_store.get_message(first.id)
+    assert "beyond the consumer's credit" in caplog.text
+    row = db_store.get_message(second.id)
     assert row is not None and row.lease_owner is None and row.state == "ready"
     got.pop().ack()
     run_until(hub, lambda: len(got) == 1)
-    assert got[0].payload == {"n": 1}
+    assert got[0].payload == {"n": 2}
     got.pop().ack()
     run_until(hub, lambda: rows(db_store, "work") == 0)
     worker.release()

@@ -89,18 +89,17 @@ def test_a_small_or_unlimited_prefetch_never_waits_to_refill() -> None:
 
 
 def test_deliveries_on_their_way_take_credit() -> None:
-    """A claim under way may bring as many as its limit, and redelivered messages being
-    checked for a stored result are delivered next: both count as taken, so nothing (a
-    handoff, another claim) is accepted beyond the prefetch meanwhile."""
+    """Redelivered messages being checked for a stored result are delivered next: they
+    count as taken, so nothing (a handoff, another claim) is accepted beyond the prefetch
+    meanwhile, and the worker has no room for a handoff."""
     qos = _qos(8, 3)
-    qos.claiming = 4
+    qos.settling = 4
     assert qos.credit() == 1 and qos.can_consume()
-    qos.settling = 1
+    qos.settling = 5
     assert qos.credit() == 0 and not qos.can_consume()
     assert qos.can_consume_max_estimate() == 0 and qos.unacked_count() == 3
-    # (Whether the worker has room for a handoff: a claim under way is asked of its look.)
-    assert qos.held_besides(["0.1"]) == 3 and qos.holds_besides(["0.1", "1.1", "2.1"])
-    qos.claiming, qos.settling = 0, 0
+    assert qos.held_besides(["0.1"]) == 7 and qos.holds_besides(["0.1", "1.1", "2.1"])
+    qos.settling = 0
     assert qos.credit() == 5 and qos.can_consume()
     assert qos.held_besides(["0.1"]) == 2 and not qos.holds_besides(["0.1", "1.1", "2.1"])
 
@@ -128,7 +127,7 @@ def test_the_task_room_counts_deliveries_on_their_way(reserved: Any) -> None:
     )
     NoPrefetch.start(object.__new__(NoPrefetch), consumer)
     assert qos.task_room is not None and qos.task_room() == 2
-    qos.claiming = 1
-    assert qos.task_room() == 1 and qos.credit() == 1
     qos.settling = 1
+    assert qos.task_room() == 1 and qos.credit() == 1
+    qos.settling = 2
     assert qos.task_room() == 0 and not qos.can_consume()

@@ -73,8 +73,8 @@ class NoPrefetch(bootsteps.StartStopStep):  # type: ignore[misc]
 
         def task_room() -> int:
             # A task acked late is both a delivery held and a request received; one acked
-            # early only the latter: the larger count covers both. Those on their way (a
-            # claim under way, redelivered ones being settled) are neither yet.
+            # early only the latter: the larger count covers both. Redelivered ones being
+            # settled are neither yet.
             held = max(len(state.reserved_requests), int(qos.unacked_count()))
             return task_limit(controller) - held - int(qos.on_the_way())
 

@@ -112,7 +112,6 @@ class Claims:
         """A claim for the channel: the acks waiting go with it (those of the tasks whose
         completion freed the credit), in one statement."""
         channel.look.claim_started()
-        channel.qos.claiming = limit  # its credit is taken until its answer is handled
         self._sweep(queues)
         fences = self._acks.take()
         # The lease clock of what it brings counts from here (no later than it is sent).
@@ -220,7 +219,7 @@ class Claims:
             return 0
         self._looks.claimed(channel.look, len(found), limit, short=short, again=held_ahead)
         live, exhausted = split_exhausted(found)
-        live = delivery_order(live)
+        live = self._within_credit(channel, delivery_order(live))
         if exhausted:
             results = self._results()
             self._side.run(lambda: record_exhausted(results, exhausted))
@@ -240,6 +239,22 @@ class Claims:
         elif self._looks.found_nothing and self._loop.registered:
             self._look_ahead()
         return delivered
+
+    def _within_credit(self, channel: Consumer, live: list[Message]) -> list[Message]:
+        """What fits the channel's credit now; the rest is given back (ready for any worker,
+        attempt refunded). A handoff can arrive while a claim sized by the credit is under
+        way: giving back what the claim brought beyond it (rarely anything) rather than
+        the handoff keeps an idle worker's handoffs, and never costs one an attempt."""
+        credit = channel.qos.credit()
+        if credit is None or len(live) <= credit:
+            return live
+        logger.info(
+            "sqlease: %d claimed message(s) beyond the consumer's credit (a handoff came "
+            "meanwhile); given back",
+            len(live) - credit,
+        )
+        self._deliveries.give_back(live[credit:])
+        return live[:credit]
 
     def _note_db_time(self, found: list[Message], sent_at: float) -> None:
         """A claim tells the database's time: its leases end ``lease_ms`` after it."""

@@ -102,10 +102,9 @@ class Handed:
             self._deliveries.give_back([row])
             return
         if not channel.qos.can_consume():
-            # No prefetch credit left: the offer stood while a claim filled the worker, or
-            # while the claim now under way may (it is withdrawn at the next idle look).
-            # Kept, the message would wait here beyond the prefetch limit, out of another
-            # worker's and a purge's reach.
+            # No prefetch credit left: the offer stood while a claim filled the worker (it is
+            # withdrawn at the next idle look). Kept, the message would wait here beyond the
+            # prefetch limit, out of another worker's and a purge's reach.
             logger.info(
                 "sqlease: message %s handed over to a consumer without prefetch credit; given back",
                 row.id,

@@ -100,7 +100,6 @@ class Outcomes:
         channel: Consumer = context.get("channel")  # type: ignore[assignment]
         if kind is Kind.CLAIM:
             channel.look.claim_finished()
-            channel.qos.claiming = 0
             if done.error is not None:
                 raise done.error
             return self._claims.claimed(

@@ -67,10 +67,8 @@ class QoS(virtual.QoS):
         self.holder = Holder()
         self._on_collect = _Collected(self, self.holder)  # type: ignore[assignment]
         _open.add(self)
-        # Deliveries on their way, which the credit counts as taken: the most the claim under
-        # way may bring (set while it is, so a handoff arriving meanwhile cannot take the same
-        # credit), and redelivered messages whose stored results are being looked for.
-        self.claiming = 0
+        # Deliveries on their way, which the credit counts as taken: redelivered messages
+        # whose stored results are being looked for (sqlease.transport._deliveries).
         self.settling = 0
 
     def unacked_count(self) -> int:
@@ -78,8 +76,8 @@ class QoS(virtual.QoS):
         return len(self._delivered) - len(self._dirty)
 
     def on_the_way(self) -> int:
-        """Deliveries that may come from what is under way (a claim, a settling)."""
-        return self.claiming + self.settling
+        """Deliveries on their way: redelivered ones being settled."""
+        return self.settling
 
     def can_consume(self) -> bool:
         if self.task_room is not None and self.task_room() <= 0:
