@@ -199,6 +199,7 @@ def test_a_background_claim_without_acks_reports_the_queue_drained(
     never taken as drained: it may not have seen them free a run's next message."""
     worker, got = holding_eight(connect, hub, 10)
     fetcher, channel = worker.transport.fetcher, worker.default_channel
+    channel.basic_qos(0, 16, False)  # room for what the claims below bring
     fetcher.claim(channel, ["work"], 4)
     run_until(hub, lambda: not channel.look.claiming)
     assert len(got) == 10 and channel.look.known_empty
