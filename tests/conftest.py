@@ -35,7 +35,7 @@ def _admin_engine() -> Any:
 
 
 #: Tests that run real ``celery`` processes, PgBouncer or Chromium: ``processes``, run after the
-#: others (the README's command), two at a time: they mostly wait (for a worker to start, a
+#: others (the README's command), three at a time: they mostly wait (for a worker to start, a
 #: lease to expire, a browser to answer), their leases are seconds long, and each has its own
 #: database, prefix, ports and files. Those that race processes, judge timing from the
 #: database (rate limits, beat slots, a lease's end when cut off, blocking calls), count the
