@@ -76,7 +76,7 @@ class NoPrefetch(bootsteps.StartStopStep):  # type: ignore[misc]
             # early only the latter: the larger count covers both. Redelivered ones being
             # settled are neither yet.
             held = max(len(state.reserved_requests), int(qos.unacked_count()))
-            return task_limit(controller) - held - int(qos.on_the_way())
+            return task_limit(controller) - held - int(qos.settling)
 
         qos.task_room = task_room
         logger.info(

@@ -75,26 +75,22 @@ class QoS(virtual.QoS):
         """Deliveries held: prefetched or running, not yet acked."""
         return len(self._delivered) - len(self._dirty)
 
-    def on_the_way(self) -> int:
-        """Deliveries on their way: redelivered ones being settled."""
-        return self.settling
-
     def can_consume(self) -> bool:
         if self.task_room is not None and self.task_room() <= 0:
             return False
         pcount = self.prefetch_count
-        return not pcount or self.unacked_count() + self.on_the_way() < pcount
+        return not pcount or self.unacked_count() + self.settling < pcount
 
     def can_consume_max_estimate(self) -> int | None:
         pcount = self.prefetch_count
         if pcount:
-            return max(pcount - self.unacked_count() - self.on_the_way(), 0)
+            return max(pcount - self.unacked_count() - self.settling, 0)
         return None
 
     def credit(self) -> int | None:
         """How many deliveries the channel may take now: its free prefetch credit, and no
         more than its ``task_room`` when that is set; None when nothing limits it."""
-        credit = self.can_consume_max_estimate() if self.prefetch_count else None
+        credit = self.can_consume_max_estimate()
         if self.task_room is not None:
             room = max(self.task_room(), 0)
             credit = room if credit is None else min(credit, room)
@@ -124,8 +120,8 @@ class QoS(virtual.QoS):
         pcount = self.prefetch_count
         if not pcount or pcount < 8:
             return False
-        held = self.unacked_count()
-        if held == 0 or pcount - held - self.on_the_way() >= pcount // 2:
+        credit = self.can_consume_max_estimate()
+        if self.unacked_count() == 0 or (credit is not None and credit >= pcount // 2):
             return False
         # Not while a pool process is idle: what the worker holds is then all running (long
         # tasks with a prefetch multiplier of 1, say) and nothing waits to keep it busy.
