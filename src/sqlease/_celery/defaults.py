@@ -131,3 +131,18 @@ def _warn_if_early_ack(sender: Any = None, **kwargs: Any) -> None:
             "worker killed mid-task loses its task. Remove that setting to make tasks durable "
             "(opt out per task with @app.task(acks_late=False))."
         )
+
+
+@signals.worker_ready.connect
+def _shutdown_signals_outside_sqlite(sender: Any = None, **kwargs: Any) -> None:
+    """Celery's shutdown handlers, installed by now, wait for the main thread to leave SQLite
+    (sqlease._db.signal_defer): the soft shutdown sleeps in its handler, which must not
+    hold a transaction's write lock meanwhile."""
+    app = getattr(sender, "app", None)
+    if app is None or not uses_sqlease(app):
+        return
+    import signal
+
+    from sqlease._db.signal_defer import defer_handlers
+
+    defer_handlers((signal.SIGTERM, signal.SIGINT, signal.SIGQUIT))

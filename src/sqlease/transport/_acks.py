@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from sqlease._core.heartbeat import heartbeat
 from sqlease.store import Fence, Store
 
 logger = logging.getLogger(__name__)
@@ -23,21 +24,24 @@ ACK_BATCH = 32
 class AckWriter:
     """The acks waiting to be written (loop thread only).
 
-    ``write(fences)`` writes a batch; ``in_loop()`` says whether the caller is the event
-    loop's thread (elsewhere every ack is written at once); ``held()`` counts the deliveries
-    not yet acked; ``timer(delay, callback)`` and ``wake()`` are the loop's timer and
-    self-pipe."""
+    ``write(fences)`` writes a batch; ``leaving(fences)`` is told which acks leave now (for
+    the database or with a claim) and answers those that may be sent; ``in_loop()`` says
+    whether the caller is the event loop's thread (elsewhere every ack is written at once);
+    ``held()`` counts the deliveries not yet acked; ``timer(delay, callback)`` and ``wake()``
+    are the loop's timer and self-pipe."""
 
     def __init__(
         self,
         *,
         write: Callable[[list[Fence]], None],
+        leaving: Callable[[list[Fence]], list[Fence]],
         in_loop: Callable[[], bool],
         held: Callable[[], int],
         timer: Callable[[float, Callable[[], None]], Any],
         wake: Callable[[], None],
     ) -> None:
         self._write = write
+        self._leaving = leaving
         self._in_loop = in_loop
         self._held = held
         self._timer_of = timer
@@ -58,7 +62,9 @@ class AckWriter:
     def add(self, fence: Fence) -> None:
         """Ack ``fence``: in the event loop, with the batch; elsewhere at once."""
         if not self._in_loop():
-            self._write([fence])
+            sendable = self._leaving([fence])
+            if sendable:
+                self._write(sendable)
             return
         pending = self.pending
         pending.append(fence)
@@ -79,7 +85,7 @@ class AckWriter:
             self._timer.cancel()
             self._timer = None
         pending, self.pending = self.pending, []
-        return pending
+        return self._leaving(pending) if pending else pending
 
     def put_back(self, pending: list[Fence]) -> None:
         """A write that took ``pending`` failed before anything was written: they wait for
@@ -92,6 +98,22 @@ class AckWriter:
         pending = self.take()
         if pending:
             self._write(pending)
+
+
+def stop_renewing(fences: list[Fence]) -> list[Fence]:
+    """Acks leaving for the database: their leases are no longer renewed from here (a renewal
+    racing with the ack would take the acked row for a lost lease). Until then they were, so
+    an ack waiting in a batch keeps its lease however long the loop is held up (Celery's soft
+    shutdown sleeps in a signal handler, on the loop's thread). Those whose lease is known
+    lost here are not sent (``Heartbeat.drop_for_ack``)."""
+    beat = heartbeat()
+    sendable = []
+    for fence in fences:
+        if beat.drop_for_ack(fence):
+            sendable.append(fence)
+        else:
+            report_clock_refused_ack(fence)
+    return sendable
 
 
 def report_refused_ack(store: Store, fence: Fence) -> None:

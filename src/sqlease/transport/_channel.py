@@ -17,7 +17,6 @@ from sqlease._core.results import ResultStore
 from sqlease.delivery import fence_of
 from sqlease.errors import ConfigurationError
 from sqlease.store import Fence, Store
-from sqlease.transport._acks import report_clock_refused_ack
 from sqlease.transport._completion import settle_redelivered
 from sqlease.transport._control import drop_stale_commands, durable_revoke
 from sqlease.transport._events import EVENT_EXCHANGE, LaterEvents
@@ -283,13 +282,9 @@ class Channel(virtual.Channel):
             fetcher.look_again()  # the ack lets the run's next message go
         try:
             if fence is not None:
-                if heartbeat().drop_for_ack(fence):
-                    fetcher.acks.add(fence)
-                else:
-                    # Its lease is known lost here (refused, or its clock ran out): the task
-                    # stopped or its result was refused; an ack must not reach a database
-                    # that may still hold the lease. It comes back when that lease expires.
-                    report_clock_refused_ack(fence)
+                # Renewed until it leaves (sqlease.transport._acks.stop_renewing), which does
+                # not send it if its lease is known lost here.
+                fetcher.acks.add(fence)
         finally:
             super().basic_ack(delivery_tag, multiple=multiple)
 

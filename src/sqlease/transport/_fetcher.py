@@ -27,7 +27,7 @@ from sqlease._core.results import ResultStore
 from sqlease.options import TransportOptions
 from sqlease.store import Fence, Store
 from sqlease.transport._acking import Acking
-from sqlease.transport._acks import AckWriter
+from sqlease.transport._acks import AckWriter, stop_renewing
 from sqlease.transport._claims import Claims
 from sqlease.transport._completion import SideCalls
 from sqlease.transport._deliveries import Deliveries
@@ -79,6 +79,7 @@ class Fetcher:
         self.looks = LookState()
         self.acks = AckWriter(
             write=self.write_acks,
+            leaving=stop_renewing,
             in_loop=loop.in_loop_thread,
             held=self._held,
             timer=loop.call_later,

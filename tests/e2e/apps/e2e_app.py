@@ -38,6 +38,7 @@ def make_app(
     broadcast: str | None = None,
     worker_direct: bool = False,
     transport_options: dict[str, Any] | None = None,
+    conf: dict[str, Any] | None = None,
 ) -> Celery:
     """The e2e app. Nothing about acknowledgement is configured: sqlease's defaults apply.
     The lease is 10 s unless a test is about leases: long enough that a loaded machine never
@@ -59,6 +60,7 @@ def make_app(
         enable_utc=True,
         worker_direct=worker_direct,
     )
+    app.conf.update(conf or {})  # a test's own Celery settings (E2E_CONF, JSON)
     if broadcast:  # the default queue plus a broadcast one: every worker gets a copy
         app.conf.task_queues = (Queue("celery"), Broadcast(broadcast))
 
@@ -189,6 +191,7 @@ def _from_env() -> Celery:
         broadcast=env.get("E2E_BROADCAST") or None,
         worker_direct=env.get("E2E_WORKER_DIRECT") == "1",
         transport_options=json.loads(env.get("E2E_TRANSPORT_OPTIONS") or "{}"),
+        conf=json.loads(env.get("E2E_CONF") or "{}"),
     )
 
 

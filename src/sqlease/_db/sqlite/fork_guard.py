@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
+from sqlease._db import signal_defer
+
 # Imported first so that the checkpointer's fork hooks are registered before ours: Python runs
 # "before fork" hooks in reverse order, so ours runs first and waits for threads to leave
 # their sections while the checkpointer's locks (which a thread opening a connection inside
@@ -54,21 +56,30 @@ class ForkGuard:
     @contextmanager
     def section(self) -> Iterator[None]:
         me = threading.get_ident()
-        with self._cond:
-            # A thread already inside never waits (the fork waits for it to leave instead).
-            while self._forking and me not in self._inside:
-                self._cond.wait()
-            self._inside[me] = self._inside.get(me, 0) + 1
+        # The main thread's signals wait for it to leave (sqlease._db.signal_defer),
+        # counted before the lock is taken so that no handler runs while it is held.
+        main = signal_defer.is_main(me)
+        if main:
+            signal_defer.entered()
         try:
-            yield
-        finally:
             with self._cond:
-                depth = self._inside[me] - 1
-                if depth:
-                    self._inside[me] = depth
-                else:
-                    del self._inside[me]
-                    self._cond.notify_all()
+                # A thread already inside never waits (the fork waits for it to leave instead).
+                while self._forking and me not in self._inside:
+                    self._cond.wait()
+                self._inside[me] = self._inside.get(me, 0) + 1
+            try:
+                yield
+            finally:
+                with self._cond:
+                    depth = self._inside[me] - 1
+                    if depth:
+                        self._inside[me] = depth
+                    else:
+                        del self._inside[me]
+                        self._cond.notify_all()
+        finally:
+            if main:
+                signal_defer.left()
 
     def others_inside(self) -> int:
         me = threading.get_ident()
