@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -102,6 +103,43 @@ def test_a_handler_installed_by_a_handler_is_wrapped_too(usr1: None) -> None:
     assert calls == ["first", "second"]
 
 
+def test_signals_inside_a_section_run_the_handlers_installed_when_it_is_left(
+    usr1: None,
+) -> None:
+    """Each signal once, as the OS keeps them, and by the handler installed by then: Celery's
+    first Ctrl+C installs the cold shutdown's handler, which a second Ctrl+C must reach."""
+    calls: list[str] = []
+
+    def second(signum: int, frame: FrameType | None) -> None:
+        calls.append("second")
+
+    def first(signum: int, frame: FrameType | None) -> None:
+        calls.append("first")
+        signal.signal(signal.SIGUSR1, second)
+
+    signal.signal(signal.SIGUSR1, first)
+    signal_defer.defer_handlers([signal.SIGUSR1])
+    with sqlite_section():
+        signal.raise_signal(signal.SIGUSR1)
+        signal.raise_signal(signal.SIGUSR1)
+        assert calls == []
+    assert calls == ["first"]  # the two came as one
+    with sqlite_section():
+        signal.raise_signal(signal.SIGUSR1)
+    assert calls == ["first", "second"]
+
+
+def test_the_count_of_sections_never_goes_below_zero(usr1: None) -> None:
+    """A handler that raised as a section was entered may keep its count from being taken;
+    the section's exit must not leave signals waiting for good."""
+    calls: list[str] = []
+    signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append("handled"))
+    signal_defer.defer_handlers([signal.SIGUSR1])
+    signal_defer.left()  # an exit without its entry
+    signal.raise_signal(signal.SIGUSR1)
+    assert calls == ["handled"]
+
+
 def test_a_signal_during_a_store_write_waits_for_its_commit(tmp_path: Path, usr1: None) -> None:
     """The case met with Celery's soft shutdown: the main thread waits in ``BEGIN
     IMMEDIATE`` for another connection's write lock, the signal comes meanwhile, and its
@@ -123,7 +161,10 @@ def test_a_signal_during_a_store_write_waits_for_its_commit(tmp_path: Path, usr1
             holder = sqlite3.connect(path, isolation_level=None)
             holder.execute("BEGIN IMMEDIATE")
             held.set()
-            threading.Event().wait(0.2)  # the main thread is waiting for the lock by now
+            deadline = time.monotonic() + 10
+            while not signal_defer._depth and time.monotonic() < deadline:
+                threading.Event().wait(0.005)  # until the main thread is in its section
+            threading.Event().wait(0.05)  # and waiting for the lock
             signal.pthread_kill(main, signal.SIGUSR1)
             threading.Event().wait(0.1)
             holder.execute("COMMIT")

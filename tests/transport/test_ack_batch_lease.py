@@ -24,7 +24,7 @@ Connect = Callable[..., Connection]
 
 pytestmark = pytest.mark.timeout(60)
 
-LEASE = 0.6
+LEASE = 1.0
 
 
 @pytest.fixture

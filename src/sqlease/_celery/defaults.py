@@ -145,4 +145,5 @@ def _shutdown_signals_outside_sqlite(sender: Any = None, **kwargs: Any) -> None:
 
     from sqlease._db.signal_defer import defer_handlers
 
-    defer_handlers((signal.SIGTERM, signal.SIGINT, signal.SIGQUIT))
+    names = ("SIGTERM", "SIGINT", "SIGQUIT")  # SIGQUIT is not on Windows
+    defer_handlers([getattr(signal, name) for name in names if hasattr(signal, name)])

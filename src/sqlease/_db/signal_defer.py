@@ -11,7 +11,8 @@ to another worker), and every other process's writes, ``delay()`` included, wait
 failed.
 
 So the handlers a sqlease worker runs with (Celery's shutdown handlers, ``defer_handlers``)
-are wrapped: a signal that comes while the main thread is inside a section (``entered`` and
+are wrapped: a signal that comes while the main thread (the OS thread: under gevent or
+eventlet, any greenlet on it) is inside a section (``entered`` and
 ``left``, called by the SQLite driver's fork guard around each transaction,
 sqlease._db.sqlite.fork_guard) is handled as the thread leaves it, after its ``COMMIT`` or
 ``ROLLBACK``. A section is one short transaction, so the delay is that of a statement, or of
@@ -31,15 +32,17 @@ from typing import Any
 
 Handler = Callable[[int, FrameType | None], Any]
 
-#: The main thread's nesting in SQLite sections (only the main thread changes it).
+#: The main thread's nesting in sections (only code on the main thread changes it).
 _depth = 0
-#: Signals that came inside a section, with their handlers, to run as it is left.
-_pending: list[tuple[Handler, int, FrameType | None]] = []
-_main = threading.main_thread().ident
+#: The signals that came inside a section, in their order, each once (as the OS keeps them).
+_pending: dict[int, FrameType | None] = {}
+#: The main thread by its OS id: under gevent or eventlet every greenlet on it runs its signal
+#: handlers, and ``threading.get_ident`` names the greenlet.
+_main = threading.main_thread().native_id
 
 
-def is_main(ident: int) -> bool:
-    return ident == _main
+def on_main_thread() -> bool:
+    return threading.get_native_id() == _main
 
 
 def entered() -> None:
@@ -49,13 +52,23 @@ def entered() -> None:
 
 
 def left() -> None:
-    """(Main thread.) Called once a section's locks are given up: at the outermost one, the
-    handlers of the signals that came meanwhile run, in their order."""
+    """(Main thread.) Called once a section's locks are given up. Leaving the outermost one,
+    the signals that came meanwhile are handled, in their order, each by the handler
+    installed for it now (a handler may have installed the next one meanwhile, as Celery's
+    first Ctrl+C installs the cold shutdown's)."""
     global _depth
-    _depth -= 1
+    # Never below 0: a handler that raised as a section was entered may have kept its count
+    # from being taken (the section's exit still calls this).
+    if _depth > 0:
+        _depth -= 1
     while not _depth and _pending:
-        handler, signum, frame = _pending.pop(0)
-        handler(signum, frame)
+        signum = next(iter(_pending))
+        frame = _pending.pop(signum)
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(signum)  # its default action, as it would have had
 
 
 def deferred(handler: Handler, rewrap: tuple[int, ...] = ()) -> Handler:
@@ -66,7 +79,7 @@ def deferred(handler: Handler, rewrap: tuple[int, ...] = ()) -> Handler:
 
     def run_outside_sqlite(signum: int, frame: FrameType | None) -> Any:
         if _depth:
-            _pending.append((run_outside_sqlite, signum, frame))
+            _pending[signum] = frame
             return None
         try:
             return handler(signum, frame)
@@ -81,7 +94,7 @@ def deferred(handler: Handler, rewrap: tuple[int, ...] = ()) -> Handler:
 def defer_handlers(signums: Iterable[int]) -> list[int]:
     """Wrap the Python handlers installed for ``signums`` (once each; from the main thread
     only, where handlers are set). Returns the signals wrapped now."""
-    if threading.get_ident() != _main:
+    if not on_main_thread():
         return []
     watched = tuple(signums)
     wrapped = []
@@ -99,7 +112,7 @@ def _after_fork_in_child() -> None:
     global _depth, _main
     _depth = 0
     _pending.clear()
-    _main = threading.get_ident()
+    _main = threading.get_native_id()
 
 
 if hasattr(os, "register_at_fork"):

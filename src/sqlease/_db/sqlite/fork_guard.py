@@ -58,10 +58,10 @@ class ForkGuard:
         me = threading.get_ident()
         # The main thread's signals wait for it to leave (sqlease._db.signal_defer),
         # counted before the lock is taken so that no handler runs while it is held.
-        main = signal_defer.is_main(me)
-        if main:
-            signal_defer.entered()
+        main = signal_defer.on_main_thread()
         try:
+            if main:
+                signal_defer.entered()
             with self._cond:
                 # A thread already inside never waits (the fork waits for it to leave instead).
                 while self._forking and me not in self._inside:
