@@ -81,8 +81,9 @@ def test_a_signal_inside_a_section_is_handled_as_the_thread_leaves_it(
     assert seen[-1] == ("handled", True)
 
 
-def test_a_handler_installed_by_a_handler_is_wrapped_too(usr1: None) -> None:
-    """Celery's handlers install the next one (the first Ctrl+C the cold shutdown's)."""
+def _first_installs_second() -> list[str]:
+    """SIGUSR1's handler ``first`` installs ``second``, as Celery's handlers install the next
+    one; wrapped. Returns where each records its call."""
     calls: list[str] = []
 
     def second(signum: int, frame: FrameType | None) -> None:
@@ -94,9 +95,16 @@ def test_a_handler_installed_by_a_handler_is_wrapped_too(usr1: None) -> None:
 
     signal.signal(signal.SIGUSR1, first)
     signal_defer.defer_handlers([signal.SIGUSR1])
+    return calls
+
+
+def test_a_handler_installed_by_a_handler_is_wrapped_too(usr1: None) -> None:
+    """Celery's handlers install the next one (the first Ctrl+C the cold shutdown's)."""
+    calls = _first_installs_second()
     signal.raise_signal(signal.SIGUSR1)
     assert calls == ["first"]
-    assert getattr(signal.getsignal(signal.SIGUSR1), "sqlease_deferred", None) is second
+    installed = getattr(signal.getsignal(signal.SIGUSR1), "sqlease_deferred", None)
+    assert installed is not None and installed.__name__ == "second"
     with sqlite_section():
         signal.raise_signal(signal.SIGUSR1)
         assert calls == ["first"]
@@ -108,17 +116,7 @@ def test_signals_inside_a_section_run_the_handlers_installed_when_it_is_left(
 ) -> None:
     """Each signal once, as the OS keeps them, and by the handler installed by then: Celery's
     first Ctrl+C installs the cold shutdown's handler, which a second Ctrl+C must reach."""
-    calls: list[str] = []
-
-    def second(signum: int, frame: FrameType | None) -> None:
-        calls.append("second")
-
-    def first(signum: int, frame: FrameType | None) -> None:
-        calls.append("first")
-        signal.signal(signal.SIGUSR1, second)
-
-    signal.signal(signal.SIGUSR1, first)
-    signal_defer.defer_handlers([signal.SIGUSR1])
+    calls = _first_installs_second()
     with sqlite_section():
         signal.raise_signal(signal.SIGUSR1)
         signal.raise_signal(signal.SIGUSR1)
