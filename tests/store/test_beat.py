@@ -138,6 +138,32 @@ def test_a_standby_takes_over_when_the_lease_expires_and_the_stale_leader_is_ref
     assert len(sent(b)) == 1
 
 
+def test_a_leader_past_its_lease_with_no_takeover_renews_it_and_keeps_its_term(
+    make_app: Callable[..., Celery], beat_clock: FakeClock, schedulers: list[Scheduler]
+) -> None:
+    """A leader whose transaction waited on a lock, or ran past its lease, would otherwise
+    give the lease up to nobody and take it again under a new term."""
+    conf = {"sqlease_beat_lease_seconds": 10}
+    a = scheduler(make_app({"m": EVERY_MINUTE}, **conf), beat_clock, schedulers, "a")
+    b = scheduler(make_app({"m": EVERY_MINUTE}, **conf), beat_clock, schedulers, "b")
+    a.tick()
+    held = a.term
+    assert held is not None
+    beat_clock.advance(25_000)  # past the lease; no standby has tried yet
+    with a.entries.firing(held, 10_000):
+        pass  # renewed, with the same term
+    b.tick()
+    assert b.term is None  # the renewal counts: no takeover
+    beat_clock.set(START + 60_000)
+    a.tick()
+    assert a.term == held
+    assert len(sent(a)) == 1
+    beat_clock.advance(11_000)
+    b.tick()  # now it has expired and a standby takes it: the old term is refused
+    assert b.term is not None and b.term.term == held.term + 1
+    assert not a.entries.renew(held, 10_000)
+
+
 def test_missed_slots_follow_the_entry_policy(
     make_app: Callable[..., Celery], beat_clock: FakeClock, schedulers: list[Scheduler]
 ) -> None:

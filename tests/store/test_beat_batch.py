@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from conftest import unique_prefix
 from sqlease._core.schedule_fires import BatchFire, ScheduleFiring
-from sqlease.beat import Scheduler, slot_task_id
+from sqlease.beat import Scheduler, _firing, slot_task_id
 from sqlease.beat._firing import Firing
 from sqlease.beat._prebuild import Prebuilder
 from sqlease.testing import FakeClock
@@ -294,6 +294,83 @@ def test_the_publish_signals_of_a_batch(
     finally:
         signals.before_task_publish.disconnect(on_before)
         signals.after_task_publish.disconnect(on_after)
+
+
+def test_a_takeover_catching_up_every_slot_fires_them_in_waves_of_batches(
+    make_app: Callable[..., Celery],
+    beat_clock: FakeClock,
+    schedulers: list[Scheduler],
+    batches: list[int],
+) -> None:
+    """Catch-up "all": a standby that takes over three slots late fires each entry's three
+    slots in three batches (every entry's first, then second, then third), in order, each
+    once, with the events of one-by-one fires; an entry whose slots were skipped by the
+    catch-up limit goes one by one."""
+    names = [f"e{i:02d}" for i in range(20)]
+    schedule = {n: dict(EVERY_MINUTE, catch_up="all") for n in names}
+    schedule["limited"] = dict(EVERY_MINUTE, catch_up="all", catch_up_limit=1)
+    conf = {"sqlease_beat_lease_seconds": 10}
+    a = scheduler(make_app(schedule, **conf), beat_clock, schedulers, "a")
+    b = scheduler(make_app(schedule, **conf), beat_clock, schedulers, "b")
+    a.tick()  # leads and plans every first slot at START + 60 s
+    b.tick()
+    a.close = lambda: None  # type: ignore[method-assign]  # dies: never gives its lease up
+    beat_clock.set(START + 3 * 60_000 + 30_000)  # three slots came; a's lease long expired
+    b.tick()
+    assert b.term is not None
+    assert batches == [20, 20, 20]
+    prefix = b.entries.store.tables.prefix
+    slots = [START + i * 60_000 for i in (1, 2, 3)]
+    sent = [m["task_id"] for m in messages(b)]
+    assert len(sent) == len(set(sent))
+    assert set(sent) == {slot_task_id(prefix, n, s) for n in names for s in slots} | {
+        slot_task_id(prefix, "limited", slots[-1])
+    }
+    store = b.entries.store
+    for name in names:
+        entry = b.entries.require(name)
+        assert entry.total_run_count == 3 and entry.next_run_at_ms == START + 4 * 60_000
+        fired = [e.data for e in store.events(task_id=f"schedule:{name}") if e.kind == "fired"]
+        assert fired == [
+            {
+                "slot": f"2026-01-01T12:0{i}:00.000+00:00",
+                "task_id": slot_task_id(prefix, name, slots[i - 1]),
+                "late_ms": 3 * 60_000 + 30_000 - i * 60_000,
+                "next_run_at": f"2026-01-01T12:0{i + 1}:00.000+00:00",
+            }
+            for i in (1, 2, 3)
+        ]
+    limited = [e.data for e in store.events(task_id="schedule:limited") if e.kind == "fired"]
+    assert [d["slot"] for d in limited] == ["2026-01-01T12:03:00.000+00:00"]
+    assert limited[0]["skipped"] == 2
+
+
+def test_a_new_leader_writes_what_it_builds_within_a_quarter_of_its_lease(
+    make_app: Callable[..., Celery],
+    beat_clock: FakeClock,
+    schedulers: list[Scheduler],
+    batches: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A leader that took over has nothing built ahead: it builds the due fires as it fires
+    them, and writes (renewing its lease) at least every quarter of the lease. Building
+    thousands before writing any let the lease lapse on a loaded machine; the standby took
+    over and built them all again, and no slot fired."""
+    names = [f"e{i:02d}" for i in range(10)]
+    conf = {"sqlease_beat_lease_seconds": 1}
+    a = scheduler(make_app(dict.fromkeys(names, EVERY_MINUTE), **conf), beat_clock, schedulers)
+    a.tick()
+    a.prebuilder.built.clear()  # as a new leader's: nothing built ahead
+    ticks = iter(range(10_000))
+    # Building one fire "takes" 0.1 s of the 0.25 s between writes.
+    monkeypatch.setattr(_firing, "monotonic", lambda: next(ticks) * 0.1)
+    beat_clock.set(START + 60_000)
+    a.tick()
+    assert batches == [3, 3, 3, 1]
+    prefix = a.entries.store.tables.prefix
+    assert {m["task_id"] for m in messages(a)} == {
+        slot_task_id(prefix, n, START + 60_000) for n in names
+    }
 
 
 def test_fires_that_cannot_be_prebuilt_go_one_by_one(

@@ -2,7 +2,11 @@
 
 The term grows by one at every takeover, as a task's attempt does at every claim. Every write
 a leader makes starts by renewing its lease in the same transaction (``ScheduleStore.firing`` in
-``sqlease._core.schedules``), so a leader whose lease expired or was taken over writes nothing.
+``sqlease._core.schedules``), so a leader whose lease was taken over writes nothing. A lease
+that expired with no takeover yet is renewed by its holder: only a takeover lets another beat
+write, and it bumps the term, so the term is the fence. Refusing that renewal would make a
+leader whose transaction waited on a lock, or ran past its lease, give the lease up and take
+it again with nobody else there.
 """
 
 from __future__ import annotations

@@ -338,13 +338,13 @@ def sync_config(
         ).mappings()
     }
     done: dict[str, list[str]] = {"added": [], "changed": [], "removed": []}
+    added: list[dict[str, Any]] = []
     for name, (columns, digest) in config.items():
         row = dict(_encode(columns), source="config", config_digest=digest)
         old = stored.get(name)
         if old is None:
             row.update(created_at_ms=now, updated_at_ms=now, revision=0, next_run_at_ms=None)
-            conn.execute(insert(t).values(row))
-            entries.event(conn, name, "schedule_added", {"source": "config"}, now)
+            added.append(row)
             done["added"].append(name)
         elif old["config_digest"] != digest or old["source"] != "config":
             values: dict[str, Any] = dict(row, updated_at_ms=now, revision=t.c.revision + 1)
@@ -353,6 +353,15 @@ def sync_config(
             conn.execute(update(t).where(t.c.name == name).values(values))
             entries.event(conn, name, "schedule_changed", {"source": "config"}, now)
             done["changed"].append(name)
+    if added:
+        # Many rows per statement: a first start with thousands of entries syncs them in
+        # one short transaction, well within the leader's lease.
+        conn.execute(insert(t), added)
+        event = dump({"source": "config"})
+        at = entries._at(now)
+        entries.store.timeline.insert_many(
+            conn, [(timeline_id(row["name"]), "schedule_added", event) for row in added], at
+        )
     for name, old in stored.items():
         if old["source"] == "config" and name not in config:
             conn.execute(t.delete().where(t.c.name == name))

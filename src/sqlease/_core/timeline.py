@@ -43,6 +43,23 @@ class Timeline(Aggregate):
             self.sql.event_insert, event_params(task_id, message_id, attempt, kind, data, now)
         )
 
+    def insert_many(
+        self,
+        conn: Connection,
+        events: Sequence[tuple[str | None, str, str | None]],
+        now: int | None,
+    ) -> None:
+        """Append ``(task_id, kind, data)`` events of no delivery (``data`` already JSON) in
+        one statement of many rows, inside the caller's transaction."""
+        if events:
+            conn.execute(
+                self.sql.event_insert,
+                [
+                    event_params(task_id, None, None, kind, data, now)
+                    for task_id, kind, data in events
+                ],
+            )
+
     def on(
         self,
         conn: Connection,

@@ -17,9 +17,11 @@ class LeaderStatements:
     create: TextClause
     #: A takeover of an expired lease: a new owner and the next term.
     take: TextClause
-    #: Renew a live lease held by ``(owner, term)``; no row when it is not (any more). Inside
-    #: a transaction it also locks the row, so no takeover can commit before that transaction
-    #: does: every write a leader makes starts with it.
+    #: Renew the lease held by ``(owner, term)``, expired or not, as long as no takeover has
+    #: happened (the term is the fence: a takeover bumps it, and only a takeover lets another
+    #: beat write); no row when it has. Inside a transaction it also locks the row, so no
+    #: takeover can commit before that transaction does: every write a leader makes starts
+    #: with it.
     renew: TextClause
     #: Give a live lease up at once (a clean shutdown), so that a standby need not wait.
     release: TextClause
@@ -31,7 +33,8 @@ def leader_statements(tables: Tables, now: str, greatest: str) -> LeaderStatemen
     """On the dialect's clock ``now`` (epoch milliseconds unless ``:now`` is bound), with its
     name for GREATEST."""
     name = tables.leaders.name
-    fenced = f"name = :name AND owner = :owner AND term = :term AND expires_at_ms > {now}"
+    held = "name = :name AND owner = :owner AND term = :term"
+    fenced = f"{held} AND expires_at_ms > {now}"
     return LeaderStatements(
         create=text(
             f"INSERT INTO {name} (name, owner, term, expires_at_ms, acquired_at_ms) "
@@ -45,7 +48,7 @@ def leader_statements(tables: Tables, now: str, greatest: str) -> LeaderStatemen
         ),
         renew=text(
             f"UPDATE {name} SET expires_at_ms = {greatest}(expires_at_ms, {now} + :lease_ms) "
-            f"WHERE {fenced} RETURNING expires_at_ms"
+            f"WHERE {held} RETURNING expires_at_ms"
         ),
         release=text(f"UPDATE {name} SET expires_at_ms = {now} WHERE {fenced}"),
         publish_info=text(f"UPDATE {name} SET info = :info WHERE {fenced}"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from celery import signals
@@ -30,6 +31,8 @@ logger = logging.getLogger("sqlease.beat")
 CHUNK = 100
 #: Prebuilt fires per leader transaction (a few multi-row statements).
 BATCH_FIRES = 1000
+#: The longest share of the lease a leader builds fires for before it writes them.
+BUILD_SHARE = 0.25
 
 
 class Stale(Exception):
@@ -157,30 +160,60 @@ class Firing:
         return sent
 
     def fire_together(self, term: Term, entries: list[EntryRow], now: int) -> list[EntryRow]:
-        """Fire the entries that have exactly one slot to fire: those whose message can be
-        prebuilt in batches of BATCH_FIRES (``_fire_batch``), the others up to CHUNK in one
-        leader transaction. The entries left to ``fire_due`` one by one: those with missed
-        slots, and all of a chunk whose transaction failed (so that a bad entry waits alone)."""
+        """Fire the entries whose slots fire from their due one on: those whose messages can
+        be prebuilt in batches of BATCH_FIRES (``_fire_batch``; several slots of an entry in
+        waves), the others with one slot up to CHUNK in one leader transaction. The entries
+        left to ``fire_due`` one by one: those whose catch-up leaves slots out, and all of a
+        chunk whose transaction failed (so that a bad entry waits alone)."""
         alone: list[EntryRow] = []
         simple: list[tuple[EntryRow, Plan]] = []
         batch: list[Prebuilt] = []
+        several: list[list[Prebuilt]] = []
         of: dict[str, EntryRow] = {}
         prebuilt = self.prebuilt if self.prebuilt is not None and self.prebuilt.usable() else None
+        # What is built here is written at least every BUILD_SHARE of the lease: each write
+        # renews the lease, and building thousands of fires before writing any (a new leader
+        # has nothing built ahead) would let it lapse; a standby would take over, and build
+        # them all again.
+        budget = self.options.lease_seconds * BUILD_SHARE
+        since = monotonic()
+
+        def write() -> None:
+            nonlocal since
+            for start in range(0, len(batch), BATCH_FIRES):
+                chunk = batch[start : start + BATCH_FIRES]
+                if self._fire_batch(term, chunk, now) is None:
+                    alone.extend(of[built.name] for built in chunk)
+            alone.extend(of[name] for name in self._fire_waves(term, several, now))
+            batch.clear()
+            several.clear()
+            since = monotonic()
+
         for entry in entries:
             p = self._plan(entry, now)
-            if len(p.fire) != 1 or p.skipped:
+            if not p.fire or p.skipped or p.fire[0] != entry.next_run_at_ms:
                 alone.append(entry)
                 continue
-            built = None if prebuilt is None else prebuilt.take(entry, p.fire[0], now)
-            if built is None or built.next_ms != p.next_ms:
-                simple.append((entry, p))
-                continue
-            batch.append(built)
-            of[entry.name] = entry
-        for start in range(0, len(batch), BATCH_FIRES):
-            chunk = batch[start : start + BATCH_FIRES]
-            if self._fire_batch(term, chunk, now) is None:
-                alone.extend(of[built.name] for built in chunk)
+            if len(p.fire) > 1:
+                # Consecutive slots from the due one (catch-up "all" after a takeover or an
+                # outage): built now, fired in waves, so a catch-up is not one transaction
+                # and one apply_async per slot.
+                fires = None if prebuilt is None else self._build_all(prebuilt, entry, p, now)
+                if fires is None:
+                    alone.append(entry)
+                else:
+                    several.append(fires)
+                    of[entry.name] = entry
+            else:
+                built = None if prebuilt is None else prebuilt.take(entry, p.fire[0], now)
+                if built is None or built.next_ms != p.next_ms:
+                    simple.append((entry, p))
+                    continue
+                batch.append(built)
+                of[entry.name] = entry
+            if len(batch) + len(several) >= BATCH_FIRES or monotonic() - since > budget:
+                write()
+        write()
         for start in range(0, len(simple), CHUNK):
             chunk_simple = simple[start : start + CHUNK]
             try:
@@ -195,6 +228,37 @@ class Firing:
                 )
                 alone.extend(entry for entry, _ in chunk_simple)
         return alone
+
+    @staticmethod
+    def _build_all(
+        prebuilt: Prebuilder, entry: EntryRow, p: Plan, now: int
+    ) -> list[Prebuilt] | None:
+        """The fires of every slot of ``p`` (consecutive, from the entry's due one), each
+        leading to the next; None if one cannot be prebuilt."""
+        fires = []
+        for i, slot in enumerate(p.fire):
+            following = p.fire[i + 1] if i + 1 < len(p.fire) else p.next_ms
+            built = prebuilt.take(entry, slot, now) if i == 0 else prebuilt.build(entry, slot, now)
+            if built is None or built.next_ms != following:
+                return None
+            fires.append(built)
+        return fires
+
+    def _fire_waves(self, term: Term, several: list[list[Prebuilt]], now: int) -> set[str]:
+        """Fire entries' consecutive slots in waves: every entry's first, then every
+        entry's second, and so on (each wave's compare-and-set on the slot the one before
+        moved to). The names of the entries to fire one by one: those in a batch that
+        failed. An entry whose fire lost its compare-and-set (changed since it was read)
+        writes nothing more: its later fires' compare-and-set fails too."""
+        failed: set[str] = set()
+        depth = max((len(fires) for fires in several), default=0)
+        for i in range(depth):
+            wave = [fires[i] for fires in several if len(fires) > i and fires[0].name not in failed]
+            for start in range(0, len(wave), BATCH_FIRES):
+                chunk = wave[start : start + BATCH_FIRES]
+                if self._fire_batch(term, chunk, now) is None:
+                    failed.update(built.name for built in chunk)
+        return failed
 
     def _fire_batch(self, term: Term, batch: list[Prebuilt], now: int) -> set[str] | None:
         """One leader transaction of prebuilt fires (multi-row statements); then, committed,

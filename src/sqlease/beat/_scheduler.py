@@ -25,7 +25,7 @@ from sqlease._celery.defaults import broker_urls
 from sqlease._celery.registry import store_for
 from sqlease._core.leaders import Term
 from sqlease._core.schedules import EntryRow, ScheduleStore, sync_config
-from sqlease.beat._firing import Firing
+from sqlease.beat._firing import BUILD_SHARE, Firing
 from sqlease.beat._options import BeatOptions, beat_options
 from sqlease.beat._prebuild import Prebuilder
 from sqlease.errors import ConfigurationError, DatabaseUnavailable, LeadershipLost
@@ -236,7 +236,9 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         # Time to spare before the next slot: build the next slots' fires, a slice at a time
         # (a boundary is never kept waiting by more than one slice).
         spare = ahead > PREBUILD_S + PREBUILD_MARGIN_S
-        if spare and self.prebuilder.fill(self._now(), PREBUILD_S):
+        # A slice well within the lease: the lease is renewed between slices (_lead).
+        piece = min(PREBUILD_S, self.options.lease_seconds * BUILD_SHARE)
+        if spare and self.prebuilder.fill(self._now(), piece):
             return 0.0
         return float(min(wait, self.max_interval))
 
