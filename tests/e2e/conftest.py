@@ -281,6 +281,19 @@ class E2E:
         """The kinds of a task's timeline events, in order."""
         return [e.kind for e in self.store.events(task_id=task_id)]
 
+    def assert_first_starts(self, rows: list[dict[str, Any]]) -> None:
+        """Each execution in ``rows`` is its task's first start: attempt 1, or a later
+        attempt whose every earlier delivery was given back unstarted (released with its
+        attempt refunded: a handoff that reached a worker out of prefetch credit, a claim
+        that brought more than the credit). A lost lease or a second run fails it."""
+        for row in rows:
+            if row["attempt"] == 1:
+                continue
+            events = self.store.events(task_id=row["task_id"])
+            refunded = [e for e in events if e.kind == "released" and (e.data or {}).get("refund")]
+            timeline = [(e.kind, e.attempt, e.data) for e in events]
+            assert len(refunded) == row["attempt"] - 1, (row, timeline)
+
     def wait_acked(self, task_id: str, timeout: float = 15.0) -> None:
         """Wait for the ack, which the worker's main process sends after the task body (and
         its execution record) finished."""
