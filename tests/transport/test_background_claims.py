@@ -83,9 +83,15 @@ def holding_eight(connect: Connect, hub: Hub, published: int) -> tuple[Any, list
     return worker, got
 
 
-def threads_of(monkeypatch: pytest.MonkeyPatch, target: Any, name: str) -> list[tuple[int, Any]]:
-    """Record (thread ident, first argument) of every call to ``target.name``."""
-    calls: list[tuple[int, Any]] = []
+def threads_of(
+    monkeypatch: pytest.MonkeyPatch,
+    target: Any,
+    name: str,
+    calls: list[tuple[int, Any]] | None = None,
+) -> list[tuple[int, Any]]:
+    """Record (thread ident, first argument) of every call to ``target.name`` (into
+    ``calls``, given one shared by several targets: in the order they were made)."""
+    calls = [] if calls is None else calls
     real = getattr(target, name)
 
     def recording(*args: Any, **kwargs: Any) -> Any:
@@ -229,17 +235,22 @@ def test_a_claim_that_stops_in_front_of_a_run_claims_again_at_once(
     got: list[Message] = []
     worker = consuming_worker(connect, hub, got)
     store = worker.transport.store
-    # Every statement the worker sends or runs, on every lane.
+    # Every statement the worker sends or runs, on every lane, in the order they were made.
     lanes = {id(store.driver.lane(x)): store.driver.lane(x) for x in Lane}.values()
-    recorded = [threads_of(monkeypatch, lane, how) for lane in lanes for how in ("send", "rows")]
+    recorded: list[tuple[int, Any]] = []
+    for lane in lanes:
+        for how in ("send", "rows"):
+            threads_of(monkeypatch, lane, how, recorded)
     started = time.monotonic()
     run_until(hub, lambda: len(got) == 3, timeout=5.0)
     # Well within the polling interval (1 s): the second claim did not wait for it.
     assert time.monotonic() - started < 0.9
     assert [m.payload["n"] for m in got] == ["a", "r1", "b"]
-    statements = [s for calls in recorded for _, s in calls]
+    statements = [s for _, s in recorded]
     # The plain claim, then at once the full one: no offer or idle look between them.
-    assert statements[:2] == [store.sql.claim_plain_single, store.sql.claim_single]
+    texts = [str(getattr(x, "text", x))[:60] for x in statements]
+    first = statements.index(store.sql.claim_plain_single)
+    assert statements[first + 1] == store.sql.claim_single, texts
     # r2 waits for r1's ack, then comes.
     got[1].ack()
     run_until(hub, lambda: len(got) == 4)
