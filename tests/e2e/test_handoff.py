@@ -114,7 +114,8 @@ def test_a_worker_whose_pool_is_full_offers_nothing(e2e: E2E) -> None:
     e2e.start_worker(app="durable_app", concurrency=1, E2E_LEASE_SECONDS=LEASE)
     sender = e2e.app(lease_seconds=LEASE)
     [owner] = wait_for(lambda: offer_owners(e2e), 15, "the idle worker to offer")
-    long = sender.send_task("durable.slow", args=(3.0,))
+    # Long enough to outlast a second worker's start on a loaded machine (3 s once did not).
+    long = sender.send_task("durable.slow", args=(8.0,))
     wait_for(lambda: e2e.executions(task_id=long.id), 15, "the long task to start")
     assert live_offers(e2e, owner) == 0
     second = e2e.start_worker(app="durable_app", concurrency=1, E2E_LEASE_SECONDS=LEASE)
