@@ -117,7 +117,9 @@ def test_a_worker_whose_pool_is_full_offers_nothing(e2e: E2E) -> None:
     # Long enough to outlast a second worker's start on a loaded machine (3 s once did not).
     long = sender.send_task("durable.slow", args=(8.0,))
     wait_for(lambda: e2e.executions(task_id=long.id), 15, "the long task to start")
-    assert live_offers(e2e, owner) == 0
+    # A task claimed rather than handed over leaves the worker's offer standing until its
+    # next look withdraws it, a moment later.
+    wait_for(lambda: live_offers(e2e, owner) == 0, 3, "the busy worker's offer to go")
     second = e2e.start_worker(app="durable_app", concurrency=1, E2E_LEASE_SECONDS=LEASE)
     wait_for(lambda: len(offer_owners(e2e)) == 2, 15, "the second worker to offer")
     short = sender.send_task("durable.slow", args=(0.0,))
