@@ -60,13 +60,13 @@ def test_the_heartbeat_counts_from_the_send_time_of_each_confirmed_renewal(
     message = _claimed(store)
     sent = monotonic()
     beat.hold(store, message.fence, lease_ms=LEASE_MS, interval=QUIET, sent_at=sent)
-    assert beat.deadline_of(message.fence) == pytest.approx(sent + 2.92)
-    assert _published(beat, message) == pytest.approx(sent + 2.92)
+    assert beat.deadline_of(message.fence) == pytest.approx(sent + 2.72)
+    assert _published(beat, message) == pytest.approx(sent + 2.72)
     clock.advance(1_000)
     beat.beat()
     assert beat.renewals == 1
-    assert beat.deadline_of(message.fence) == pytest.approx(sent + 3.92)
-    assert _published(beat, message) == pytest.approx(sent + 3.92)
+    assert beat.deadline_of(message.fence) == pytest.approx(sent + 3.72)
+    assert _published(beat, message) == pytest.approx(sent + 3.72)
     assert beat.holds(message.fence) and beat.drop_for_ack(message.fence)
 
 
@@ -86,14 +86,14 @@ def test_a_claims_batch_is_held_at_once_each_in_its_own_slot(
     assert len(refs) == 4 and len(set(refs)) == 3 and refs[3] == refs[0]  # a repeat: its slot
     for message, ref in zip(messages, refs[:3], strict=True):
         assert beat.clock_ref(message.fence) == ref
-        assert _published(beat, message) == pytest.approx(sent + 2.92)
+        assert _published(beat, message) == pytest.approx(sent + 2.72)
     assert beat.held_count() == 3
     # Held again (a later confirmation): the same slots, the new deadline.
     clock.advance(1_000)
     again = beat.hold_all(store, held[1:], lease_ms=LEASE_MS, interval=QUIET, sent_at=monotonic())
     assert again == refs[1:3]
-    assert _published(beat, messages[1]) == pytest.approx(sent + 3.92)
-    assert _published(beat, messages[0]) == pytest.approx(sent + 2.92)
+    assert _published(beat, messages[1]) == pytest.approx(sent + 3.72)
+    assert _published(beat, messages[0]) == pytest.approx(sent + 2.72)
     assert all(beat.drop_for_ack(m.fence) for m in messages)
     assert beat.held_count() == 0
     assert store.ack([m.fence for m in messages]) == {m.id for m in messages}
@@ -187,11 +187,11 @@ def test_a_tasks_writes_move_its_clock(
     message = _claimed(store)
     ctx = _context(store, message, monotonic)
     start = monotonic()
-    assert ctx.deadline == pytest.approx(start + 2.92)
+    assert ctx.deadline == pytest.approx(start + 2.72)
     clock.advance(2_000)
     ctx.checkpoint({"page": 1})  # renews the lease: the clock counts from it
-    assert ctx.deadline == pytest.approx(start + 4.92)
-    assert ctx.remaining() == pytest.approx(2.92)
+    assert ctx.deadline == pytest.approx(start + 4.72)
+    assert ctx.remaining() == pytest.approx(2.72)
     assert not ctx.lease_lost
 
 

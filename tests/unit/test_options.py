@@ -208,10 +208,10 @@ def test_the_heartbeat_must_be_shorter_than_the_lease() -> None:
         TransportOptions.parse({"lease_seconds": 1, "heartbeat_interval": 5})
     assert str(excinfo.value) == (
         "heartbeat_interval (5.0s) must be shorter than lease_seconds (1.0s) less its "
-        "lease-clock margin (0.940s), or leases run out between heartbeats"
+        "lease-clock margin (0.890s), or leases run out between heartbeats"
     )
-    # Shorter than the lease is not enough: the lease clock runs out 0.65 s before it.
-    with pytest.raises(ConfigurationError, match=r"less its lease-clock margin \(59.350s\)"):
+    # Shorter than the lease is not enough: the lease clock runs out 0.85 s before it.
+    with pytest.raises(ConfigurationError, match=r"less its lease-clock margin \(59.150s\)"):
         TransportOptions.parse({"heartbeat_interval": 59.5})
     assert TransportOptions.parse({"lease_seconds": 3}).heartbeat_seconds == 1.0
 

@@ -10,9 +10,13 @@ but for two things the holder cannot see:
   either may run a little fast or slow. NTP-disciplined clocks differ by at most 500 ppm
   (NTP's largest slew) and free-running quartz by about 100 ppm: the margin takes 1 % of the
   lease, twenty times the worst of them.
-- **Resolution.** Lease times are whole milliseconds on the database (truncated), and the
-  holder's own reading of its clock is taken a little before it acts on it: a fixed 50 ms,
-  at most a tenth of the lease.
+- **Acting on it.** Lease times are whole milliseconds on the database (truncated), and the
+  holder acts on its clock a little after the moment it set: a wait for the deadline wakes
+  late on a loaded machine (the CPU shared with other processes, a green thread waiting for
+  its hub while another runs), and the task stops only once it has woken. Another worker
+  claims an expired lease within milliseconds of its end, so the holder must have stopped by
+  then: a fixed 250 ms, at most a tenth of the lease (a partition test on a loaded two-core
+  machine saw a gevent task wake 190 ms after its deadline).
 
 So the deadline is ``sent + lease - margin``. It only moves forward while it has not passed:
 once it has, the delivery is lost for its holder for good, whatever a renewal that comes back
@@ -31,8 +35,9 @@ from collections.abc import Callable
 
 #: Share of the lease kept back for the rates of the holder's and the database's clocks.
 RATE_MARGIN = 0.01
-#: Seconds kept back for timestamp resolution (at most a tenth of the lease).
-FIXED_MARGIN_S = 0.05
+#: Seconds kept back for timestamp resolution and for how late a loaded process wakes to act on
+#: its clock (at most a tenth of the lease).
+FIXED_MARGIN_S = 0.25
 #: The deadline of a delivery known lost.
 LOST = float("-inf")
 
