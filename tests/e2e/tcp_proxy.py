@@ -3,8 +3,9 @@ forwarding in both directions while every socket stays open (no reset, no error,
 passed on: what a network partition looks like to the two ends), ``resume()`` lets everything
 held flow again, in order. ``lose_answer(marker)``: the server's answer to the next statement
 whose bytes contain ``marker`` is dropped and that connection closed at both ends (a commit
-that went through, its answer lost to the client). Used by the partition and the lost
-answer end-to-end tests."""
+that went through, its answer lost to the client). ``down()``: every connection is closed
+and new ones are closed at once, until ``up()`` (a server restarting or failing over). Used
+by the partition, the lost answer and the outage end-to-end tests."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class StallingProxy:
         self.port: int = self._listener.getsockname()[1]
         self._flowing = threading.Event()
         self._flowing.set()
+        self._down = False
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._closed = False
@@ -40,6 +42,21 @@ class StallingProxy:
 
     def resume(self) -> None:
         self._flowing.set()
+
+    def down(self) -> None:
+        """Close every connection, and every new one at once, until ``up()``."""
+        with self._lock:
+            self._down = True
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def up(self) -> None:
+        with self._lock:
+            self._down = False
 
     def lose_answer(self, marker: bytes, *, at_commit: bool = False) -> None:
         """Drop the answer to the next statement containing ``marker``; with ``at_commit``,
@@ -63,6 +80,10 @@ class StallingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._down:
+                with contextlib.suppress(OSError):
+                    client.close()
+                continue
             if not self._flowing.is_set():
                 with self._lock:
                     self.opened_while_stalled += 1

@@ -1,11 +1,14 @@
 """How the transport's event-loop callbacks treat an error (sqlease.transport._wakeups): a
-connection error goes up to Celery, which reconnects; any other error is logged and the loop
-goes on; what is not an error (an interrupt) is never swallowed."""
+connection error goes up to Celery, which reconnects, unless deliveries held here can still
+hold their leases (sqlease.transport._outage: it is logged, at most every 10 s, and the loop
+goes on); any other error is logged and the loop goes on; what is not an error (an interrupt)
+is never swallowed."""
 
 from __future__ import annotations
 
 import pytest
 
+from sqlease.transport._outage import LOG_EVERY_S, Outage
 from sqlease.transport._wakeups import _ErrorsLogged
 
 
@@ -13,8 +16,8 @@ class Disconnected(Exception):
     pass
 
 
-def logged(doing: str = "fetching messages") -> _ErrorsLogged:
-    return _ErrorsLogged(doing, (Disconnected,))
+def logged(doing: str = "fetching messages", outage: Outage | None = None) -> _ErrorsLogged:
+    return _ErrorsLogged(doing, (Disconnected,), outage or Outage(lambda: 0))
 
 
 def test_an_error_is_logged_with_its_traceback_and_the_loop_goes_on(
@@ -38,3 +41,36 @@ def test_a_connection_error_and_an_interrupt_go_up_unlogged(
         with logged():
             pass
     assert caplog.records == []
+
+
+def test_a_connection_error_stays_in_the_loop_while_leases_held_here_can_be_held(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Celery's reconnect would give back every delivery the channels hold, running tasks
+    included: while any lease can still be held, the loop goes on (and tries again)."""
+    alive = [2]
+    now = [100.0]
+    outage = Outage(lambda: alive[0], monotonic=lambda: now[0])
+    with caplog.at_level("WARNING", logger="sqlease.transport._outage"):
+        with logged(outage=outage):
+            raise Disconnected("connection refused\nmore detail")
+        now[0] += LOG_EVERY_S / 2
+        with logged(outage=outage):
+            raise Disconnected("connection refused")
+        assert len(caplog.records) == 1  # once per LOG_EVERY_S
+        message = caplog.records[0].getMessage()
+        assert "(Disconnected: connection refused);" in message and "more detail" not in message
+        assert "2 deliveries held here can still hold their leases" in message
+        now[0] += LOG_EVERY_S
+        with logged(outage=outage):
+            raise Disconnected("connection refused")
+        assert len(caplog.records) == 2
+        # Every lease ran out (or was acked): the error goes to Celery, which reconnects.
+        alive[0] = 0
+        with pytest.raises(Disconnected), logged(outage=outage):
+            raise Disconnected("connection refused")
+        # Any other error is logged as before, whatever the leases.
+        alive[0] = 1
+        with logged(outage=outage):
+            raise ValueError("a bad row")
+    assert caplog.records[-1].levelname == "ERROR"

@@ -183,6 +183,13 @@ class Heartbeat:
         with self._lock:
             return sum(1 for held in self._held.values() if held.deadline != LOST)
 
+    def alive_count(self) -> int:
+        """Leases held here whose clock has not run out: the database may still hold them for
+        this process."""
+        now = self._monotonic()
+        with self._lock:
+            return sum(1 for held in self._held.values() if held.deadline >= now)
+
     def deadline_of(self, fence: Fence) -> float | None:
         """``fence``'s lease clock (``LOST`` once lost; None if not held here)."""
         with self._lock:

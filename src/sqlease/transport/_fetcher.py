@@ -36,6 +36,7 @@ from sqlease.transport._handoff import Handoffs
 from sqlease.transport._idle import IdleLook
 from sqlease.transport._looks import Consumer, LookState
 from sqlease.transport._loop import EventLoop
+from sqlease.transport._outage import Outage
 from sqlease.transport._outcomes import Outcomes
 from sqlease.transport._runners import Batcher, Kind, Runner, Terms, make_runner
 
@@ -50,8 +51,8 @@ class Fetcher:
     the event-loop glue; ``handoffs``: the offers' state; ``notifications``: publishes name
     their queues to idle clients (a drained queue waits for one instead of a claim);
     ``cycle()``: Kombu's fair cycle over the channels; ``connection_errors``: what makes
-    Celery reconnect; ``queue_ttl(queue)``: a queue's ``x-message-ttl`` (ms) as declared
-    here."""
+    Celery reconnect, unless ``outage`` holds it back; ``queue_ttl(queue)``: a queue's
+    ``x-message-ttl`` (ms) as declared here."""
 
     def __init__(
         self,
@@ -67,6 +68,7 @@ class Fetcher:
         notifications: bool,
         cycle: Callable[[], Any],
         connection_errors: tuple[type[BaseException], ...],
+        outage: Outage,
         queue_ttl: Callable[[str], int | None] = lambda queue: None,
     ) -> None:
         self._store = store
@@ -163,6 +165,7 @@ class Fetcher:
             side=self.side,
             db_time=db_time,
             connection_errors=connection_errors,
+            outage=outage,
             claims=self._claims,
             idle=self._idle,
             handed=self._handed,

@@ -19,6 +19,7 @@ from sqlease.transport._completion import SideCalls
 from sqlease.transport._handed import Handed
 from sqlease.transport._idle import IdleLook
 from sqlease.transport._looks import Consumer
+from sqlease.transport._outage import Outage
 from sqlease.transport._runners import Done, Kind, Runner
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,8 @@ class Outcomes:
 
     ``runner()``: the fetcher's runner, if it made one; ``side``: the database work off the
     loop (its answers are handled first); ``db_time``: the database's clock as this worker
-    knows it; ``connection_errors``: what makes Celery reconnect; the rest: the parts the
+    knows it; ``connection_errors``: what makes Celery reconnect, unless ``outage`` holds it
+    back (sqlease.transport._outage); the rest: the parts the
     outcomes go to."""
 
     def __init__(
@@ -39,6 +41,7 @@ class Outcomes:
         side: SideCalls,
         db_time: DatabaseTime,
         connection_errors: tuple[type[BaseException], ...],
+        outage: Outage,
         claims: Claims,
         idle: IdleLook,
         handed: Handed,
@@ -48,6 +51,7 @@ class Outcomes:
         self._side = side
         self._db_time = db_time
         self._connection_errors = connection_errors
+        self._outage = outage
         self._claims = claims
         self._idle = idle
         self._handed = handed
@@ -58,8 +62,9 @@ class Outcomes:
     def deliver(self, *, raising: bool = False) -> int:
         """Handle what the runner finished (loop thread): report acks, deliver claims and
         takes, note offers and due times. How many messages were delivered. The first error
-        is raised once all are handled if it is a connection error (Celery reconnects) or
-        ``raising`` (the caller made the job and waits for it), and logged otherwise."""
+        is raised once all are handled if ``raising`` (the caller made the job and waits for
+        it) or if it is a connection error that the outage does not hold back (Celery
+        reconnects), and logged otherwise."""
         self._side.collect()
         if self._runner() is None:
             return 0
@@ -82,7 +87,11 @@ class Outcomes:
         finally:
             self._delivering = False
         if error is not None:
-            if raising or isinstance(error, self._connection_errors):
+            if raising:
+                raise error
+            if isinstance(error, self._connection_errors):
+                if self._outage.holds_back(error):
+                    return delivered
                 raise error
             logger.error("sqlease: error while fetching messages", exc_info=error)
         return delivered

@@ -20,6 +20,7 @@ from sqlease._db.wakeup import Waker
 from sqlease.transport._fetcher import Fetcher
 from sqlease.transport._handoff import Handoffs
 from sqlease.transport._loop import EventLoop, LoopCallbacks
+from sqlease.transport._outage import Outage
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +33,12 @@ class _ErrorsLogged:
     """``Wakeups.errors_logged``'s context (a class, not a generator: the loop enters one
     several times per task)."""
 
-    __slots__ = ("_doing", "_passed")
+    __slots__ = ("_doing", "_outage", "_passed")
 
-    def __init__(self, doing: str, passed: tuple[type[BaseException], ...]) -> None:
+    def __init__(self, doing: str, passed: tuple[type[BaseException], ...], outage: Outage) -> None:
         self._doing = doing
         self._passed = passed
+        self._outage = outage
 
     def __enter__(self) -> None:
         return None
@@ -47,8 +49,10 @@ class _ErrorsLogged:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> bool:
-        if error is None or not isinstance(error, Exception) or isinstance(error, self._passed):
+        if error is None or not isinstance(error, Exception):
             return False
+        if isinstance(error, self._passed):
+            return self._outage.holds_back(error)
         logger.error("sqlease: error while %s", self._doing, exc_info=error)
         return True
 
@@ -70,6 +74,7 @@ class Wakeups:
         polling_interval: float,
         keep_alive: Callable[[], None],
         connection_errors: tuple[type[BaseException], ...],
+        outage: Outage,
     ) -> None:
         self._fetcher = fetcher
         self._handoffs = handoffs
@@ -79,6 +84,7 @@ class Wakeups:
         self._interval = polling_interval
         self._keep_alive = keep_alive
         self._connection_errors = connection_errors
+        self._outage = outage
         self._idle_delay = 0.0
         self._last_full_poll = 0.0
 
@@ -113,9 +119,9 @@ class Wakeups:
             fetcher.side.run(lambda: store.withdraw_offers(owner, handed_too=True))
 
     def errors_logged(self, doing: str) -> _ErrorsLogged:
-        """In the event loop: a connection error goes up (Celery reconnects); any other error
-        is logged and the loop goes on."""
-        return _ErrorsLogged(doing, self._connection_errors)
+        """In the event loop: a connection error goes up (Celery reconnects) unless the outage
+        holds it back; any other error is logged and the loop goes on."""
+        return _ErrorsLogged(doing, self._connection_errors, self._outage)
 
     # ---- the events ---------------------------------------------------------------------
 

@@ -114,6 +114,7 @@ def _from_env() -> Celery:
     return make_app(
         env["E2E_BROKER"],
         prefix=env["E2E_PREFIX"],
+        lease_seconds=float(env.get("E2E_LEASE_SECONDS", "3.0")),
         interrupt=env.get("E2E_INTERRUPT") == "1",
         lease_sync=env.get("E2E_LEASE_SYNC") == "1",
     )

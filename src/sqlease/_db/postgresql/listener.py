@@ -26,6 +26,8 @@ _listeners: weakref.WeakSet[PostgresListener] = weakref.WeakSet()
 UNREAD_LIMIT_S = 30.0
 #: How often the reaper looks.
 REAP_EVERY_S = 5.0
+#: After a LISTEN that failed, the least wait before the next try.
+RETRY_LISTEN_S = 1.0
 _reaper_pid: int | None = None
 _reaper_lock = threading.Lock()
 
@@ -90,6 +92,10 @@ class PostgresListener:
         # Held while the connection is used; the reaper only takes it when it is free.
         self._lock = threading.RLock()
         self._read_at = time.monotonic()
+        # While LISTEN fails (the server is down): since when, and the next try (at most one
+        # a second: every caller polls meanwhile, and one warning tells the outage).
+        self._failing_since: float | None = None
+        self._retry_at = 0.0
         _ensure_reaper()
 
     def _reap_if_unread(self) -> None:
@@ -115,6 +121,9 @@ class PostgresListener:
     def _connect(self) -> psycopg.Connection[tuple[object, ...]] | None:
         if self._conn is not None and not self._conn.closed:
             return self._conn
+        now = time.monotonic()
+        if now < self._retry_at:
+            return None
         conn = None
         try:
             conn = psycopg.connect(
@@ -128,11 +137,23 @@ class PostgresListener:
                 conn.execute("SELECT pg_advisory_lock(%s)", (self._lock_key,))
         except psycopg.Error as exc:
             _close_quietly(conn)
-            logger.warning(
-                "sqlease could not LISTEN for wake-ups (%s); polling meanwhile", type(exc).__name__
-            )
+            if self._failing_since is None:
+                self._failing_since = now
+                logger.warning(
+                    "sqlease could not LISTEN for wake-ups (%s); polling meanwhile",
+                    type(exc).__name__,
+                )
+            else:
+                logger.debug("sqlease could not LISTEN for wake-ups (%s)", type(exc).__name__)
+            self._retry_at = now + RETRY_LISTEN_S
             self._conn = None
             return None
+        if self._failing_since is not None:
+            logger.info(
+                "sqlease: listening for wake-ups again, after %.1f s of polling",
+                now - self._failing_since,
+            )
+            self._failing_since = None
         self._conn = conn
         self.generation += 1
         return conn

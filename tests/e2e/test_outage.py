@@ -1,0 +1,74 @@
+"""A database outage shorter than the lease, longer than the store's own retries, under a
+running task (reliability.md, "The database drops connections or restarts").
+
+Worker A reaches PostgreSQL through a TCP proxy that closes every connection and refuses new
+ones for 24 s (a server restarting, or failing over), where the store retries an operation
+for 20 s and the lease is 45 s. A runs a task that sleeps 30 s (``interrupt_on_lease_lost``:
+a lost lease would cut it short). A connection error that reached Celery would make it
+restart its consumer, which gives back what the channels hold, the running task included:
+the task would lose its lease and run again. Instead:
+
+- the task runs once, to its end, on its first delivery: no second claim, no ``LeaseLost``,
+  its result is A's;
+- A's consumer never restarted (no "Connection to broker lost"), and A logged the outage;
+- a task published during the outage runs on A once the database is back.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from .apps.partition_app import make_app
+from .conftest import E2E, wait_for
+from .tcp_proxy import StallingProxy
+from .test_partition import first, timeline
+
+pytestmark = [pytest.mark.timeout(150)]
+
+LEASE = 45.0
+OUTAGE = 24.0
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_running_task_keeps_its_lease_through_an_outage_shorter_than_the_lease(
+    e2e: E2E,
+) -> None:
+    url = make_url(e2e.db_url)
+    proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
+    try:
+        proxied = url.set(host="127.0.0.1", port=proxy.port)
+        app = make_app(e2e.broker, prefix=e2e.prefix, lease_seconds=LEASE)
+        e2e._apps.append(app)
+        a = e2e.start_worker(
+            app="partition_app",
+            concurrency=2,
+            E2E_BROKER="sqlease+" + proxied.render_as_string(hide_password=False),
+            E2E_HOST="A",
+            E2E_LEASE_SECONDS=LEASE,
+        )
+        block = app.tasks["part.block"].delay(30.0)
+        wait_for(lambda: first(timeline(e2e, block.id), kind="start"), 30, "the task's start")
+
+        proxy.down()
+        went_down = time.time()
+        time.sleep(OUTAGE / 2)
+        during = app.tasks["part.add"].delay(2, 3)  # published directly, meanwhile
+        time.sleep(max(0.0, went_down + OUTAGE - time.time()))
+        proxy.up()
+
+        assert block.get(timeout=60) == {"attempt": 1, "host": "A"}
+        assert during.get(timeout=30) == 5
+        rows = timeline(e2e, block.id)
+        assert [r["kind"] for r in rows] == ["start", "done"], rows
+        kinds = [e.kind for e in e2e.store.events(task_id=block.id)]
+        assert kinds.count("claimed") == 1 and "released" not in kinds, kinds
+        assert "lease_lost" not in kinds, kinds
+        log = a.log()
+        assert "the database cannot be reached" in log
+        assert "Connection to broker lost" not in log, log[-3000:]
+        assert a.alive()
+    finally:
+        proxy.close()
