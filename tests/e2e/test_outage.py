@@ -3,19 +3,22 @@ running task (reliability.md, "The database drops connections or restarts").
 
 Worker A reaches PostgreSQL through a TCP proxy that closes every connection and refuses new
 ones for 24 s (a server restarting, or failing over), where the store retries an operation
-for 20 s and the lease is 45 s. A runs a task that sleeps 30 s (``interrupt_on_lease_lost``:
-a lost lease would cut it short). A connection error that reached Celery would make it
-restart its consumer, which gives back what the channels hold, the running task included:
-the task would lose its lease and run again. Instead:
+for 20 s and the lease is 45 s. A runs two tasks: one sleeps 30 s (``interrupt_on_lease_lost``:
+a lost lease would cut it short), the other checkpoints every 0.5 s for 30 s. A connection
+error that reached Celery would make it restart its consumer, which gives back what the
+channels hold, the running tasks included: they would lose their leases and run again; and a
+checkpoint that gave up after the store's 20 s would fail its task. Instead:
 
-- the task runs once, to its end, on its first delivery: no second claim, no ``LeaseLost``,
-  its result is A's;
+- each task runs once, to its end, on its first delivery: no second claim, no ``LeaseLost``,
+  its result is A's; the checkpoint sent during the outage waited for the database (within
+  its lease) and went through;
 - A's consumer never restarted (no "Connection to broker lost"), and A logged the outage;
 - a task published during the outage runs on A once the database is back.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -50,7 +53,9 @@ def test_a_running_task_keeps_its_lease_through_an_outage_shorter_than_the_lease
             E2E_LEASE_SECONDS=LEASE,
         )
         block = app.tasks["part.block"].delay(30.0)
-        wait_for(lambda: first(timeline(e2e, block.id), kind="start"), 30, "the task's start")
+        work = app.tasks["part.work"].delay(60, 0.5)
+        wait_for(lambda: first(timeline(e2e, block.id), kind="start"), 30, "the sleep's start")
+        wait_for(lambda: first(timeline(e2e, work.id), kind="checkpoint"), 30, "a checkpoint")
 
         proxy.down()
         went_down = time.time()
@@ -60,12 +65,18 @@ def test_a_running_task_keeps_its_lease_through_an_outage_shorter_than_the_lease
         proxy.up()
 
         assert block.get(timeout=60) == {"attempt": 1, "host": "A"}
+        assert work.get(timeout=60) == {"steps": 60, "attempt": 1, "host": "A"}
         assert during.get(timeout=30) == 5
-        rows = timeline(e2e, block.id)
-        assert [r["kind"] for r in rows] == ["start", "done"], rows
-        kinds = [e.kind for e in e2e.store.events(task_id=block.id)]
-        assert kinds.count("claimed") == 1 and "released" not in kinds, kinds
-        assert "lease_lost" not in kinds, kinds
+        assert [r["kind"] for r in timeline(e2e, block.id)] == ["start", "done"]
+        steps = [r for r in timeline(e2e, work.id) if r["kind"] == "checkpoint"]
+        assert [int(r["detail"]) for r in steps] == list(range(1, 61))
+        # The checkpoint sent into the outage returned once the database was back.
+        waited = max(b["at"] - a["at"] for a, b in itertools.pairwise(steps))
+        assert waited > OUTAGE / 2, waited
+        for task in (block, work):
+            kinds = [e.kind for e in e2e.store.events(task_id=task.id)]
+            assert kinds.count("claimed") == 1 and "released" not in kinds, kinds
+            assert "lease_lost" not in kinds, kinds
         log = a.log()
         assert "the database cannot be reached" in log
         assert "Connection to broker lost" not in log, log[-3000:]

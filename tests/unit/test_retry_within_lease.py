@@ -1,7 +1,7 @@
 """A transient error met inside a lease-bounded call (sqlease._db.retry, sqlease._db.bounds):
-retried while the bound lasts, and still retried when a renewal confirmed during the last
-wait moved the bound on (a short outage that the heartbeat rode out); raised at the bound
-otherwise."""
+retried while the bound lasts, past the store's own retry window (an outage shorter than the
+lease), and still retried when a renewal confirmed during the last wait moved the bound on (a
+short outage that the heartbeat rode out); raised at the bound otherwise."""
 
 from __future__ import annotations
 
@@ -46,6 +46,26 @@ def test_without_a_renewal_the_error_comes_at_the_bound() -> None:
         call()  # type: ignore[operator]
     assert len(calls) == 1
     assert time.monotonic() >= end  # it waited out the lease before giving up
+
+
+def test_a_bounded_call_retries_past_the_stores_window_while_its_lease_lasts() -> None:
+    calls: list[int] = []
+
+    def call() -> str:
+        calls.append(1)
+        if len(calls) <= 4:  # backoffs of 0.05, 0.1, 0.2 and 0.4 s: 0.75 s of errors
+            raise OperationalError("select 1", None, ConnectionError("server gone"))
+        return "done"
+
+    window = retry_transient(call, seconds=0.1)
+    with bounded(lambda: 30.0):
+        assert window() == "done"
+    assert len(calls) == 5
+    # Unbounded (not made for a delivery), the same errors end at the store's window.
+    calls.clear()
+    with pytest.raises(OperationalError, match="gone"):
+        window()
+    assert len(calls) == 2
 
 
 def test_a_lost_connection_of_another_error_class_is_retried_and_a_refusal_is_not() -> None:

@@ -8,8 +8,10 @@ already committed (an ack is then reported as stale), compare-and-set sees the n
 upserts are idempotent, and a publish looks for what its try before committed before it
 stores anything (``sqlease._core.messages``).
 
-A call bounded by a lease (sqlease._db.bounds) retries only while its bound lasts, and does
-not start once it has passed.
+A call bounded by a lease (sqlease._db.bounds) retries for as long as its bound lasts,
+whatever the store's own window (an outage shorter than the lease costs a task's checkpoint or
+result nothing: the transport rides it out too, sqlease.transport._outage), and does not start
+once it has passed.
 """
 
 from __future__ import annotations
@@ -59,10 +61,10 @@ def retry_transient(fn: F, seconds: float = RETRY_SECONDS) -> F:
                     # lease clock has run out, and it knows what that means).
                     time.sleep(max(0.0, left))
                     still = bounds.left()
-                    if still is not None and still > 0 and time.monotonic() < deadline:
+                    if still is not None and still > 0:
                         continue
                     raise
-                if time.monotonic() + delay > deadline:
+                if left is None and time.monotonic() + delay > deadline:
                     raise
                 logger.info(
                     "sqlease: database operation %s failed (%s); retrying in %.2fs",
