@@ -22,6 +22,7 @@ from queue import Empty
 from typing import Any
 
 from sqlease._core.handoff import Handoff
+from sqlease._core.heartbeat import heartbeat
 from sqlease._core.lease_clock import DatabaseTime
 from sqlease._core.results import ResultStore
 from sqlease.options import TransportOptions
@@ -51,7 +52,8 @@ class Fetcher:
     the event-loop glue; ``handoffs``: the offers' state; ``notifications``: publishes name
     their queues to idle clients (a drained queue waits for one instead of a claim);
     ``cycle()``: Kombu's fair cycle over the channels; ``connection_errors``: what makes
-    Celery reconnect, unless ``outage`` holds it back; ``queue_ttl(queue)``: a queue's
+    Celery reconnect, unless ``self.outage`` holds it back (sqlease.transport._outage);
+    ``queue_ttl(queue)``: a queue's
     ``x-message-ttl`` (ms) as declared here."""
 
     def __init__(
@@ -68,12 +70,13 @@ class Fetcher:
         notifications: bool,
         cycle: Callable[[], Any],
         connection_errors: tuple[type[BaseException], ...],
-        outage: Outage,
         queue_ttl: Callable[[str], int | None] = lambda queue: None,
     ) -> None:
         self._store = store
         self._options = options
         self._terms = Terms(owner, options.lease_ms)
+        #: Whether a connection error goes to Celery now (sqlease.transport._outage).
+        self.outage = Outage(lambda: heartbeat().alive_count())
         self._channels = channels
         self._deliver = deliver
         self._loop = loop
@@ -165,7 +168,7 @@ class Fetcher:
             side=self.side,
             db_time=db_time,
             connection_errors=connection_errors,
-            outage=outage,
+            outage=self.outage,
             claims=self._claims,
             idle=self._idle,
             handed=self._handed,

@@ -37,7 +37,6 @@ from sqlease.transport._codec import new_message
 from sqlease.transport._fetcher import Fetcher
 from sqlease.transport._handoff import Handoffs
 from sqlease.transport._loop import EventLoop
-from sqlease.transport._outage import Outage
 from sqlease.transport._queues import DeclaredQueues
 from sqlease.transport._wakeups import Wakeups
 from sqlease.types import NewMessage
@@ -112,7 +111,6 @@ class Transport(virtual.Transport):
         self._waker: Waker | None = None
         self._maintenance: Any = None
         self.loop = EventLoop()
-        outage = Outage(lambda: heartbeat().alive_count())
         self.handoffs = Handoffs(
             enabled=self.options.handoff and self.caps.offers,
             owner=self.owner,
@@ -136,7 +134,6 @@ class Transport(virtual.Transport):
             notifications=self.caps.notifications,
             cycle=lambda: self.cycle,
             connection_errors=self.connection_errors,
-            outage=outage,
             queue_ttl=lambda queue: self._queues.message_ttl(queue),
         )
         #: Exchange types this connection recorded in the database or read from it.
@@ -157,7 +154,6 @@ class Transport(virtual.Transport):
             polling_interval=self.polling_interval,
             keep_alive=self._queues.keep_alive,
             connection_errors=self.connection_errors,
-            outage=outage,
         )
 
     # ---- the store -----------------------------------------------------------------------

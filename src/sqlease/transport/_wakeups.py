@@ -74,7 +74,6 @@ class Wakeups:
         polling_interval: float,
         keep_alive: Callable[[], None],
         connection_errors: tuple[type[BaseException], ...],
-        outage: Outage,
     ) -> None:
         self._fetcher = fetcher
         self._handoffs = handoffs
@@ -84,7 +83,6 @@ class Wakeups:
         self._interval = polling_interval
         self._keep_alive = keep_alive
         self._connection_errors = connection_errors
-        self._outage = outage
         self._idle_delay = 0.0
         self._last_full_poll = 0.0
 
@@ -121,7 +119,7 @@ class Wakeups:
     def errors_logged(self, doing: str) -> _ErrorsLogged:
         """In the event loop: a connection error goes up (Celery reconnects) unless the outage
         holds it back; any other error is logged and the loop goes on."""
-        return _ErrorsLogged(doing, self._connection_errors, self._outage)
+        return _ErrorsLogged(doing, self._connection_errors, self._fetcher.outage)
 
     # ---- the events ---------------------------------------------------------------------
 
