@@ -14,11 +14,19 @@ checkpoint that gave up after the store's 20 s would fail its task. Instead:
   its lease) and went through;
 - A's consumer never restarted (no "Connection to broker lost"), and A logged the outage;
 - a task published during the outage runs on A once the database is back.
+
+Worker B, through a proxy of its own whose outage lasts 30 s, runs one task that stores no
+result and ends as the database goes away: its ack, retried through the outage, is B's only
+lease. Were Celery to reconnect, the reconnect would drop the unwritten ack and the message
+would come back at the lease's expiry to run again. Instead B holds the error back for it
+(it logs the outage, never "Connection to broker lost"), and the ack is written once the
+database is back: the task ran once.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 
 import pytest
@@ -33,6 +41,9 @@ pytestmark = [pytest.mark.timeout(150)]
 
 LEASE = 45.0
 OUTAGE = 24.0
+#: B's: longer than the store's 20 s of retries after B's ack first fails (the ack then
+#: reaches the transport's outage gate), shorter than the lease.
+B_OUTAGE = 30.0
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
@@ -41,8 +52,10 @@ def test_a_running_task_keeps_its_lease_through_an_outage_shorter_than_the_lease
 ) -> None:
     url = make_url(e2e.db_url)
     proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
+    b_proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
     try:
         proxied = url.set(host="127.0.0.1", port=proxy.port)
+        b_proxied = url.set(host="127.0.0.1", port=b_proxy.port)
         app = make_app(e2e.broker, prefix=e2e.prefix, lease_seconds=LEASE)
         e2e._apps.append(app)
         a = e2e.start_worker(
@@ -52,17 +65,30 @@ def test_a_running_task_keeps_its_lease_through_an_outage_shorter_than_the_lease
             E2E_HOST="A",
             E2E_LEASE_SECONDS=LEASE,
         )
+        b = e2e.start_worker(
+            app="partition_app",
+            queues="quiet",
+            E2E_BROKER="sqlease+" + b_proxied.render_as_string(hide_password=False),
+            E2E_HOST="B",
+            E2E_LEASE_SECONDS=LEASE,
+        )
         block = app.tasks["part.block"].delay(30.0)
         work = app.tasks["part.work"].delay(60, 0.5)
         wait_for(lambda: first(timeline(e2e, block.id), kind="start"), 30, "the sleep's start")
         wait_for(lambda: first(timeline(e2e, work.id), kind="checkpoint"), 30, "a checkpoint")
+        quiet = app.tasks["part.quiet"].apply_async((1.0,), queue="quiet")
+        wait_for(lambda: first(timeline(e2e, quiet.id), kind="start"), 30, "the quiet start")
 
         proxy.down()
+        b_proxy.down()
         went_down = time.time()
+        b_up = threading.Timer(B_OUTAGE, b_proxy.up)  # while A's checks below go on
+        b_up.start()
         time.sleep(OUTAGE / 2)
         during = app.tasks["part.add"].delay(2, 3)  # published directly, meanwhile
         time.sleep(max(0.0, went_down + OUTAGE - time.time()))
         proxy.up()
+        assert first(timeline(e2e, quiet.id), kind="done"), "B's task ended in its outage"
 
         assert block.get(timeout=60) == {"attempt": 1, "host": "A"}
         assert work.get(timeout=60) == {"steps": 60, "attempt": 1, "host": "A"}
@@ -81,5 +107,23 @@ def test_a_running_task_keeps_its_lease_through_an_outage_shorter_than_the_lease
         assert "the database cannot be reached" in log
         assert "Connection to broker lost" not in log, log[-3000:]
         assert a.alive()
+
+        b_up.join()
+        wait_for(
+            lambda: "acked" in [e.kind for e in e2e.store.events(task_id=quiet.id)],
+            15,
+            "B's ack, once its database is back",
+        )
+        kinds = [e.kind for e in e2e.store.events(task_id=quiet.id)]
+        assert kinds.count("claimed") == 1 and "released" not in kinds, kinds
+        assert [(r["kind"], r["attempt"]) for r in timeline(e2e, quiet.id)] == [
+            ("start", 1),
+            ("done", 1),
+        ]
+        b_log = b.log()
+        assert "1 delivery held here can still hold" in b_log, b_log[-3000:]
+        assert "Connection to broker lost" not in b_log, b_log[-3000:]
+        assert b.alive()
     finally:
         proxy.close()
+        b_proxy.close()

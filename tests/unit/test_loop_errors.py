@@ -74,3 +74,30 @@ def test_a_connection_error_stays_in_the_loop_while_leases_held_here_can_be_held
         with logged(outage=outage):
             raise ValueError("a bad row")
     assert caplog.records[-1].levelname == "ERROR"
+
+
+def test_an_ack_on_its_way_counts_until_it_is_answered_or_its_lease_clock_runs_out() -> None:
+    """An ack leaves the heartbeat (its lease is no longer renewed) but the database holds the
+    lease until the ack is written: a reconnect would drop the unwritten ack, and the message
+    would run again at the lease's expiry. So it holds the error back like a running task."""
+    from sqlease.store import Fence
+
+    now = [100.0]
+    outage = Outage(lambda: 0, monotonic=lambda: now[0])
+    first, second = Fence(1, "w", 1), Fence(2, "w", 1)
+    outage.leaving(first, 130.0)
+    outage.leaving(second, 110.0)
+    assert outage.alive() == 2
+    with logged(outage=outage):
+        raise Disconnected("connection refused")
+    now[0] = 120.0  # the second's lease clock ran out: it no longer counts
+    assert outage.alive() == 1
+    outage.answered([first])  # written (or refused) once the database answered
+    assert outage.alive() == 0
+    with pytest.raises(Disconnected), logged(outage=outage):
+        raise Disconnected("connection refused")
+    # A running delivery and an ack on its way add up; answering an unknown ack is harmless.
+    outage = Outage(lambda: 1, monotonic=lambda: now[0])
+    outage.leaving(first, 130.0)
+    outage.answered([second])
+    assert outage.alive() == 2

@@ -160,28 +160,32 @@ class Heartbeat:
                     self._slots.free(held.slot)
 
     def drop_for_ack(self, fence: Fence) -> bool:
-        """Forget ``fence`` as it is acked; False if its lease clock ran out here: its ack must
-        not be sent, since the database may still hold the lease for it while its task
-        stopped or its result was refused. A fence not held here, or whose renewal the
-        database refused, is the database's to judge (True)."""
+        """Forget ``fence`` as it is acked: whether its ack may be sent (``drop_all_for_ack``)."""
+        return bool(self.drop_all_for_ack([fence]))
+
+    def drop_all_for_ack(self, fences: Iterable[Fence]) -> list[tuple[Fence, float | None]]:
+        """Forget ``fences`` as they are acked: those whose ack may be sent, each with its
+        lease clock. Not one whose clock ran out here: the database may still hold its lease
+        while its task stopped or its result was refused. One not held here, or whose
+        renewal the database refused, is the database's to judge (its clock None)."""
         now = self._monotonic()
+        sendable: list[tuple[Fence, float | None]] = []
         with self._lock:
-            held = self._held.pop(fence, None)
-            if held is None:
-                return True
-            if self._slots is not None:
-                self._slots.free(held.slot)
-            return held.refused or (held.deadline != LOST and held.deadline >= now)
+            for fence in fences:
+                held = self._held.pop(fence, None)
+                if held is not None and self._slots is not None:
+                    self._slots.free(held.slot)
+                if held is None or held.refused:
+                    sendable.append((fence, None))
+                elif held.deadline != LOST and held.deadline >= now:
+                    sendable.append((fence, held.deadline))
+        return sendable
 
     def holds(self, fence: Fence) -> bool:
         """``fence`` is held and renewed (not known lost)."""
         with self._lock:
             held = self._held.get(fence)
             return held is not None and held.deadline != LOST
-
-    def held_count(self) -> int:
-        with self._lock:
-            return sum(1 for held in self._held.values() if held.deadline != LOST)
 
     def alive_count(self) -> int:
         """Leases held here whose clock has not run out: the database may still hold them for

@@ -32,7 +32,8 @@ class Acking:
     ``submit(kind, **context)``: a job for the fetcher's runner; ``closing()``: whether the
     connection is closing; ``offer_with_acks(fences)``: sends them with the idle worker's
     offer, if they leave it idle (whether they went); ``look_again()``: messages may have
-    become ready."""
+    become ready; ``answered(fences)``: these acks are no longer on their way (written,
+    refused or given up: sqlease.transport._outage counts those that are)."""
 
     def __init__(
         self,
@@ -46,6 +47,7 @@ class Acking:
         closing: Callable[[], bool],
         offer_with_acks: Callable[[list[Fence]], bool],
         look_again: Callable[[], None],
+        answered: Callable[[list[Fence]], None],
     ) -> None:
         self._store = store
         self._acks = acks
@@ -56,13 +58,17 @@ class Acking:
         self._closing = closing
         self._offer_with_acks = offer_with_acks
         self._look_again = look_again
+        self._answered = answered
 
     def write(self, fences: list[Fence]) -> None:
         """How a batch of acks is written: with the offer of a worker they leave idle, else
         on the runner (with the next claim if one waits); outside the loop, and closing, at
         once."""
         if not self._loop.in_loop_thread() or self._closing():
-            acked = self._store().ack(fences)
+            try:
+                acked = self._store().ack(fences)
+            finally:
+                self._answered(fences)
             refused = [f for f in fences if f.message_id not in acked]
             for fence in refused:
                 report_refused_ack(self._store(), fence)
@@ -111,6 +117,7 @@ class Acking:
         """Nothing of a job that carried these acks was written: they wait for the next
         write (at close, their messages come back when their leases expire)."""
         if self._closing() or not self._loop.in_loop_thread():
+            self._answered(fences)
             logger.warning(
                 "sqlease: could not write %d ack(s); their messages come back when their "
                 "leases expire",

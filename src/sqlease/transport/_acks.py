@@ -100,20 +100,26 @@ class AckWriter:
             self._write(pending)
 
 
-def stop_renewing(fences: list[Fence]) -> list[Fence]:
+def stop_renewing(
+    fences: list[Fence], leaving: Callable[[Fence, float], None] | None = None
+) -> list[Fence]:
     """Acks leaving for the database: their leases are no longer renewed from here (a renewal
     racing with the ack would take the acked row for a lost lease). Until then they were, so
     an ack waiting in a batch keeps its lease however long the loop is held up (Celery's soft
     shutdown sleeps in a signal handler, on the loop's thread). Those whose lease is known
-    lost here are not sent (``Heartbeat.drop_for_ack``)."""
-    beat = heartbeat()
-    sendable = []
-    for fence in fences:
-        if beat.drop_for_ack(fence):
-            sendable.append(fence)
-        else:
-            report_clock_refused_ack(fence)
-    return sendable
+    lost here are not sent (``Heartbeat.drop_for_ack``); ``leaving(fence, deadline)`` is told
+    the lease clock of each one sent that was held here (sqlease.transport._outage)."""
+    dropped = heartbeat().drop_all_for_ack(fences)
+    if len(dropped) != len(fences):
+        sent = {fence for fence, _ in dropped}
+        for fence in fences:
+            if fence not in sent:
+                report_clock_refused_ack(fence)
+    if leaving is not None:
+        for fence, deadline in dropped:
+            if deadline is not None:
+                leaving(fence, deadline)
+    return [fence for fence, _ in dropped]
 
 
 def report_refused_ack(store: Store, fence: Fence) -> None:

@@ -84,7 +84,7 @@ class Fetcher:
         self.looks = LookState()
         self.acks = AckWriter(
             write=self.write_acks,
-            leaving=stop_renewing,
+            leaving=lambda fences: stop_renewing(fences, self.outage.leaving),
             in_loop=loop.in_loop_thread,
             held=self._held,
             timer=loop.call_later,
@@ -129,6 +129,7 @@ class Fetcher:
             closing=self._is_closing,
             offer_with_acks=self._idle.offer_with_acks,
             look_again=self.look_again,
+            answered=self.outage.answered,
         )
         self._handed = Handed(
             store=store,

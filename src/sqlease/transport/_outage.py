@@ -12,13 +12,23 @@ run out), a connection error stays in the transport: it is logged, the event loo
 the next poll tries again; the heartbeat renews the leases once the database answers, and the
 tasks' acks go through the same channels. Once no lease can be held any more (or none is
 held), the error goes to Celery, which reconnects as it does for any broker.
+
+An ack on its way to the database counts as well, until it is answered or its lease clock
+runs out: its lease is no longer renewed (the ack took it off the heartbeat), but the database
+still holds it for this process. A task that ends during the outage as the last one running
+(one that stores no result, say) would otherwise let Celery reconnect, and the reconnect drops
+the unwritten ack: the message would come back at the lease's expiry and run again, where the
+ack, written once the database answers, ends it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+
+from sqlease.store import Fence
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +37,8 @@ LOG_EVERY_S = 10.0
 
 
 class Outage:
-    """``alive()``: how many deliveries held in this process can still hold their lease."""
+    """``alive()``: how many deliveries held in this process can still hold their lease
+    (their lease clocks, on ``monotonic``)."""
 
     def __init__(
         self, alive: Callable[[], int], *, monotonic: Callable[[], float] = time.monotonic
@@ -35,11 +46,39 @@ class Outage:
         self._alive = alive
         self._monotonic = monotonic
         self._logged_at: float | None = None
+        #: Acks sent or waiting to be, not yet answered: their lease clocks. Any thread may
+        #: ack (an ack outside the event loop is written at once).
+        self._leaving: dict[Fence, float] = {}
+        self._lock = threading.Lock()
+
+    def leaving(self, fence: Fence, deadline: float) -> None:
+        """``fence`` is acked: its lease, held until ``deadline`` (its clock when it left the
+        heartbeat), counts until the ack is answered."""
+        with self._lock:
+            self._leaving[fence] = deadline
+
+    def answered(self, fences: Iterable[Fence]) -> None:
+        """The database answered these acks (written or refused), or they were given up."""
+        with self._lock:
+            for fence in fences:
+                self._leaving.pop(fence, None)
+
+    def alive(self) -> int:
+        """Deliveries held here that can still hold their leases, acks on their way
+        included."""
+        alive = self._alive()
+        if self._leaving:
+            now = self._monotonic()
+            with self._lock:
+                for fence in [f for f, deadline in self._leaving.items() if deadline < now]:
+                    del self._leaving[fence]
+                alive += len(self._leaving)
+        return alive
 
     def holds_back(self, error: BaseException) -> bool:
         """Whether the connection error ``error`` stays here (True: it was logged) rather than
         going to Celery."""
-        alive = self._alive()
+        alive = self.alive()
         if alive == 0:
             self._logged_at = None
             return False

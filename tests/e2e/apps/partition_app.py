@@ -100,6 +100,15 @@ def make_app(
         record(self.request.id, attempt, "done")
         return x + y
 
+    @app.task(name="part.quiet", bind=True, shared=False, ignore_result=True)
+    def quiet(self: Any, seconds: float) -> None:
+        """Stores no result: its ack follows its end at once, with no write of its own
+        before it (the outage test ends it as the database goes away)."""
+        attempt = int(self.request.properties["delivery_info"]["sqlease_attempt"])
+        record(self.request.id, attempt, "start")
+        time.sleep(seconds)
+        record(self.request.id, attempt, "done")
+
     @app.task(name="part.hello", shared=False)
     def hello() -> str | None:
         return os.environ.get("E2E_HOST")
