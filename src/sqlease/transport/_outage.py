@@ -87,11 +87,15 @@ class Outage:
             self._logged_at = now
             logger.warning(
                 "sqlease: the database cannot be reached (%s: %s); %d %s held here can still "
-                "hold their leases, so the transport retries instead of reconnecting (a "
-                "reconnect would give them back)",
+                "hold %s, so the transport retries instead of reconnecting (a reconnect "
+                "would give %s back)",
                 type(error).__name__,
                 str(error).splitlines()[0] if str(error) else "",
                 alive,
-                "delivery" if alive == 1 else "deliveries",
+                *(
+                    ("delivery", "its lease", "it")
+                    if alive == 1
+                    else ("deliveries", "their leases", "them")
+                ),
             )
         return True
