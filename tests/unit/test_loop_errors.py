@@ -101,3 +101,18 @@ def test_an_ack_on_its_way_counts_until_it_is_answered_or_its_lease_clock_runs_o
     outage.leaving(first, 130.0)
     outage.answered([second])
     assert outage.alive() == 2
+
+
+def test_acks_never_answered_are_forgotten_once_their_lease_clocks_ran_out() -> None:
+    """A path that loses an ack's answer leaves no lasting entry: past ``PRUNE_ABOVE`` those
+    whose clock ran out are dropped as the next one leaves."""
+    from sqlease.store import Fence
+    from sqlease.transport._outage import PRUNE_ABOVE
+
+    now = [100.0]
+    outage = Outage(lambda: 0, monotonic=lambda: now[0])
+    for n in range(PRUNE_ABOVE):
+        outage.leaving(Fence(n, "w", 1), 110.0)
+    now[0] = 120.0
+    outage.leaving(Fence(-1, "w", 1), 130.0)
+    assert len(outage._leaving) == 1 and outage.alive() == 1

@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 #: How often the outage is logged while it is ridden out.
 LOG_EVERY_S = 10.0
+#: Acks on their way beyond this many: those whose lease clock ran out are forgotten.
+PRUNE_ABOVE = 4096
 
 
 class Outage:
@@ -56,6 +58,8 @@ class Outage:
         heartbeat), counts until the ack is answered."""
         with self._lock:
             self._leaving[fence] = deadline
+            if len(self._leaving) > PRUNE_ABOVE:  # answers lost on a path not told: bounded
+                self._prune(self._monotonic())
 
     def answered(self, fences: Iterable[Fence]) -> None:
         """The database answered these acks (written or refused), or they were given up."""
@@ -70,10 +74,14 @@ class Outage:
         if self._leaving:
             now = self._monotonic()
             with self._lock:
-                for fence in [f for f, deadline in self._leaving.items() if deadline < now]:
-                    del self._leaving[fence]
+                self._prune(now)
                 alive += len(self._leaving)
         return alive
+
+    def _prune(self, now: float) -> None:
+        """(Under the lock.) Acks whose lease clock ran out no longer count."""
+        for fence in [f for f, deadline in self._leaving.items() if deadline < now]:
+            del self._leaving[fence]
 
     def holds_back(self, error: BaseException) -> bool:
         """Whether the connection error ``error`` stays here (True: it was logged) rather than
