@@ -48,3 +48,22 @@ def test_the_url_overrides_each_one() -> None:
 def test_a_bad_value_names_its_parameter(name: str) -> None:
     with pytest.raises(ConfigurationError, match=f"URL parameter '{name}'.*'soon'"):
         connect_args(make_url(f"{BASE}?{name}=soon"))
+
+
+def test_a_transaction_left_idle_ends_with_about_a_lease() -> None:
+    """A worker stopped or cut off mid-transaction holds the rows it locked (a message it was
+    checkpointing: every other worker's claim skips it) until the server ends the
+    transaction: with the lease, at most 60 s."""
+    from sqlease._db.postgresql.engine import DEFAULT_LEASE_MS, SESSION_OPTIONS, session_options
+
+    def idle(lease_ms: int) -> str:
+        options = connect_args(make_url(BASE), lease_ms=lease_ms)["options"]
+        [value] = [o for o in options.split() if o.startswith("idle_in_transaction")]
+        return value.split("=")[1]
+
+    assert idle(20_000) == "20000"
+    assert idle(3_000) == "3000"
+    assert idle(200) == "1000"  # PostgreSQL's own unit is the millisecond; a floor of 1 s
+    assert idle(600_000) == "60000"
+    assert session_options(DEFAULT_LEASE_MS) == SESSION_OPTIONS
+    assert "-c jit=off" in session_options(3_000)

@@ -24,7 +24,20 @@ from sqlease.errors import ConfigurationError
 
 logger = logging.getLogger("sqlease")
 
-#: Startup settings of sqlease's PostgreSQL sessions (see connect_args for why).
+#: How long a session of sqlease's may sit idle inside a transaction: the lease, within these
+#: bounds (milliseconds; see session_options).
+IDLE_IN_TRANSACTION_MS = (1_000, 60_000)
+
+
+def session_options(lease_ms: int) -> str:
+    """Startup settings of sqlease's PostgreSQL sessions for a store whose leases last
+    ``lease_ms`` (see connect_args for why)."""
+    low, high = IDLE_IN_TRANSACTION_MS
+    idle = min(high, max(low, int(lease_ms)))
+    return f"-c idle_in_transaction_session_timeout={idle} -c jit=off"
+
+
+#: The startup settings at the default lease.
 SESSION_OPTIONS = "-c idle_in_transaction_session_timeout=60000 -c jit=off"
 
 #: Added for the hot path's engine (generic_plans=True).
@@ -134,10 +147,15 @@ def connect_args(
     own = query.get("options")
     if isinstance(own, tuple):  # given more than once
         own = " ".join(own)
-    # A worker stopped (SIGSTOP) mid-transaction must not hold locks for long.
+    # A worker stopped (SIGSTOP) or cut off mid-transaction must not hold locks for long: a
+    # row it locked (a message it was checkpointing, say) is skipped by every other
+    # worker's claim until the server ends that transaction, whatever its lease says. So a
+    # transaction left idle for a lease ends (at most 60 s): none of sqlease's waits between
+    # its statements, and a worker stalled that long has lost its leases by its own clock
+    # (a checkpoint's renewal in such a transaction would have expired before its commit).
     # No JIT: the claim is a short OLTP statement whose estimated cost can cross
     # jit_above_cost on a large backlog, and compiling it costs more than running it.
-    session = SESSION_OPTIONS
+    session = session_options(lease_ms)
     if generic_plans:
         # The hot path's engine (direct lanes: enqueue, claim, ack, result writes). psycopg
         # prepares a statement a connection runs five times, but on `auto` PostgreSQL kept
