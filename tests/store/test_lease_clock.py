@@ -67,7 +67,7 @@ def test_the_heartbeat_counts_from_the_send_time_of_each_confirmed_renewal(
     assert beat.renewals == 1
     assert beat.deadline_of(message.fence) == pytest.approx(sent + 3.72)
     assert _published(beat, message) == pytest.approx(sent + 3.72)
-    assert beat.holds(message.fence) and beat.drop_for_ack(message.fence)
+    assert beat.holds(message.fence) and bool(beat.drop_all_for_ack([message.fence]))
 
 
 def test_a_claims_batch_is_held_at_once_each_in_its_own_slot(
@@ -123,7 +123,7 @@ def test_a_lease_whose_clock_ran_out_is_lost_without_asking_the_database(
     assert not beat.holds(message.fence)
     # The database still holds the lease (it ends at 3 s), yet the ack is not sent.
     assert store.is_held(message.fence)
-    assert beat.drop_for_ack(message.fence) is False
+    assert bool(beat.drop_all_for_ack([message.fence])) is False
     [lost] = [e for e in store.events(task_id="t1") if e.kind == "lease_lost"]
     assert lost.attempt == 1 and "clock ran out" in lost.data["why"]
 
@@ -136,7 +136,7 @@ def test_a_renewal_the_database_refuses_loses_the_lease_and_leaves_the_ack_to_it
     store.release([message.fence])  # e.g. paused or taken over meanwhile
     beat.beat()
     assert beat.deadline_of(message.fence) == LOST and _published(beat, message) == LOST
-    assert beat.drop_for_ack(message.fence) is True  # the database refuses it itself
+    assert bool(beat.drop_all_for_ack([message.fence])) is True  # the database refuses it itself
 
 
 def test_a_renewal_confirmed_after_the_clock_ran_out_does_not_revive_it(
@@ -159,7 +159,7 @@ def test_a_renewal_confirmed_after_the_clock_ran_out_does_not_revive_it(
     monkeypatch.setattr(store, "renew", slow_renew)
     beat.beat()
     assert beat.deadline_of(message.fence) == LOST
-    assert beat.drop_for_ack(message.fence) is False
+    assert bool(beat.drop_all_for_ack([message.fence])) is False
 
 
 def test_a_forgotten_delivery_is_the_databases_to_judge(
@@ -169,7 +169,7 @@ def test_a_forgotten_delivery_is_the_databases_to_judge(
     beat.hold(store, message.fence, lease_ms=LEASE_MS, interval=QUIET, sent_at=monotonic())
     ref = beat.clock_ref(message.fence)
     beat.drop([message.fence])
-    assert beat.clock_ref(message.fence) is None and beat.drop_for_ack(message.fence)
+    assert beat.clock_ref(message.fence) is None and bool(beat.drop_all_for_ack([message.fence]))
     assert ref is not None and read(*(parse_ref(ref) or ("", 0)), message.fence) == LOST
 
 

@@ -85,8 +85,7 @@ def test_an_ack_on_its_way_counts_until_it_is_answered_or_its_lease_clock_runs_o
     now = [100.0]
     outage = Outage(lambda: 0, monotonic=lambda: now[0])
     first, second = Fence(1, "w", 1), Fence(2, "w", 1)
-    outage.leaving(first, 130.0)
-    outage.leaving(second, 110.0)
+    outage.leaving([(first, 130.0), (second, 110.0)])
     assert outage.alive() == 2
     with logged(outage=outage):
         raise Disconnected("connection refused")
@@ -98,7 +97,7 @@ def test_an_ack_on_its_way_counts_until_it_is_answered_or_its_lease_clock_runs_o
         raise Disconnected("connection refused")
     # A running delivery and an ack on its way add up; answering an unknown ack is harmless.
     outage = Outage(lambda: 1, monotonic=lambda: now[0])
-    outage.leaving(first, 130.0)
+    outage.leaving([(first, 130.0)])
     outage.answered([second])
     assert outage.alive() == 2
 
@@ -111,8 +110,7 @@ def test_acks_never_answered_are_forgotten_once_their_lease_clocks_ran_out() -> 
 
     now = [100.0]
     outage = Outage(lambda: 0, monotonic=lambda: now[0])
-    for n in range(PRUNE_ABOVE):
-        outage.leaving(Fence(n, "w", 1), 110.0)
+    outage.leaving([(Fence(n, "w", 1), 110.0) for n in range(PRUNE_ABOVE)])
     now[0] = 120.0
-    outage.leaving(Fence(-1, "w", 1), 130.0)
+    outage.leaving([(Fence(-1, "w", 1), 130.0)])
     assert len(outage._leaving) == 1 and outage.alive() == 1

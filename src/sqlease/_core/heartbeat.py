@@ -9,7 +9,7 @@ this process when the database refuses its renewal or when its deadline passes f
 database was not reached in time): its slot then reads lost, it is no longer renewed, a
 ``lease_lost`` event is recorded (when the database can be reached) and the holder's callback
 is told. It stays known as lost until it is dropped, so that its ack is refused here
-(``drop_for_ack``) and never reaches a database that may still hold the lease for it.
+(``drop_all_for_ack``) and never reaches a database that may still hold the lease for it.
 
 Each lease may name its holder (a Kombu channel's QoS, ``Holder``). A holder collected
 without being closed (a Kombu connection dropped without ``close()``) abandons its leases:
@@ -158,10 +158,6 @@ class Heartbeat:
                 held = self._held.pop(fence, None)
                 if held is not None and self._slots is not None:
                     self._slots.free(held.slot)
-
-    def drop_for_ack(self, fence: Fence) -> bool:
-        """Forget ``fence`` as it is acked: whether its ack may be sent (``drop_all_for_ack``)."""
-        return bool(self.drop_all_for_ack([fence]))
 
     def drop_all_for_ack(self, fences: Iterable[Fence]) -> list[tuple[Fence, float | None]]:
         """Forget ``fences`` as they are acked: those whose ack may be sent, each with its

@@ -101,14 +101,14 @@ class AckWriter:
 
 
 def stop_renewing(
-    fences: list[Fence], leaving: Callable[[Fence, float], None] | None = None
+    fences: list[Fence], leaving: Callable[[list[tuple[Fence, float]]], None] | None = None
 ) -> list[Fence]:
     """Acks leaving for the database: their leases are no longer renewed from here (a renewal
     racing with the ack would take the acked row for a lost lease). Until then they were, so
     an ack waiting in a batch keeps its lease however long the loop is held up (Celery's soft
     shutdown sleeps in a signal handler, on the loop's thread). Those whose lease is known
-    lost here are not sent (``Heartbeat.drop_for_ack``); ``leaving(fence, deadline)`` is told
-    the lease clock of each one sent that was held here (sqlease.transport._outage)."""
+    lost here are not sent (``Heartbeat.drop_all_for_ack``); ``leaving`` is told the
+    ``(fence, deadline)`` of each one sent that was held here (sqlease.transport._outage)."""
     dropped = heartbeat().drop_all_for_ack(fences)
     if len(dropped) != len(fences):
         sent = {fence for fence, _ in dropped}
@@ -116,9 +116,9 @@ def stop_renewing(
             if fence not in sent:
                 report_clock_refused_ack(fence)
     if leaving is not None:
-        for fence, deadline in dropped:
-            if deadline is not None:
-                leaving(fence, deadline)
+        held = [(fence, deadline) for fence, deadline in dropped if deadline is not None]
+        if held:
+            leaving(held)
     return [fence for fence, _ in dropped]
 
 

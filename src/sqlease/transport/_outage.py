@@ -53,11 +53,11 @@ class Outage:
         self._leaving: dict[Fence, float] = {}
         self._lock = threading.Lock()
 
-    def leaving(self, fence: Fence, deadline: float) -> None:
-        """``fence`` is acked: its lease, held until ``deadline`` (its clock when it left the
-        heartbeat), counts until the ack is answered."""
+    def leaving(self, acks: Iterable[tuple[Fence, float]]) -> None:
+        """These ``(fence, deadline)`` are acked: each lease, held until its deadline (its
+        clock when it left the heartbeat), counts until its ack is answered."""
         with self._lock:
-            self._leaving[fence] = deadline
+            self._leaving.update(acks)
             if len(self._leaving) > PRUNE_ABOVE:  # answers lost on a path not told: bounded
                 self._prune(self._monotonic())
 

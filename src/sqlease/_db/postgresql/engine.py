@@ -37,9 +37,6 @@ def session_options(lease_ms: int) -> str:
     return f"-c idle_in_transaction_session_timeout={idle} -c jit=off"
 
 
-#: The startup settings at the default lease.
-SESSION_OPTIONS = "-c idle_in_transaction_session_timeout=60000 -c jit=off"
-
 #: Added for the hot path's engine (generic_plans=True).
 GENERIC_PLANS_OPTION = "-c plan_cache_mode=force_generic_plan"
 #: Added for the lease traffic's engine (wait_for_flush=False).
@@ -52,6 +49,8 @@ CONNECT_TIMEOUT_S = 10
 #: The lease the engines' TCP settings follow, in milliseconds, unless a store says (the default
 #: ``lease_seconds``).
 DEFAULT_LEASE_MS = 60_000
+#: The startup settings at the default lease.
+SESSION_OPTIONS = session_options(DEFAULT_LEASE_MS)
 #: libpq's TCP settings that sqlease sets from the lease, unless the URL sets them itself.
 KEEPALIVE_PARAMS = (
     "keepalives",
