@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery.exceptions import TimeLimitExceeded
@@ -79,6 +80,11 @@ def test_compressed_messages(e2e: E2E, compression: str) -> None:
     assert row["label"] == "x" * 5000
 
 
+def _active_queues(app: Any, nodename: str) -> list[dict[str, Any]]:
+    replies = app.control.inspect(destination=[nodename]).active_queues() or {}
+    return list(replies.get(nodename, []))
+
+
 @pytest.mark.timeout(120)
 def test_consumers_added_and_cancelled_at_run_time(e2e: E2E) -> None:
     worker = e2e.start_worker(concurrency=1)
@@ -94,6 +100,13 @@ def test_consumers_added_and_cancelled_at_run_time(e2e: E2E) -> None:
     assert {q["name"] for q in queues[worker.nodename]} == {"celery", "extra"}
 
     app.control.cancel_consumer("extra", reply=True, destination=[worker.nodename])
+    # Celery replies before it cancels (the worker defers cancel_task_queue with call_soon),
+    # on every broker: a message sent on the reply may still be consumed.
+    wait_for(
+        lambda: {q["name"] for q in _active_queues(app, worker.nodename)} == {"celery"},
+        30,
+        "the worker to stop consuming from extra",
+    )
     late = add.apply_async((2, 2), queue="extra")
     marker = add.delay(3, 3)  # the default queue is still consumed
     wait_for(lambda: e2e.finished(task_id=marker.id), 30, "a task of the default queue")
