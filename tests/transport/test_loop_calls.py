@@ -13,8 +13,10 @@ import pytest
 from kombu.asynchronous import Hub
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from conftest import unique_prefix
+from e2e.tcp_proxy import StallingProxy
 from sqlease._db.driver import Claim, Lane, Op
 from sqlease._db.postgresql.direct import NONBLOCKING, DirectLane
 from sqlease.store import Fence, NewMessage, Store
@@ -263,4 +265,72 @@ def test_a_statement_without_an_answer_is_given_up_and_sent_again(
     assert 0.8 <= elapsed < 2.5  # given up and tried again, never waiting out the 3 s
     assert len(given_up) >= 2
     assert not calls.pending
+    calls.stop()
+
+
+def test_a_claim_whose_answer_was_lost_gives_its_messages_to_the_claim_sent_again(
+    pg_database_url: str, hub: Hub
+) -> None:
+    """The event loop's claim committed, its answer was dropped with the connection: before
+    it goes out again, what it leased is released (attempt refunded), so the claim sent
+    again delivers those messages at once (sqlease.transport._unheard)."""
+    url = make_url(pg_database_url)
+    proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
+    prefix = unique_prefix()
+    direct = Store(pg_database_url, table_prefix=prefix)
+    through = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    store = Store(through, table_prefix=prefix)
+
+    def prepare(jobs: list[Job]) -> tuple[Op[list[Done]], list[Job]]:
+        job = jobs[0]
+        op = store.claim_op(["q"], "w1", 60_000, 5, None)
+        return op.then(lambda found: [Done(job.key, value=found)]), [job]
+
+    calls = LoopCalls(hub, store.driver, prepare, lambda: None)
+    try:
+        [message_id] = direct.enqueue_many([NewMessage(queue="q", payload="p", task_id="t")])
+        proxy.lose_answer(b"claimed AS (UPDATE")
+        calls.submit("claim")
+        run_until(hub, lambda: bool(calls._done))
+        [outcome] = calls.collect()
+        assert proxy.answers_lost == 1
+        assert outcome.error is None
+        assert [(m.id, m.attempt) for m in outcome.value] == [(message_id, 2)]
+        kinds = [(e.kind, e.attempt) for e in direct.events(task_id="t")]
+        assert kinds == [("enqueued", 0), ("claimed", 1), ("released", 1), ("claimed", 2)]
+        assert not calls._unheard
+    finally:
+        calls.stop()
+        store.engine.dispose()
+        direct.engine.dispose()
+        proxy.close()
+
+
+def test_a_claim_given_up_without_an_answer_has_its_leases_released_before_it_goes_again(
+    store: Store, hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim given up after ``give_up_after`` may have run: the release of what it leased
+    goes out before it is sent again."""
+    monkeypatch.setattr(loop_calls, "RETRY_SECONDS", 0.9)
+    asked: list[tuple[str, list[str]]] = []
+    release = store.driver.release_lost_claims
+
+    def recorded(owner: str, marks: Any, since: float) -> Any:
+        asked.append((owner, list(marks)))
+        return release(owner, marks, since)
+
+    monkeypatch.setattr(store.driver, "release_lost_claims", recorded)
+
+    def prepare(jobs: list[Job]) -> tuple[Op[list[Done]], list[Job]]:
+        job = jobs[0]
+        stuck = text("SELECT pg_sleep(3)")
+        finish = lambda rows: [Done(job.key, value=rows)]  # noqa: E731
+        return Op(Lane.LEASES, stuck, {}, finish, claim_mark=("w1", "m1")), [job]
+
+    calls = LoopCalls(hub, store.driver, prepare, lambda: None, give_up_after=0.3)
+    calls.submit("a")
+    run_until(hub, lambda: len(calls._done) == 1)
+    [outcome] = calls.collect()
+    assert isinstance(outcome.error, sa_exc.OperationalError)
+    assert asked and asked[0] == ("w1", ["m1"])
     calls.stop()

@@ -294,6 +294,12 @@ class Driver(ABC):
         the same transaction when something changed. A failed message's run goes on as after
         an ack (``message_ack``)."""
 
+    def release_lost_claims(self, owner: str, marks: Sequence[str], since: float) -> Op[Acked]:
+        """Release (attempt refunded) what the claims ``marks`` of ``owner`` (``Op.claim_mark``)
+        sent before ``since`` (monotonic) leased and ``owner`` still holds: their answers were
+        lost. A dialect whose claims carry no mark has none."""
+        return Op.answer(Acked())
+
     @abstractmethod
     def run_promote(self, run_ids: Sequence[str], now: int | None) -> Op[list[int]]:
         """The heads of the runs ``run_ids`` made ready where they wait parked behind their

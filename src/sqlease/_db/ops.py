@@ -173,6 +173,9 @@ class Op(Generic[T]):
     finish: Callable[[Any], T] | None = None
     body: Callable[[Connection], Any] | None = None
     statements: int = 2
+    #: A claim's ``(owner, mark)``: what it leased, should its answer be lost, is released
+    #: before it is sent again (``Driver.release_lost_claims``).
+    claim_mark: tuple[str, str] | None = None
 
     @property
     def sendable(self) -> bool:
@@ -183,7 +186,15 @@ class Op(Generic[T]):
         """The same work, ``after`` applied to what it means."""
         first = self.finish
         finish: Callable[[Any], U] = after if first is None else (lambda done: after(first(done)))
-        return Op(self.lane, self.statement, self.params, finish, self.body, self.statements)
+        return Op(
+            self.lane,
+            self.statement,
+            self.params,
+            finish,
+            self.body,
+            self.statements,
+            self.claim_mark,
+        )
 
     @staticmethod
     def answer(value: U) -> Op[U]:

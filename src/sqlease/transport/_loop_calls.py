@@ -34,60 +34,23 @@ Loop thread only: the hub's callbacks and the transport's calls all run there.
 from __future__ import annotations
 
 import logging
-import select
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from sqlease._db.bounds import passed_error
-from sqlease._db.driver import WAIT_READ, WAIT_WRITE, Driver, Lane, Line, Op, Pending
+from sqlease._db.driver import WAIT_WRITE, Driver, Lane, Line, Op
 from sqlease._db.retry import RETRY_SECONDS
 from sqlease.transport._background import Done, Job, Prepare, run_waiting
+from sqlease.transport._loop_state import Attempt, Connecting, Retry, Sent, wait_for
+from sqlease.transport._unheard import Unheard
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Attempt:
-    """An op and the jobs it answers, with until when (and after what next backoff) a
-    dropped connection is ridden out by sending it again."""
-
-    jobs: list[Job]
-    op: Op[list[Done]]
-    deadline: float
-    delay: float
-
-
-@dataclass(slots=True)
-class Sent:
-    """The statement under way: how it is going, and what it is."""
-
-    pending: Pending
-    attempt: Attempt
-    #: When it was sent (monotonic).
-    since: float
-
-
-@dataclass(slots=True)
-class Connecting:
-    """A statement waiting for its line's connection, which the connector thread opens."""
-
-    attempt: Attempt
-    future: Future[None]
-
-
-@dataclass(slots=True)
-class Retry:
-    """A statement to send again once the backoff passed (the hub's timer)."""
-
-    attempt: Attempt
-    timer: Any
 
 
 class LoopCalls:
@@ -126,6 +89,9 @@ class LoopCalls:
         #: A statement waiting for its line's connection, which a thread is opening.
         self._connecting: Connecting | None = None
         self._connector: ThreadPoolExecutor | None = None
+        #: Claims sent whose answers never came: what they may have leased is released
+        #: before the next statement goes out.
+        self._unheard = Unheard(driver)
 
     def _line(self, lane: Lane) -> Line:
         key = self._driver.line_key(lane)
@@ -174,7 +140,7 @@ class LoopCalls:
             elif self._sending is None:
                 self._send_waiting()
             else:
-                self._resume(_wait(self._sending.pending, deadline - time.monotonic()))
+                self._resume(wait_for(self._sending.pending, deadline - time.monotonic()))
         return True
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -226,6 +192,8 @@ class LoopCalls:
 
     def _send(self, attempt: Attempt) -> None:
         op = attempt.op
+        if self._unheard:
+            op = self._unheard.release() or op
         line = self._line(op.lane)
         if not line.holds_connection:
             self._connect(line, attempt)
@@ -236,7 +204,8 @@ class LoopCalls:
         except BaseException as exc:  # the line dropped its connection: none is under way
             self._failed(attempt.jobs, exc, again=attempt)
             return
-        self._sending = Sent(pending, attempt, sent_at)
+        release = None if op is attempt.op else op
+        self._sending = Sent(pending, attempt, sent_at, release)
         if self._give_up_after is not None and self._patrol is None:
             # One timer for the runner's life, a few looks per lease, rather than one per
             # statement (the hot path).
@@ -308,6 +277,8 @@ class LoopCalls:
             return
         self._unwatch()
         self._sending = None
+        if sent.release is None:
+            self._unheard.add(sent.attempt.op, sent.since)
         self._line(sent.attempt.op.lane).close(busy=True)
         logger.warning(
             "sqlease: no answer from the database for %.1f s to a statement sent from the "
@@ -339,8 +310,14 @@ class LoopCalls:
             self._watch(pending.fileno, writing=bool(pending.waits_for & WAIT_WRITE))
             return
         self._unwatch()
-        since, self._sending = self._sending.since, None
-        if pending.error is not None:
+        sent, self._sending = self._sending, None
+        since, dropped = sent.since, isinstance(pending.error, OperationalError)
+        if sent.release is not None and not dropped:  # the release is settled
+            self._unheard.released(sent.release, pending.rows, pending.error)
+            self._send(attempt)
+        elif pending.error is not None:
+            if sent.release is None and dropped:
+                self._unheard.add(attempt.op, since)
             self._failed(attempt.jobs, pending.error, again=attempt)
         else:
             # It ran no earlier than this send (after a retry through an outage, seconds after
@@ -381,20 +358,3 @@ class LoopCalls:
                     self._hub.remove_reader(fileno)
             except Exception:
                 pass
-
-
-def _wait(sending: Pending, timeout: float | None) -> int:
-    """Block until the socket is ready for what ``sending`` waits for (0 on timeout)."""
-    poller = select.poll()
-    mask = (select.POLLIN if sending.waits_for & WAIT_READ else 0) | (
-        select.POLLOUT if sending.waits_for & WAIT_WRITE else 0
-    )
-    poller.register(sending.fileno, mask)
-    events = poller.poll(None if timeout is None else max(0, int(timeout * 1000)))
-    ready = 0
-    for _, event in events:
-        if event & (select.POLLIN | select.POLLERR | select.POLLHUP):
-            ready |= WAIT_READ
-        if event & select.POLLOUT:
-            ready |= WAIT_WRITE
-    return ready

@@ -18,6 +18,7 @@ from sqlease._db.postgresql import (
     gates,
     held,
     leases,
+    lost_claims,
     messages,
     offers,
     plain_claims,
@@ -64,6 +65,8 @@ class PgStatements(Statements):
     ack: TextClause
     #: Release, park or fail fenced deliveries.
     transition: TextClause
+    #: Release what claims whose answers were lost leased (sqlease._db.postgresql.lost_claims).
+    release_lost: TextClause
     offer_and_next_due: TextClause
     ack_offer: TextClause
     #: The same when every ack is of a delivery outside any run.
@@ -145,6 +148,7 @@ def statements(t: Tables) -> PgStatements:
         renew=leases.renew(t),
         ack=leases.ack(t),
         transition=leases.transition(t),
+        release_lost=lost_claims.release_lost(t),
         offer_and_next_due=offers.offer_and_next_due(t),
         ack_offer=offers.ack_offer(t),
         ack_outside_runs_offer=offers.ack_outside_runs_offer(t),

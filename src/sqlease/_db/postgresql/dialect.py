@@ -35,7 +35,9 @@ GREATEST = "GREATEST"
 FENCES = (
     "SELECT * FROM unnest(CAST(:ids AS BIGINT[]), CAST(:attempts AS INTEGER[])) AS f(id, attempt)"
 )
-JSON_OWNER = "json_build_object('owner', CAST(:owner AS TEXT))::text"
+#: A claim's batch event: its owner and its mark (``:claim``), by which a try whose answer was
+#: lost is found again (sqlease._db.postgresql.lost_claims).
+JSON_CLAIM = "json_build_object('owner', CAST(:owner AS TEXT), 'claim', CAST(:claim AS TEXT))::text"
 #: RETURNING in a statement that joins qualifies the message's columns.
 ROW_PREFIX = "m."
 

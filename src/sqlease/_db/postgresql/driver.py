@@ -17,6 +17,7 @@ too when ``publish_sync_commit`` is off. An engine a user passed in serves every
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -25,6 +26,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Select, Table, any_, delete, exists, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL, Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Delete, Update
 
 from sqlease._db.driver import (
@@ -50,6 +52,7 @@ from sqlease._db.postgresql.gates import LOCK_TIMEOUT
 from sqlease._db.postgresql.lanes import KeptLine, LaneRunner, build_lanes
 from sqlease._db.postgresql.lease_ops import ClaimPlans, OutsideRuns, PostgresLeaseOps
 from sqlease._db.postgresql.listener import PostgresListener
+from sqlease._db.postgresql.lost_claims import LostClaims, lost_connection
 from sqlease._db.postgresql.results import result_params
 from sqlease._db.rows import Acked, acked_ids_of, db_now_of, due_of, messages_of
 from sqlease._db.tables import Tables
@@ -58,6 +61,8 @@ from sqlease.types import Fence, Message, Outcome
 from sqlease.urls import to_sqlalchemy_url
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 NOTIFY = text("SELECT pg_notify(:channel, :key)")
 
@@ -87,6 +92,7 @@ class PostgresDriver(PostgresLeaseOps):
         self.sql = statements(tables)
         self.plans = ClaimPlans()
         self.outside_runs = OutsideRuns()
+        self.lost_claims = LostClaims()
         self.results_channel = f"{tables.prefix}results"
         self.publish_sync_commit = publish_sync_commit
         #: What the URL says about a pooler in front of the server (see pooler.py).
@@ -142,14 +148,35 @@ class PostgresDriver(PostgresLeaseOps):
     # ---- running ops -----------------------------------------------------------------
 
     def execute(self, op: Op[T]) -> T:
-        if op.statement is not None:
-            done: Any = self._lanes[op.lane].rows(op.statement, op.params)
-        elif op.body is not None:
-            with self._transaction(op.lane, op.statements) as conn:
-                done = op.body(conn)
-        else:
-            done = None
+        if self.lost_claims.owed:
+            self._release_lost_claims()
+        try:
+            if op.statement is not None:
+                done: Any = self._lanes[op.lane].rows(op.statement, op.params)
+            elif op.body is not None:
+                with self._transaction(op.lane, op.statements) as conn:
+                    done = op.body(conn)
+            else:
+                done = None
+        except DBAPIError as exc:
+            if op.claim_mark is not None and lost_connection(exc):
+                self.lost_claims.add(op.claim_mark)
+            raise
         return done if op.finish is None else op.finish(done)
+
+    def _release_lost_claims(self) -> None:
+        """What blocking claims whose answers may have been lost leased, released before the
+        next op (whose retry this usually is: sqlease._db.postgresql.lost_claims)."""
+        for owner, marks, since in self.lost_claims.take():
+            try:
+                self.execute(self.release_lost_claims(owner, marks, since))
+            except Exception as exc:
+                if not lost_connection(exc):  # refused: never retried, the leases expire
+                    logger.warning("sqlease: releasing unheard claims' leases failed: %s", exc)
+                    continue
+                for mark in marks:
+                    self.lost_claims.add((owner, mark), since)
+                raise
 
     def line(self, lane: Lane) -> KeptLine:
         runner = self._lanes[lane]

@@ -5,6 +5,8 @@ transaction of one statement per owner when a batch names several."""
 
 from __future__ import annotations
 
+import itertools
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -14,6 +16,7 @@ from sqlalchemy import Connection
 from sqlease._db.driver import Change, Claim, Driver, Lane, Op, by_owner
 from sqlease._db.postgresql import PgStatements
 from sqlease._db.postgresql.dialect import fence_params
+from sqlease._db.postgresql.lost_claims import window_ms
 from sqlease._db.rows import (
     Acked,
     acked_ids_of,
@@ -23,6 +26,10 @@ from sqlease._db.rows import (
     plain_claimed,
 )
 from sqlease.types import Fence, Message
+
+#: Each claim's mark (``Op.claim_mark``), unique to its owner: a count from a random start,
+#: should a forked process carry an owner on.
+_MARKS = itertools.count(random.getrandbits(48))
 
 #: Seconds a set of queues is claimed with the full statement after a claim of plain
 #: messages met a held one at its front: a queue of runs or limits pays one short claim
@@ -103,6 +110,7 @@ class PostgresLeaseOps(Driver):
     def _claim(self, claim: Claim, *, plain: bool) -> tuple[Any, dict[str, Any]]:
         params: dict[str, Any] = {
             "owner": claim.owner,
+            "claim": format(next(_MARKS), "x"),
             "lease_ms": int(claim.lease_ms),
             "limit": int(claim.limit),
             "now": claim.now,
@@ -141,9 +149,19 @@ class PostgresLeaseOps(Driver):
     def message_claim(self, claim: Claim) -> Op[list[Message]]:
         plain = self.plans.plain(claim.queues)
         statement, params = self._claim(claim, plain=plain)
+        mark = (claim.owner, params["claim"])
         if not plain:
-            return Op(Lane.LEASES, statement, params, self._claimed)
-        return Op(Lane.LEASES, statement, params, lambda rows: self._plain_claimed(claim, rows))
+            return Op(Lane.LEASES, statement, params, self._claimed, claim_mark=mark)
+        finish = lambda rows: self._plain_claimed(claim, rows)  # noqa: E731
+        return Op(Lane.LEASES, statement, params, finish, claim_mark=mark)
+
+    def release_lost_claims(self, owner: str, marks: Sequence[str], since: float) -> Op[Acked]:
+        # The released messages are ready at once, each its run's head and in its gate's
+        # line again: nothing is owed to a run or a gate that their next ack does not pay.
+        change = Change("ready", "released", None, 0, True, None, '{"refund": true}')
+        params = {**change.params(None), "owner": owner, "claims": list(marks)}
+        params.update(window_ms=window_ms(since), channel=self.wakeup_channel)
+        return Op(Lane.LEASES, self.sql.release_lost, params, acked_of)
 
     def _each_owner(
         self,
@@ -206,7 +224,8 @@ class PostgresLeaseOps(Driver):
                     return acked_ids_of(rows), self._plain_claimed(claim, rows)
                 return acked_ids_of(rows), self._claimed(rows)
 
-            return Op(Lane.LEASES, combined, params, finish)
+            mark = (claim.owner, params["claim"])
+            return Op(Lane.LEASES, combined, params, finish, claim_mark=mark)
 
         self.outside_runs.forget(fences)
         statement, params = self._claim(claim, plain=False)
@@ -216,7 +235,8 @@ class PostgresLeaseOps(Driver):
             rows = [dict(r._mapping) for r in conn.execute(statement, params)]
             return acked, self._claimed(rows)
 
-        return Op(Lane.LEASES, body=body, statements=len(groups) + 1)
+        mark = (claim.owner, params["claim"])
+        return Op(Lane.LEASES, body=body, statements=len(groups) + 1, claim_mark=mark)
 
     def message_renew(
         self, fences: Sequence[Fence], lease_ms: int, now: int | None

@@ -9,7 +9,7 @@ from sqlease._db import sql_common as c
 from sqlease._db.postgresql.dialect import (
     FENCES,
     GREATEST,
-    JSON_OWNER,
+    JSON_CLAIM,
     NOW,
     ROW_PREFIX,
     batch_event,
@@ -200,7 +200,7 @@ def claimed_ctes(t: Tables, *, gate: str, rate: str, passes: str) -> str:
     leased to ``:owner``, or dead when exhausted; a leased row's ``gate`` and ``rate_gate``
     become ``gate`` and ``rate``), ``e`` and ``eb`` (their events: the deliveries' ``claimed``
     is one batch row listing them). The task rows are left alone (``sqlease._db.task_rows``)."""
-    claimed_batch = batch_event(t, "claimed", JSON_OWNER, "claimed", "m.state = 'ready'")
+    claimed_batch = batch_event(t, "claimed", JSON_CLAIM, "claimed", "m.state = 'ready'")
     return (
         f"claimed AS (UPDATE {t.messages.name} m SET "
         "attempt = CASE WHEN c.exhausted THEN m.attempt ELSE m.attempt + 1 END, "
@@ -328,13 +328,13 @@ def renew(t: Tables) -> TextClause:
 FAILED = "CAST(:new_state AS TEXT) = 'dead'"
 
 
-def transition(t: Tables) -> TextClause:
-    """Release, park or fail fenced deliveries, with their run locks and events. A message
-    released to be claimed now (warm shutdown, a requeue) wakes the idle workers of its queue
-    at commit, as a publish does. A failed one makes its run's next message ready
-    (``promote_ctes``)."""
+def transition(t: Tables, fences: str = FENCES) -> TextClause:
+    """Release, park or fail fenced deliveries (``fences``: a SELECT of ``id, attempt``, by
+    default the bound arrays), with their run locks and events. A message released to be
+    claimed now (warm shutdown, a requeue) wakes the idle workers of its queue at commit, as a
+    publish does. A failed one makes its run's next message ready (``promote_ctes``)."""
     return text(
-        f"WITH f AS ({FENCES}), "
+        f"WITH f AS ({fences}), "
         f"up AS (UPDATE {t.messages.name} m SET {c.transition_set(NOW)} FROM f "
         f"WHERE {c.fenced_join(NOW)} "
         "RETURNING m.id, m.task_id, m.attempt, m.run_id, m.queue), "
