@@ -27,6 +27,9 @@ import pytest
 from celery import Celery
 
 from sqlease import Store
+from sqlease._celery import registry
+from sqlease._db.engine import dispose_all
+from sqlease._db.postgresql import listener as listener_module
 from sqlease.admin import Admin
 
 from .apps.e2e_app import make_app
@@ -316,6 +319,22 @@ class E2E:
             worker.kill()
         for app in self._apps:
             app.close()
+        release_connections(self.prefix)
+
+
+def release_connections(prefix: str) -> None:
+    """Close what this process kept open for a test's tables: the stores Celery's apps
+    registered for them (each with its LISTEN connections) and the pooled connections. A
+    process keeps its stores and pools for its life; a test process runs dozens of tests, each
+    with tables and leases of its own, and the server's 100 connections ran out."""
+    with registry._stores_lock:
+        gone = [key for key in registry._stores if key[1] == prefix]
+        for key in gone:
+            del registry._stores[key]
+    for listener in list(listener_module._listeners):
+        if listener._channel.startswith(prefix):
+            listener.close()
+    dispose_all(close=True)
 
 
 @pytest.fixture
