@@ -279,7 +279,7 @@ class LoopCalls:
         self._sending = None
         if sent.release is None:
             self._unheard.add(sent.attempt.op, sent.since)
-        self._line(sent.attempt.op.lane).close(busy=True)
+        self._line((sent.release or sent.attempt.op).lane).close(busy=True)
         logger.warning(
             "sqlease: no answer from the database for %.1f s to a statement sent from the "
             "event loop; dropping its connection",
