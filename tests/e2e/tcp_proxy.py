@@ -13,6 +13,8 @@ import contextlib
 import socket
 import threading
 
+from sqlalchemy.engine import URL, make_url
+
 
 class StallingProxy:
     def __init__(self, upstream: tuple[str, int]) -> None:
@@ -36,6 +38,17 @@ class StallingProxy:
         #: Answers dropped by ``lose_answer``.
         self.answers_lost = 0
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
+
+    @classmethod
+    def to(cls, url: str | URL) -> StallingProxy:
+        """A proxy to the server of the database ``url``."""
+        server = make_url(url)
+        return cls((server.host or "127.0.0.1", server.port or 5432))
+
+    def through(self, url: str | URL) -> str:
+        """``url`` reaching its database through this proxy."""
+        proxied = make_url(url).set(host="127.0.0.1", port=self.port)
+        return proxied.render_as_string(hide_password=False)
 
     def stall(self) -> None:
         self._flowing.clear()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from sqlalchemy.engine import make_url
 
 from .apps.partition_app import make_app
 from .conftest import E2E
@@ -27,8 +26,7 @@ LEASE = 60.0
 def test_a_claim_whose_answer_was_lost_delivers_its_tasks_without_waiting_a_lease(
     e2e: E2E,
 ) -> None:
-    url = make_url(e2e.db_url)
-    proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
+    proxy = StallingProxy.to(e2e.db_url)
     try:
         app = make_app(e2e.broker, prefix=e2e.prefix, lease_seconds=LEASE)
         e2e._apps.append(app)
@@ -38,8 +36,7 @@ def test_a_claim_whose_answer_was_lost_delivers_its_tasks_without_waiting_a_leas
         worker = e2e.start_worker(
             app="partition_app",
             concurrency=2,
-            E2E_BROKER="sqlease+"
-            + url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False),
+            E2E_BROKER="sqlease+" + proxy.through(e2e.db_url),
             E2E_LEASE_SECONDS=LEASE,
         )
         assert [r.get(timeout=30) for r in sent] == [2 * i for i in range(10)]

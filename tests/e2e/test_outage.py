@@ -30,7 +30,6 @@ import threading
 import time
 
 import pytest
-from sqlalchemy.engine import make_url
 
 from .apps.partition_app import make_app
 from .conftest import E2E, wait_for
@@ -50,25 +49,22 @@ B_OUTAGE = 30.0
 def test_a_running_task_keeps_its_lease_through_an_outage_shorter_than_the_lease(
     e2e: E2E,
 ) -> None:
-    url = make_url(e2e.db_url)
-    proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
-    b_proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
+    proxy = StallingProxy.to(e2e.db_url)
+    b_proxy = StallingProxy.to(e2e.db_url)
     try:
-        proxied = url.set(host="127.0.0.1", port=proxy.port)
-        b_proxied = url.set(host="127.0.0.1", port=b_proxy.port)
         app = make_app(e2e.broker, prefix=e2e.prefix, lease_seconds=LEASE)
         e2e._apps.append(app)
         a = e2e.start_worker(
             app="partition_app",
             concurrency=2,
-            E2E_BROKER="sqlease+" + proxied.render_as_string(hide_password=False),
+            E2E_BROKER="sqlease+" + proxy.through(e2e.db_url),
             E2E_HOST="A",
             E2E_LEASE_SECONDS=LEASE,
         )
         b = e2e.start_worker(
             app="partition_app",
             queues="quiet",
-            E2E_BROKER="sqlease+" + b_proxied.render_as_string(hide_password=False),
+            E2E_BROKER="sqlease+" + b_proxy.through(e2e.db_url),
             E2E_HOST="B",
             E2E_LEASE_SECONDS=LEASE,
         )

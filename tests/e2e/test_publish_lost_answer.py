@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import pytest
 from celery import Celery, group
-from sqlalchemy.engine import make_url
 
 from sqlease import Store
 
@@ -39,10 +38,9 @@ class Publisher:
 
 @pytest.fixture
 def publisher(pg_database_url: str) -> Iterator[Publisher]:
-    url = make_url(pg_database_url)
-    proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
+    proxy = StallingProxy.to(pg_database_url)
     prefix = f"lost{uuid.uuid4().hex[:8]}_"
-    through = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    through = proxy.through(pg_database_url)
     app = Celery("lost_answer", broker="sqlease+" + through, set_as_current=False)
     app.conf.broker_transport_options = {"table_prefix": prefix}
     store = Store(pg_database_url, table_prefix=prefix)

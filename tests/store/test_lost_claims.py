@@ -17,7 +17,6 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from e2e.tcp_proxy import StallingProxy
 from sqlease import Store
@@ -44,15 +43,17 @@ def direct(pg_database_url: str, prefix: str) -> Iterator[Store]:
 
 @pytest.fixture
 def proxy(pg_database_url: str) -> Iterator[StallingProxy]:
-    url = make_url(pg_database_url)
-    proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
+    proxy = StallingProxy.to(pg_database_url)
     yield proxy
     proxy.close()
 
 
-def _through(pg_database_url: str, proxy: StallingProxy) -> str:
-    url = make_url(pg_database_url).set(host="127.0.0.1", port=proxy.port)
-    return url.render_as_string(hide_password=False)
+@pytest.fixture
+def through(pg_database_url: str, proxy: StallingProxy, prefix: str) -> Iterator[Store]:
+    """A store on the same tables that reaches the server through ``proxy``."""
+    store = Store(proxy.through(pg_database_url), table_prefix=prefix)
+    yield store
+    store.engine.dispose()
 
 
 def _kinds(store: Store, task_id: str) -> list[tuple[str, int | None, object]]:
@@ -69,50 +70,49 @@ def _budget(store: Store, message_id: int) -> int:
 
 
 def test_a_claim_whose_answer_was_lost_gives_its_messages_to_its_retry(
-    pg_database_url: str, proxy: StallingProxy, direct: Store, prefix: str
+    proxy: StallingProxy, direct: Store, through: Store
 ) -> None:
-    through = Store(_through(pg_database_url, proxy), table_prefix=prefix)
-    try:
-        [message_id] = direct.enqueue_many([NewMessage(queue="q", payload="p", task_id="t1")])
-        proxy.lose_answer(CLAIM_SQL)
-        started = time.monotonic()
-        delivered = through.claim(["q"], "w1", lease_ms=60_000, limit=5)
-        assert proxy.answers_lost == 1  # the first try's answer really was dropped
-        # The retry has it at once (not after the 60 s lease), its budget intact.
-        assert [m.id for m in delivered] == [message_id]
-        assert time.monotonic() - started < 10
-        assert delivered[0].attempt == 2
-        assert _budget(direct, message_id) == 3 + 1
-        kinds = _kinds(direct, "t1")
-        assert [(k, a) for k, a, _ in kinds] == [
-            ("enqueued", 0),
-            ("claimed", 1),
-            ("released", 1),
-            ("claimed", 2),
-        ]
-        assert kinds[2][2] == {"refund": True}
-        assert kinds[1][2]["owner"] == "w1" and kinds[1][2]["claim"]  # type: ignore[index]
-        assert not through.driver.lost_claims.owed
-    finally:
-        through.engine.dispose()
+    [message_id] = direct.enqueue_many([NewMessage(queue="q", payload="p", task_id="t1")])
+    proxy.lose_answer(CLAIM_SQL)
+    started = time.monotonic()
+    delivered = through.claim(["q"], "w1", lease_ms=60_000, limit=5)
+    assert proxy.answers_lost == 1  # the first try's answer really was dropped
+    # The retry has it at once (not after the 60 s lease), its budget intact.
+    assert [m.id for m in delivered] == [message_id]
+    assert time.monotonic() - started < 10
+    assert delivered[0].attempt == 2
+    assert _budget(direct, message_id) == 3 + 1
+    kinds = _kinds(direct, "t1")
+    assert [(k, a) for k, a, _ in kinds] == [
+        ("enqueued", 0),
+        ("claimed", 1),
+        ("released", 1),
+        ("claimed", 2),
+    ]
+    assert kinds[2][2] == {"refund": True}
+    assert kinds[1][2]["owner"] == "w1" and kinds[1][2]["claim"]  # type: ignore[index]
+    assert not through.driver.lost_claims.owed
 
 
 def test_the_release_takes_only_what_the_lost_claim_leased_and_its_owner_holds(
     direct: Store,
 ) -> None:
-    ids = direct.enqueue_many([NewMessage(queue="q", payload=str(i)) for i in range(4)])
+    # The statements read the server's clock (the machine's); a minute ago, a lease of 1 ms
+    # taken then has run out now, without waiting.
+    minute_ago = int(time.time() * 1000) - 60_000
+    messages = [NewMessage(queue="q", payload=str(i)) for i in range(4)]
+    ids = direct.enqueue_many(messages, now=minute_ago - 1_000)
     driver = direct.driver
 
-    def claim(owner: str, limit: int, lease_ms: int = 60_000) -> tuple[str, list[int]]:
-        op = driver.message_claim(Claim(["q"], owner, lease_ms, limit, None))
+    def claim(owner: str, lease_ms: int = 60_000, now: int | None = None) -> tuple[str, list[int]]:
+        op = driver.message_claim(Claim(["q"], owner, lease_ms, 1, now))
         assert op.claim_mark is not None and op.claim_mark[0] == owner
         return op.claim_mark[1], [m.id for m in driver.execute(op)]
 
-    lost, first = claim("w1", 1)
-    _kept, second = claim("w1", 1)  # answered: w1 knows this one
-    other, third = claim("w2", 1)  # another owner's, marked alike
-    short, fourth = claim("w1", 1, lease_ms=1)  # w1's lease that ran out
-    time.sleep(0.01)
+    lost, first = claim("w1")
+    _kept, second = claim("w1")  # answered: w1 knows this one
+    other, third = claim("w2")  # another owner's, marked alike
+    short, fourth = claim("w1", lease_ms=1, now=minute_ago)  # w1's lease that ran out
     assert [first, second, third, fourth] == [[i] for i in ids]
     since = time.monotonic()
     released = driver.execute(driver.release_lost_claims("w1", [lost, other, short], since))
@@ -125,16 +125,12 @@ def test_the_release_takes_only_what_the_lost_claim_leased_and_its_owner_holds(
 
 
 def test_a_claim_that_failed_before_it_ran_leaves_nothing_to_release(
-    pg_database_url: str, proxy: StallingProxy, direct: Store, prefix: str
+    proxy: StallingProxy, direct: Store, through: Store
 ) -> None:
-    through = Store(_through(pg_database_url, proxy), table_prefix=prefix)
-    try:
-        [message_id] = direct.enqueue_many([NewMessage(queue="q", payload="p", task_id="t2")])
-        through.claim(["other"], "w1", lease_ms=60_000)  # connected, tables known
-        proxy.down()  # every connection dropped, none made until it is up
-        proxy.up()
-        delivered = through.claim(["q"], "w1", lease_ms=60_000)
-        assert [(m.id, m.attempt) for m in delivered] == [(message_id, 1)]
-        assert [k for k, _, _ in _kinds(direct, "t2")] == ["enqueued", "claimed"]
-    finally:
-        through.engine.dispose()
+    [message_id] = direct.enqueue_many([NewMessage(queue="q", payload="p", task_id="t2")])
+    through.claim(["other"], "w1", lease_ms=60_000)  # connected, tables known
+    proxy.down()  # every connection dropped, none made until it is up
+    proxy.up()
+    delivered = through.claim(["q"], "w1", lease_ms=60_000)
+    assert [(m.id, m.attempt) for m in delivered] == [(message_id, 1)]
+    assert [k for k, _, _ in _kinds(direct, "t2")] == ["enqueued", "claimed"]

@@ -13,7 +13,6 @@ import pytest
 from kombu.asynchronous import Hub
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from conftest import unique_prefix
 from e2e.tcp_proxy import StallingProxy
@@ -274,12 +273,10 @@ def test_a_claim_whose_answer_was_lost_gives_its_messages_to_the_claim_sent_agai
     """The event loop's claim committed, its answer was dropped with the connection: before
     it goes out again, what it leased is released (attempt refunded), so the claim sent
     again delivers those messages at once (sqlease.transport._unheard)."""
-    url = make_url(pg_database_url)
-    proxy = StallingProxy((url.host or "127.0.0.1", url.port or 5432))
+    proxy = StallingProxy.to(pg_database_url)
     prefix = unique_prefix()
     direct = Store(pg_database_url, table_prefix=prefix)
-    through = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
-    store = Store(through, table_prefix=prefix)
+    store = Store(proxy.through(pg_database_url), table_prefix=prefix)
 
     def prepare(jobs: list[Job]) -> tuple[Op[list[Done]], list[Job]]:
         job = jobs[0]

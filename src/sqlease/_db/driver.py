@@ -22,10 +22,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Table
-from sqlalchemy.engine import URL, Engine
+from sqlalchemy.engine import Engine
 
 from sqlease._db.ops import (
     WAIT_READ,
@@ -61,7 +61,6 @@ __all__ = [
     "Admit",
     "Change",
     "Claim",
-    "Dialect",
     "Driver",
     "Lane",
     "Line",
@@ -356,51 +355,3 @@ class Driver(ABC):
     @abstractmethod
     def offer_withdraw(self, owner: str, *, handed_too: bool = False) -> Op[None]:
         """Remove ``owner``'s offers (those a publish used too, with ``handed_too``)."""
-
-
-class Dialect(Protocol):
-    """A dialect as the rest of ``sqlease._db`` knows it (each dialect package's ``entry``):
-    how to reach it, what it can do, and what its schema needs besides the shared tables.
-    ``sqlease._db.dialects`` finds one by name; nothing else chooses between them."""
-
-    name: str
-    #: what its driver raises for a lost or refused connection that reaches a caller unwrapped
-    connection_errors: tuple[type[BaseException], ...]
-    #: the ``get_engine`` options this dialect's engines take (the rest are ignored)
-    engine_options: tuple[str, ...]
-
-    def create_engine(self, url: URL, options: Mapping[str, Any]) -> Engine:
-        """A new engine for ``url`` with ``options`` (those of ``engine_options``)."""
-
-    def forget_engine(self, engine: Engine) -> None:
-        """The engine is going for good: let go of what the dialect keeps for it."""
-
-    def file_of(self, url: URL) -> str | None:
-        """The file the database lives in, if it is one."""
-
-    def database_key(self, url: URL) -> tuple[object, ...]:
-        """What names one database: two URLs with one key reach the same one."""
-
-    def capabilities(self, url: URL) -> Capabilities:
-        """What the database behind ``url`` can do (known before connecting)."""
-
-    def driver(
-        self,
-        url: str | URL | Engine,
-        engine: Engine,
-        tables: Tables,
-        *,
-        lease_sync_commit: bool,
-        publish_sync_commit: bool,
-        engines: Callable[..., Engine],
-    ) -> Driver:
-        """The driver for a store on ``engine`` (``engines``: get_engine, for more)."""
-
-    def statements(self, tables: Tables) -> Statements:
-        """The statements for ``tables``, built once."""
-
-    def lock_schema(self, conn: Connection, tables: Tables) -> None:
-        """Inside a migration's transaction: serialize concurrent migrators."""
-
-    def schema_step(self, version: int, conn: Connection, tables: Tables) -> None:
-        """What migration ``version`` does on this dialect besides the shared part."""

@@ -35,6 +35,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 RETRY_SECONDS = 20.0
 
 
+def lost_connection(exc: BaseException) -> bool:
+    """The error says the statement's connection dropped (a lost connection of another
+    error class included): it may have run, unheard."""
+    if isinstance(exc, OperationalError):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
 def retry_transient(fn: F, seconds: float = RETRY_SECONDS) -> F:
     """Retry ``fn`` on operational errors for up to ``seconds`` (see the module's docstring)."""
 
@@ -49,9 +57,7 @@ def retry_transient(fn: F, seconds: float = RETRY_SECONDS) -> F:
             try:
                 return fn(*args, **kwargs)
             except (OperationalError, PoolTimeout, DBAPIError) as exc:
-                if not isinstance(exc, OperationalError | PoolTimeout) and not (
-                    exc.connection_invalidated  # a lost connection of another error class
-                ):
+                if not isinstance(exc, PoolTimeout) and not lost_connection(exc):
                     raise
                 left = bounds.left()
                 if left is not None and left <= delay:

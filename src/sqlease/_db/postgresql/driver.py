@@ -52,8 +52,9 @@ from sqlease._db.postgresql.gates import LOCK_TIMEOUT
 from sqlease._db.postgresql.lanes import KeptLine, LaneRunner, build_lanes
 from sqlease._db.postgresql.lease_ops import ClaimPlans, OutsideRuns, PostgresLeaseOps
 from sqlease._db.postgresql.listener import PostgresListener
-from sqlease._db.postgresql.lost_claims import LostClaims, lost_connection
+from sqlease._db.postgresql.lost_claims import LostClaims
 from sqlease._db.postgresql.results import result_params
+from sqlease._db.retry import lost_connection
 from sqlease._db.rows import Acked, acked_ids_of, db_now_of, due_of, messages_of
 from sqlease._db.tables import Tables
 from sqlease._db.wakeup import PollingWaker, Waker

@@ -20,7 +20,6 @@ import threading
 import time
 
 from sqlalchemy import TextClause
-from sqlalchemy.exc import DBAPIError, OperationalError
 
 from sqlease._db.postgresql import leases
 from sqlease._db.postgresql.dialect import NOW
@@ -49,13 +48,6 @@ def release_lost(t: Tables) -> TextClause:
 #: have waited that long for its answer (a statement is given up after a lease, at most a
 #: minute by default).
 MARGIN_MS = 120_000
-
-
-def lost_connection(exc: BaseException) -> bool:
-    """The error says the statement's connection dropped: it may have committed unheard."""
-    if isinstance(exc, OperationalError):
-        return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 class LostClaims:
