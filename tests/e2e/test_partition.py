@@ -183,3 +183,69 @@ def test_a_call_through_a_partition_ends_with_the_lease(e2e: E2E) -> None:
         assert e2e.store.get_task("t-bounded").checkpoint == {"page": 1}
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_connection_opened_through_a_partition_ends_at_the_bound(e2e: E2E) -> None:
+    """A connection made inside a bounded call is given up when the bound passes, not at
+    libpq's ``connect_timeout`` (whole seconds, at least 2): a task whose checkpoint had to
+    open a new connection into a partition learned ``LeaseLost`` half a second late."""
+    import psycopg
+
+    from sqlease._db.bounds import bounded
+    from sqlease._db.postgresql import bounded as pg_bounded
+
+    proxy = StallingProxy.to(e2e.db_url)
+    try:
+        conninfo = make_url(proxy.through(e2e.db_url)).set(drivername="postgresql")
+        proxy.stall()
+        started = time.monotonic()
+        with (
+            bounded(lambda: started + 0.5 - time.monotonic()),
+            pytest.raises(psycopg.OperationalError, match="no connection to the database within"),
+        ):
+            pg_bounded.connect(conninfo.render_as_string(hide_password=False))
+        assert 0.5 <= time.monotonic() - started < 0.5 + SLACK
+        assert proxy.opened_while_stalled == 1
+        # Unbounded, it is psycopg's connect, unchanged: through the healed network it connects.
+        proxy.resume()
+        with pg_bounded.connect(conninfo.render_as_string(hide_password=False)) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_checkpoint_that_must_connect_through_a_partition_ends_with_the_lease(
+    e2e: E2E,
+) -> None:
+    """The checkpoint finds no open connection (its pool was emptied) and the network is cut:
+    ``LeaseLost`` at its lease clock, within the slack, as when a connection hangs."""
+    from sqlease import LeaseLost, Store
+    from sqlease._core.lease_clock import DeliveryClock
+    from sqlease._db.engine import dispose_all
+    from sqlease.task_context import TaskContext
+
+    proxy = StallingProxy.to(e2e.db_url)
+    try:
+        store = Store(proxy.through(e2e.db_url), table_prefix=e2e.prefix, lease_ms=3_000)
+        store.enqueue("q", "{}", task_id="t-connect")
+        [message] = store.claim(["q"], "w1", lease_ms=3_000)
+        ctx = TaskContext(
+            store, message.fence, task_id="t-connect", lease_ms=3_000, clock=DeliveryClock(3.0)
+        )
+        ctx.checkpoint({"page": 1})
+        proxy.stall()
+        dispose_all(close=True)  # no connection left open: the next call must make one
+        # 1.2 s left: libpq's timeout, at least 2 s, would end 0.8 s past the lease.
+        deadline = ctx.deadline
+        assert deadline is not None
+        time.sleep(max(0.0, deadline - 1.2 - time.monotonic()))
+        with pytest.raises(LeaseLost, match="no answer from the database within the lease"):
+            ctx.checkpoint({"page": 2})
+        assert time.monotonic() <= deadline + SLACK  # at its clock, not 2 s later
+        assert proxy.opened_while_stalled >= 1
+        proxy.resume()
+        assert e2e.store.get_task("t-connect").checkpoint == {"page": 1}
+    finally:
+        proxy.close()

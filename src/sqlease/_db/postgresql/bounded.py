@@ -9,8 +9,11 @@ drives the generator itself, polling the socket only until the bound; past it, t
 connection is closed (its state is unknown: the statement may or may not have run) and the
 call raises psycopg's ``OperationalError``, which the pool takes as a disconnect (the
 connection is dropped, the next call makes a new one). Outside a bounded call it is
-psycopg's own wait, unchanged. A new connection made inside a bounded call gets a
-``connect_timeout`` no longer than what is left (libpq waits at least 2 s).
+psycopg's own wait, unchanged. A new connection made inside a bounded call is given up
+once the bound passes too: libpq's ``connect_timeout`` counts whole seconds, at least 2, so
+psycopg's connection generator is wrapped to end at the bound (psycopg's wait resumes it at
+least every 0.1 s), with ``connect_timeout`` no longer than what is left, rounded up, as the
+outer limit.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Generator
 from typing import Any
 
 import psycopg
+from psycopg.abc import PQGenConn
 from psycopg.waiting import Ready, Wait
 
 from sqlease._db import bounds
@@ -63,6 +67,12 @@ class BoundedConnection(psycopg.Connection[Any]):
     """A psycopg connection whose waits honour the bound of the call (see the module's
     docstring)."""
 
+    @classmethod
+    def _connect_gen(cls, conninfo: str = "", *args: Any, **kwargs: Any) -> PQGenConn[Any]:
+        # psycopg's connect drives this generator; within a bounded call it ends at the bound.
+        gen = super()._connect_gen(conninfo, *args, **kwargs)
+        return gen if bounds.left() is None else _until_bound(gen)
+
     def wait(self, gen: Generator[Any, Any, Any], *args: Any, **kwargs: Any) -> Any:
         if bounds.left() is None:
             return super().wait(gen, *args, **kwargs)
@@ -97,9 +107,28 @@ class BoundedConnection(psycopg.Connection[Any]):
         )
 
 
+def _until_bound(gen: PQGenConn[Any]) -> PQGenConn[Any]:
+    """psycopg's connection generator, given up once the bound of the call passes. psycopg's
+    wait sends it what the socket is ready for, or nothing, at least every 0.1 s: the bound is
+    looked at each time, and the half-made connection is dropped with the generator."""
+    try:
+        wanted = next(gen)
+        while True:
+            left = bounds.left()
+            if left is not None and left <= 0:
+                gen.close()
+                raise psycopg.OperationalError(
+                    "sqlease: no connection to the database within the lease the call was made for"
+                )
+            wanted = gen.send((yield wanted))
+    except StopIteration as done:
+        return done.value
+
+
 def connect(*args: Any, **kwargs: Any) -> BoundedConnection:
-    """``psycopg.connect`` for sqlease's engines: a :class:`BoundedConnection`, whose connect
-    waits no longer than a bounded call has left (at least libpq's 2 s)."""
+    """``psycopg.connect`` for sqlease's engines: a :class:`BoundedConnection`. Within a
+    bounded call the connection is given up at the bound, and libpq's ``connect_timeout``
+    (whole seconds, at least 2) is no longer than what is left, rounded up."""
     left = bounds.left()
     if left is not None:
         if left <= 0:
