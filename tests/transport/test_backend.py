@@ -259,6 +259,23 @@ def test_waiting_get_takes_the_result_from_its_notification(
     writer.close()
 
 
+@pytest.mark.parametrize("task_id", ["t" * 9000, "é" * 4500, "キ" * 2700])
+def test_a_task_id_longer_than_a_notification_still_gets_its_result(
+    app: Celery, task_id: str, reads: list[str]
+) -> None:
+    """Celery lets a caller choose any task id. A key past PostgreSQL's NOTIFY limit (8000
+    bytes, counted in UTF-8) is cut to fit at a character: the waiting client is woken,
+    finds no payload naming its key, and reads its result back."""
+    thread, box = _wait_in_thread(app, task_id)
+    _until_napping(reads)
+    writer = _writer(app)
+    writer.backend.store_result(task_id, {"n": 1}, states.SUCCESS)
+    thread.join(10)
+    assert box.get("value") == {"n": 1}, box
+    assert AsyncResult(task_id, app=writer).state == states.SUCCESS
+    writer.close()
+
+
 @pytest.mark.pg
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_get_after_publishing_skips_its_first_read_and_still_sees_old_results(

@@ -1382,7 +1382,8 @@ def test_publish_sync_commit_reaches_the_store_and_loses_nothing(
         "ünïcödé-キュー",
         "q'; DROP TABLE messages; --",
         "a.b*#|%_\\",
-        "x" * 300,
+        "x" * 255,
+        "é" * 127,
     ],
 )
 def test_odd_queue_names(conn: Connection, db_store: Store, queue: str) -> None:
@@ -1397,6 +1398,29 @@ def test_odd_queue_names(conn: Connection, db_store: Store, queue: str) -> None:
     conn.default_channel.queue_delete(queue)
     with pytest.raises(kombu.exceptions.ChannelError):
         conn.default_channel.queue_declare(queue, passive=True)
+    assert rows(db_store) == 0
+
+
+@pytest.mark.parametrize("name", ["x" * 256, "é" * 128])
+def test_names_longer_than_amqps_are_refused_with_what_was_too_long(
+    conn: Connection, db_store: Store, name: str
+) -> None:
+    """Queue names, exchange names and routing keys hold at most 255 bytes of UTF-8 (AMQP's
+    short strings): past that, a clear error names the field, and nothing is stored."""
+    channel = conn.default_channel
+    with pytest.raises(ConfigurationError, match=r"queue name .* 256 bytes of UTF-8, over 255"):
+        channel.queue_declare(name)
+    with pytest.raises(ConfigurationError, match=r"exchange name .* over 255"):
+        channel.exchange_declare(name, "direct")
+    channel.queue_declare("short")
+    channel.exchange_declare("ex", "direct")
+    with pytest.raises(ConfigurationError, match=r"routing key .* over 255"):
+        channel.queue_bind("short", "ex", routing_key=name)
+    # A publish to such a queue, through the default exchange, names it and enqueues nothing.
+    with pytest.raises(ConfigurationError, match=r"queue name .* the message was not enqueued"):
+        db_store.enqueue(name, "{}")
+    with pytest.raises(ConfigurationError, match=r"queue name .* the message was not enqueued"):
+        conn.Producer().publish({"n": 1}, routing_key=name, serializer="json")
     assert rows(db_store) == 0
 
 

@@ -12,6 +12,7 @@ from sqlease._core.base import Aggregate, StoreParts
 from sqlease._core.flow import check_concurrency
 from sqlease._core.leases import promote_runs
 from sqlease._core.timeline import Timeline
+from sqlease._core.topology import check_name
 from sqlease._core.uniques import Uniques, check_unique
 from sqlease._db.driver import Op
 from sqlease._db.retry import retry_transient, transient
@@ -50,6 +51,10 @@ class Messages(Aggregate):
         field (as the header is named) and says that nothing was enqueued."""
         if not isinstance(msg.queue, str) or not msg.queue:
             raise ConfigurationError(f"queue name must be a non-empty string, not {msg.queue!r}")
+        try:
+            check_name("queue name", msg.queue)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{exc}; the message was not enqueued") from None
         if not isinstance(msg.payload, str):
             raise TypeError(f"payload must be str, not {type(msg.payload).__name__}")
         size = len(msg.payload.encode("utf-8"))

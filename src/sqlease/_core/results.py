@@ -26,8 +26,6 @@ from sqlease.types import Fence, Outcome
 __all__ = ["TERMINAL_STATES", "FenceRefused", "ResultStore", "exception_meta"]
 
 TERMINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
-#: PostgreSQL refuses NOTIFY payloads of 8000 bytes or more (a key is cut to fit).
-NOTIFY_LIMIT = 7900
 
 
 def exception_meta(
@@ -62,7 +60,7 @@ class ResultStore(ChordCounters):
 
     def _notify(self, conn: Connection, key: str) -> None:
         """Inside the caller's transaction: wake the clients waiting on ``key`` at commit."""
-        self.store.driver.notify(conn, self.notify_channel, key[:NOTIFY_LIMIT])
+        self.store.driver.notify(conn, self.notify_channel, key)  # the driver cuts it to fit
 
     # ---- values ----------------------------------------------------------------------
 

@@ -10,6 +10,23 @@ from sqlalchemy import Connection, update
 from sqlease._core.base import Aggregate
 from sqlease._core.leases import promote_runs
 from sqlease._db.retry import transient
+from sqlease.errors import ConfigurationError
+
+#: Longest queue name, exchange name and routing key, in bytes of UTF-8: AMQP's (they are
+#: short strings there), so a name that works with RabbitMQ works here. A binding's row holds
+#: three of them in one index entry (PostgreSQL's hold at most 2704 bytes), and a publish's
+#: wake-up carries its queue's name in a NOTIFY (fewer than 8000 bytes).
+MAX_NAME_BYTES = 255
+
+
+def check_name(what: str, name: str) -> None:
+    """A clear error for a ``what`` (``"queue name"``...) too long to be stored."""
+    size = len(name.encode("utf-8"))
+    if size > MAX_NAME_BYTES:
+        raise ConfigurationError(
+            f"{what} {name[:40]!r}... is {size} bytes of UTF-8, over {MAX_NAME_BYTES} "
+            "(AMQP's limit)"
+        )
 
 
 class Topology(Aggregate):
@@ -26,6 +43,7 @@ class Topology(Aggregate):
         """Make sure ``queue`` exists. ``expires_ms``: the queue is deleted (with its
         bindings and messages) once nobody declared it or consumed from it for that long
         (``touch_queues``); a declaration without it leaves any expiry as it was."""
+        check_name("queue name", queue)
         params = {"queue": queue, "now": self._now(None)}
         if connection is not None:  # inside the caller's transaction (transactional enqueue)
             self._declare(connection, params, expires_ms)
@@ -91,6 +109,9 @@ class Topology(Aggregate):
         *,
         connection: Connection | None = None,
     ) -> None:
+        check_name("exchange name", exchange)
+        check_name("queue name", queue)
+        check_name("routing key", routing_key or "")
         params = {
             "exchange": exchange,
             "queue": queue,
@@ -143,6 +164,7 @@ class Topology(Aggregate):
         """Record ``exchange``'s type (``direct``, ``topic``, ``fanout``): a process that
         publishes to it by name without declaring it routes by that type, as a broker's
         publishers do. The latest declaration's type stands."""
+        check_name("exchange name", exchange)
         self._write(self.sql.declare_exchange, {"exchange": exchange, "type": type}, connection)
 
     @transient

@@ -74,11 +74,20 @@ def result_put(t: Tables, *, offer: bool) -> TextClause:
 NOTIFY_LIMIT = 7900
 
 
+def fit_notify(payload: str) -> str:
+    """``payload`` cut, at a character, to fewer than ``NOTIFY_LIMIT`` bytes of UTF-8. A key
+    cut so names no waiting client's result exactly: each one reads its own back."""
+    data = payload.encode("utf-8")
+    if len(data) < NOTIFY_LIMIT:
+        return payload
+    return data[: NOTIFY_LIMIT - 1].decode("utf-8", "ignore")
+
+
 def result_params(write: ResultWrite) -> dict[str, Any]:
     """``result_put``'s parameters. The payload carries the value when it fits, so a waiting
     client need not read it back."""
     row, fence = write.row, write.fence
-    payload = row["key"]
+    payload = fit_notify(row["key"])
     try:
         text_value = row["value"].decode("utf-8")
     except UnicodeDecodeError:
