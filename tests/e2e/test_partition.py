@@ -249,3 +249,42 @@ def test_a_checkpoint_that_must_connect_through_a_partition_ends_with_the_lease(
         assert e2e.store.get_task("t-connect").checkpoint == {"page": 1}
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_checkpoint_waiting_for_a_free_connection_ends_with_the_lease(e2e: E2E) -> None:
+    """Every connection of the engine is checked out (a green pool's many tasks, hung in a
+    partition): a checkpoint waits for one no longer than its lease clock, not for the pool's
+    own timeout (30 s), and raises ``LeaseLost``; outside a bounded call the pool's timeout
+    is unchanged, also in a pool recreated meanwhile."""
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    from sqlease import LeaseLost, Store
+    from sqlease._core.lease_clock import DeliveryClock
+    from sqlease._db.bounds import bounded
+    from sqlease.task_context import TaskContext
+
+    url = make_url(e2e.db_url).update_query_dict({"pool_size": "4", "max_overflow": "0"})
+    store = Store(url.render_as_string(hide_password=False), table_prefix=e2e.prefix)
+    store.enqueue("q", "{}", task_id="t-pool")
+    [message] = store.claim(["q"], "w1", lease_ms=3_000)
+    ctx = TaskContext(
+        store, message.fence, task_id="t-pool", lease_ms=3_000, clock=DeliveryClock(3.0)
+    )
+    ctx.checkpoint({"page": 1})
+    deadline = ctx.deadline
+    assert deadline is not None
+    taken = [store.engine.connect() for _ in range(4)]
+    try:
+        with pytest.raises(LeaseLost, match="no answer from the database within the lease"):
+            ctx.checkpoint({"page": 2})
+        assert deadline <= time.monotonic() <= deadline + SLACK
+        assert store.engine.pool._timeout == 30  # type: ignore[attr-defined]
+        with bounded(lambda: 0.2), pytest.raises(PoolTimeout):
+            store.engine.connect()
+        store.engine.pool = store.engine.pool.recreate()
+        assert store.engine.pool._timeout == 30  # type: ignore[attr-defined]
+    finally:
+        for conn in taken:
+            conn.close()
+    assert e2e.store.get_task("t-pool").checkpoint == {"page": 1}

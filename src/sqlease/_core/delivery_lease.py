@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from sqlease._core.clock_slots import delivery_clock
 from sqlease._core.lease_clock import DeliveryClock
@@ -58,7 +59,7 @@ class DeliveryLease:
         try:
             with bounded(self.clock.remaining):
                 yield
-        except OperationalError as exc:
+        except (OperationalError, PoolTimeout) as exc:  # no answer, or no free connection
             if not self.clock.lost():
                 raise
             raise LeaseLost(

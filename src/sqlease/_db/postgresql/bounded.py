@@ -13,7 +13,8 @@ psycopg's own wait, unchanged. A new connection made inside a bounded call is gi
 once the bound passes too: libpq's ``connect_timeout`` counts whole seconds, at least 2, so
 psycopg's connection generator is wrapped to end at the bound (psycopg's wait resumes it at
 least every 0.1 s), with ``connect_timeout`` no longer than what is left, rounded up, as the
-outer limit.
+outer limit. And a call that finds its engine's pool exhausted waits for a connection no
+longer than its bound (``BoundedQueuePool``), not for the pool's timeout.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import psycopg
 from psycopg.abc import PQGenConn
 from psycopg.waiting import Ready, Wait
+from sqlalchemy.pool import QueuePool
 
 from sqlease._db import bounds
 
@@ -144,3 +146,28 @@ def connect(*args: Any, **kwargs: Any) -> BoundedConnection:
         if given_s is None or given_s <= 0 or given_s > limit:
             kwargs["connect_timeout"] = limit
     return BoundedConnection.connect(*args, **kwargs)
+
+
+class BoundedQueuePool(QueuePool):
+    """SQLAlchemy's ``QueuePool`` whose wait for a free connection, when every one is checked
+    out, ends at the bound of the call (SQLAlchemy's ``TimeoutError`` then, as at the pool's
+    own timeout): a gevent worker's hundred tasks share the engine's fifteen connections, and
+    in a partition every one of those hangs until its own delivery's bound, which may be
+    later than the waiting delivery's. The pool reads its timeout in the calling thread, so
+    the timeout is what the bound leaves of it."""
+
+    @property  # type: ignore[override]
+    def _timeout(self) -> float:
+        left = bounds.left()
+        if left is None:
+            return self._configured_timeout
+        return max(0.0, min(self._configured_timeout, left))
+
+    @_timeout.setter
+    def _timeout(self, value: float) -> None:
+        self._configured_timeout = value
+
+    def recreate(self) -> QueuePool:
+        pool = super().recreate()  # given the bounded timeout if called within a bound
+        pool._timeout = self._configured_timeout
+        return pool

@@ -213,6 +213,7 @@ def create(url: URL, options: dict[str, Any]) -> Engine:
     pool_size, max_overflow = pooler.pool_limits(url)
     engine = create_engine(
         clean,
+        poolclass=bounded.BoundedQueuePool,
         pool_size=pool_size,
         max_overflow=max_overflow,
         # No pre-ping: it costs a round trip per operation. A connection broken by a server
