@@ -1412,6 +1412,8 @@ def test_names_longer_than_amqps_are_refused_with_what_was_too_long(
         channel.queue_declare(name)
     with pytest.raises(ConfigurationError, match=r"exchange name .* over 255"):
         channel.exchange_declare(name, "direct")
+    with pytest.raises(ConfigurationError, match=r"queue name .* over 255"):
+        channel.basic_consume(name, False, lambda message: None, "tag")  # never declared
     channel.queue_declare("short")
     channel.exchange_declare("ex", "direct")
     with pytest.raises(ConfigurationError, match=r"routing key .* over 255"):

@@ -14,6 +14,7 @@ from kombu.transport import virtual
 
 from sqlease._core.heartbeat import heartbeat
 from sqlease._core.results import ResultStore
+from sqlease._core.topology import check_name
 from sqlease.delivery import fence_of
 from sqlease.errors import ConfigurationError
 from sqlease.store import Fence, Store
@@ -224,6 +225,7 @@ class Channel(virtual.Channel):
     def basic_consume(
         self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any
     ) -> Any:
+        check_name("queue name", queue)  # an undeclared queue (no_declare) comes here first
         drop_stale_commands(self, queue, no_ack)
         self.look.consume(queue, no_ack=no_ack)
         self.connection.fetcher.looks.wake()

@@ -114,17 +114,22 @@ def _until_bound(gen: PQGenConn[Any]) -> PQGenConn[Any]:
     wait sends it what the socket is ready for, or nothing, at least every 0.1 s: the bound is
     looked at each time, and the half-made connection is dropped with the generator."""
     try:
+        _check_bound(gen)  # psycopg tries each address of the host: none once it has passed
         wanted = next(gen)
         while True:
-            left = bounds.left()
-            if left is not None and left <= 0:
-                gen.close()
-                raise psycopg.OperationalError(
-                    "sqlease: no connection to the database within the lease the call was made for"
-                )
+            _check_bound(gen)
             wanted = gen.send((yield wanted))
     except StopIteration as done:
         return done.value
+
+
+def _check_bound(gen: PQGenConn[Any]) -> None:
+    left = bounds.left()
+    if left is not None and left <= 0:
+        gen.close()
+        raise psycopg.OperationalError(
+            "sqlease: no connection to the database within the lease the call was made for"
+        )
 
 
 def connect(*args: Any, **kwargs: Any) -> BoundedConnection:

@@ -62,7 +62,7 @@ def result_put(t: Tables, *, offer: bool) -> TextClause:
         "OR r.state IS DISTINCT FROM 'SUCCESS' RETURNING 1), "
         f"{_holder_offer(t) if offer else ''}"
         "n AS (SELECT pg_notify(CAST(:channel AS TEXT), CASE WHEN EXISTS "
-        "(SELECT 1 FROM up) THEN CAST(:payload AS TEXT) ELSE CAST(:key AS TEXT) END) "
+        "(SELECT 1 FROM up) THEN CAST(:payload AS TEXT) ELSE CAST(:notify_key AS TEXT) END) "
         "WHERE NOT CAST(:fenced AS BOOLEAN) OR EXISTS (SELECT 1 FROM h)) "
         "SELECT EXISTS (SELECT 1 FROM h) AS held, "
         "(SELECT count(*) FROM up) + 0 * (SELECT count(*) FROM n) AS stored"
@@ -100,6 +100,7 @@ def result_params(write: ResultWrite) -> dict[str, Any]:
         row,
         channel=write.channel,
         payload=payload,
+        notify_key=fit_notify(row["key"]),
         fenced=fence is not None,
         owner=None if fence is None else fence.owner,
         keep_success=write.keep_success,
