@@ -182,3 +182,18 @@ def test_json_is_the_default_and_pickle_is_not_accepted(db_url: str) -> None:
     assert "pickle" not in app.conf.accept_content
     assert PG_URL  # the PostgreSQL URL comes from the environment, never from code
     assert sqlease.__version__
+
+
+@pytest.mark.parametrize("field", ["task_id", "run_id", "group_id", "task_name"])
+def test_an_identifier_over_1000_bytes_is_refused_and_nothing_enqueued(
+    store: Store, field: str
+) -> None:
+    """Task ids, run ids, group ids and task names are index keys: up to 1000 bytes of UTF-8
+    they are stored on both databases; past that, an error names the field, at once (it is
+    not a transient error to retry), and nothing is enqueued."""
+    names = {"task_id": "task id", "run_id": "run id", "group_id": "group id"}
+    fitting = "é" * 500  # 1000 bytes
+    store.enqueue("q", "{}", **{field: fitting})
+    with pytest.raises(ConfigurationError, match=rf"{names.get(field, 'task name')} .* 1002 bytes"):
+        store.enqueue("q", "{}", **{field: fitting + "é"})
+    assert store.size("q") == 1

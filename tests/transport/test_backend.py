@@ -15,7 +15,7 @@ from celery.result import AsyncResult, GroupResult
 from sqlalchemy import select
 
 from conftest import unique_prefix
-from sqlease import Store
+from sqlease import ConfigurationError, Store
 from sqlease._core.clock_slots import ClockSlots
 from sqlease._core.lease_clock import LOST
 from sqlease._core.results import FenceRefused, ResultStore
@@ -259,22 +259,26 @@ def test_waiting_get_takes_the_result_from_its_notification(
     writer.close()
 
 
-@pytest.mark.parametrize("task_id", ["t" * 9000, "é" * 4500, "キ" * 2700])
-def test_a_task_id_longer_than_a_notification_still_gets_its_result(
+@pytest.mark.parametrize("task_id", ["t" * 1000, "é" * 500, "キ" * 333])
+def test_a_task_id_of_1000_bytes_gets_its_result_and_a_longer_one_a_clear_error(
     app: Celery, task_id: str, reads: list[str]
 ) -> None:
-    """Celery lets a caller choose any task id. A key past PostgreSQL's NOTIFY limit (8000
-    bytes, counted in UTF-8) is cut to fit at a character: the waiting client is woken,
-    finds no payload naming its key, and reads its result back."""
+    """Celery lets a caller choose any task id; its result key is an index key. Up to 1000
+    bytes of UTF-8 it is stored and heard by a waiting client, also on a redelivery's write
+    that keeps the success; past that (the result of a task published through another
+    broker), an error names the key and nothing is stored."""
     thread, box = _wait_in_thread(app, task_id)
     _until_napping(reads)
     writer = _writer(app)
     writer.backend.store_result(task_id, {"n": 1}, states.SUCCESS)
     thread.join(10)
     assert box.get("value") == {"n": 1}, box
-    # A later write (a redelivery's) keeps the success, and notifies with the key cut too.
     writer.backend.store_result(task_id, "late", states.FAILURE)
     assert AsyncResult(task_id, app=writer).get(timeout=5) == {"n": 1}
+    longer = task_id + "x" * 90
+    with pytest.raises(ConfigurationError, match=r"result key .* over 1100 .* not stored"):
+        writer.backend.store_result(longer, {"n": 2}, states.SUCCESS)
+    assert AsyncResult(longer, app=writer).state == states.PENDING
     writer.close()
 
 

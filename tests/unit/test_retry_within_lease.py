@@ -138,3 +138,29 @@ def test_a_new_connection_lost_in_its_own_set_up_is_retried(
         retry_transient(lane.kept_connection, seconds=5)()
     assert not raised.value.connection_invalidated
     engine.dispose()
+
+
+def test_a_program_limit_the_server_reported_is_raised_at_once() -> None:
+    """psycopg calls an index entry or a NOTIFY payload too large (SQLSTATE class 54)
+    operational, but the server answered: no retry changes it, and the connection is fine. A
+    publish with such a value used to retry for 20 s (and Kombu's retries after) first."""
+    import psycopg.errors
+
+    from sqlease._db.retry import lost_connection
+
+    too_big = OperationalError(
+        "insert", None, psycopg.errors.ProgramLimitExceeded("index row size 3016 exceeds")
+    )
+    gone = OperationalError("insert", None, psycopg.errors.AdminShutdown("terminating"))
+    assert not lost_connection(too_big)
+    assert lost_connection(gone)
+    calls: list[int] = []
+
+    def call() -> None:
+        calls.append(1)
+        raise too_big
+
+    started = time.monotonic()
+    with pytest.raises(OperationalError, match="index row size"):
+        retry_transient(call, seconds=5)()
+    assert calls == [1] and time.monotonic() - started < 1.0

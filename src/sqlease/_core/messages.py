@@ -24,6 +24,20 @@ from sqlease.types import Message, NewMessage
 #: publish's first try and its check (another server after a failover), in milliseconds.
 #: Small: the window is also where another publish of the task id could be taken for it.
 PUBLISH_CLOCK_SLACK_MS = 1000
+#: Longest task id, run id, group id and task name, in bytes of UTF-8: each is a key of an
+#: index (PostgreSQL's entries hold at most 2704 bytes, a result's key the task id and more).
+MAX_ID_BYTES = 1000
+
+
+def check_id(what: str, value: str | None) -> None:
+    """A clear error for an identifier too long to be stored (``what``: ``"task id"``...)."""
+    if value is None:
+        return
+    size = len(value.encode("utf-8"))
+    if size > MAX_ID_BYTES:
+        raise ConfigurationError(
+            f"{what} {value[:40]!r}... is {size} bytes of UTF-8, over {MAX_ID_BYTES}"
+        )
 
 
 def describe_member(msg: NewMessage, index: int, count: int | None) -> str:
@@ -104,6 +118,10 @@ class Messages(Aggregate):
             raise ConfigurationError(f"task name must be a string, not {msg.task_name!r}")
         if msg.group_id is not None and not isinstance(msg.group_id, str):
             raise ConfigurationError(f"group id must be a string, not {msg.group_id!r}")
+        check_id("task name", msg.task_name)
+        check_id("group id", msg.group_id)
+        check_id("task id", msg.task_id)
+        check_id("run id", msg.run_id)
         unique_key, scope, for_ms = check_unique(
             msg.unique_key, msg.unique_scope, msg.unique_for_ms
         )

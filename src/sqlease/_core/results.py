@@ -21,11 +21,26 @@ from sqlease._core.chord_counters import ChordCounters, FenceRefused
 from sqlease._core.store import Store
 from sqlease._db.driver import ResultWrite
 from sqlease._db.retry import transient
+from sqlease.errors import ConfigurationError
 from sqlease.types import Fence, Outcome
 
 __all__ = ["TERMINAL_STATES", "FenceRefused", "ResultStore", "exception_meta"]
 
 TERMINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
+#: Longest result key, in bytes of UTF-8: a task id's (sqlease._core.messages.MAX_ID_BYTES)
+#: with Celery's longest prefix, and room to spare. A key is an index key (PostgreSQL's
+#: entries hold at most 2704 bytes) and its notification's payload (fewer than 8000).
+MAX_KEY_BYTES = 1100
+
+
+def check_key(key: str) -> None:
+    """A clear error for a result key too long to be stored."""
+    size = len(key.encode("utf-8"))
+    if size > MAX_KEY_BYTES:
+        raise ConfigurationError(
+            f"result key {key[:60]!r}... is {size} bytes of UTF-8, over {MAX_KEY_BYTES} "
+            "(a task id holds at most 1000); it was not stored"
+        )
 
 
 def exception_meta(
@@ -60,7 +75,7 @@ class ResultStore(ChordCounters):
 
     def _notify(self, conn: Connection, key: str) -> None:
         """Inside the caller's transaction: wake the clients waiting on ``key`` at commit."""
-        self.store.driver.notify(conn, self.notify_channel, key)  # the driver cuts it to fit
+        self.store.driver.notify(conn, self.notify_channel, key)  # (checked: it fits)
 
     # ---- values ----------------------------------------------------------------------
 
@@ -70,6 +85,7 @@ class ResultStore(ChordCounters):
         """Inside the caller's transaction, unfenced: set ``key``'s value, state and task (a
         result the broker decides, such as REVOKED on cancel) and wake its waiting clients at
         commit. The delivery that wrote an earlier value stays recorded."""
+        check_key(key)
         row = {"key": key, "value": value, "state": state, "task_id": task_id, "updated_at_ms": now}
         insert = self._insert(self.results).values(**row)
         conn.execute(
@@ -98,6 +114,7 @@ class ResultStore(ChordCounters):
         not overwrite the result that stands). Returns ``Outcome.UPDATED``, ``LEASE_LOST`` or
         ``KEPT_SUCCESS``. ``offer`` (PostgreSQL, fenced writes): the holder's handoff offer,
         written in the same statement if the lease held (``sqlease.transport.OFFER_KEY``)."""
+        check_key(key)
         now = self._now()
         row = {
             "key": key,

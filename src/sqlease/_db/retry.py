@@ -37,10 +37,17 @@ RETRY_SECONDS = 20.0
 
 def lost_connection(exc: BaseException) -> bool:
     """The error says the statement's connection dropped (a lost connection of another
-    error class included): it may have run, unheard."""
+    error class included): it may have run, unheard. Not a program limit the server reported
+    (SQLSTATE class 54: an index entry or a NOTIFY payload too large), which psycopg also
+    calls operational and which no retry changes."""
     if isinstance(exc, OperationalError):
-        return True
+        return not _program_limit(exc)
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def _program_limit(exc: DBAPIError) -> bool:
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate.startswith("54")
 
 
 def retry_transient(fn: F, seconds: float = RETRY_SECONDS) -> F:

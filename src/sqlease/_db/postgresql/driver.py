@@ -53,7 +53,7 @@ from sqlease._db.postgresql.lanes import KeptLine, LaneRunner, build_lanes
 from sqlease._db.postgresql.lease_ops import ClaimPlans, OutsideRuns, PostgresLeaseOps
 from sqlease._db.postgresql.listener import PostgresListener
 from sqlease._db.postgresql.lost_claims import LostClaims
-from sqlease._db.postgresql.results import fit_notify, result_params
+from sqlease._db.postgresql.results import result_params
 from sqlease._db.retry import lost_connection
 from sqlease._db.rows import Acked, acked_ids_of, db_now_of, due_of, messages_of
 from sqlease._db.tables import Tables
@@ -229,7 +229,7 @@ class PostgresDriver(PostgresLeaseOps):
         return {"dead_offers_dropped": delete(offers).where(stale, lock_free)}
 
     def notify(self, conn: Connection, channel: str, payload: str) -> None:
-        conn.execute(NOTIFY, {"channel": channel, "key": fit_notify(payload)})
+        conn.execute(NOTIFY, {"channel": channel, "key": payload})
 
     def waker(self, channel: str, *, lock_key: int | None = None) -> Waker:
         if not self.pooling.transaction:

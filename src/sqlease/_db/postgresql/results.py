@@ -62,7 +62,7 @@ def result_put(t: Tables, *, offer: bool) -> TextClause:
         "OR r.state IS DISTINCT FROM 'SUCCESS' RETURNING 1), "
         f"{_holder_offer(t) if offer else ''}"
         "n AS (SELECT pg_notify(CAST(:channel AS TEXT), CASE WHEN EXISTS "
-        "(SELECT 1 FROM up) THEN CAST(:payload AS TEXT) ELSE CAST(:notify_key AS TEXT) END) "
+        "(SELECT 1 FROM up) THEN CAST(:payload AS TEXT) ELSE CAST(:key AS TEXT) END) "
         "WHERE NOT CAST(:fenced AS BOOLEAN) OR EXISTS (SELECT 1 FROM h)) "
         "SELECT EXISTS (SELECT 1 FROM h) AS held, "
         "(SELECT count(*) FROM up) + 0 * (SELECT count(*) FROM n) AS stored"
@@ -74,20 +74,11 @@ def result_put(t: Tables, *, offer: bool) -> TextClause:
 NOTIFY_LIMIT = 7900
 
 
-def fit_notify(payload: str) -> str:
-    """``payload`` cut, at a character, to fewer than ``NOTIFY_LIMIT`` bytes of UTF-8. A key
-    cut so names no waiting client's result exactly: each one reads its own back."""
-    data = payload.encode("utf-8")
-    if len(data) < NOTIFY_LIMIT:
-        return payload
-    return data[: NOTIFY_LIMIT - 1].decode("utf-8", "ignore")
-
-
 def result_params(write: ResultWrite) -> dict[str, Any]:
     """``result_put``'s parameters. The payload carries the value when it fits, so a waiting
     client need not read it back."""
     row, fence = write.row, write.fence
-    payload = fit_notify(row["key"])
+    payload = row["key"]
     try:
         text_value = row["value"].decode("utf-8")
     except UnicodeDecodeError:
@@ -100,7 +91,6 @@ def result_params(write: ResultWrite) -> dict[str, Any]:
         row,
         channel=write.channel,
         payload=payload,
-        notify_key=fit_notify(row["key"]),
         fenced=fence is not None,
         owner=None if fence is None else fence.owner,
         keep_success=write.keep_success,
