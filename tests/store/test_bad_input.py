@@ -197,3 +197,44 @@ def test_an_identifier_over_1000_bytes_is_refused_and_nothing_enqueued(
     with pytest.raises(ConfigurationError, match=rf"{names.get(field, 'task name')} .* 1002 bytes"):
         store.enqueue("q", "{}", **{field: fitting + "é"})
     assert store.size("q") == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("task_id", "t\x00", "task id 't\\\\x00' contains a NUL character"),
+        ("queue", "q\x00", "queue name 'q\\\\x00' contains a NUL character"),
+        ("run_id", "r\x00", "run id 'r\\\\x00' contains a NUL character"),
+        ("concurrency_key", "tenant:\x00", "concurrency_key .* contains a NUL character"),
+        ("unique_key", "u\x00", "unique_key .* contains a NUL character"),
+        ("task_id", "file-\udcff", r"task id .* a lone surrogate '\\udcff' at 5"),
+        ("group_id", "\ud800", "group id .* a lone surrogate"),
+        ("max_attempts", 2**31, "'max_attempts' must be an integer from 1 to 2147483647"),
+        ("concurrency_limit", 2**31, "must be at most 2147483647"),
+    ],
+)
+def test_what_postgresql_cannot_store_is_refused_on_both_databases(
+    store: Store, field: str, value: Any, match: str
+) -> None:
+    """A NUL character (PostgreSQL's text holds none), a lone surrogate (not UTF-8) and a count
+    past PostgreSQL's integer: refused at publish on both databases, with the field named, so
+    that what works on SQLite works on PostgreSQL; nothing is enqueued."""
+    from sqlease.types import NewMessage
+
+    fields: dict[str, Any] = {"queue": "q", "payload": "{}", field: value}
+    if field == "concurrency_key":
+        fields["concurrency_limit"] = 1
+    if field == "concurrency_limit":
+        fields["concurrency_key"] = "tenant:1"
+    with pytest.raises(ConfigurationError, match=match):
+        store.enqueue_many([NewMessage(**fields)])
+    assert store.size("q") == 0
+
+
+def test_a_requeue_budget_past_postgresqls_integer_is_refused(store: Store) -> None:
+    store.enqueue("q", "{}", task_id="t")
+    [message] = store.claim(["q"], "w", lease_ms=1000)
+    store.fail(message.fence, "boom")
+    with pytest.raises(ConfigurationError, match="max_attempts must be an integer from 1 to"):
+        store.requeue(message.id, max_attempts=2**31)
+    assert store.requeue(message.id, max_attempts=2)

@@ -193,12 +193,32 @@ def test_errors_and_exit_statuses(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     assert code == 1 and "unknown state 'sleeping'" in err
     code, _, err = cli("tasks", "--limit", "many")
     assert code == 2 and "'many' is not a valid integer" in err
+    code, _, err = cli("tasks", "--limit", "-1")
+    assert code == 2 and "-1 is not in the range x>=1" in err
+    code, _, err = cli("maintain", "--retention-days", "1e300")
+    assert code == 2 and "must be from 0 to 36500 days, not 1e+300" in err
     code, _, err = cli("nonsense")
     assert code == 2 and "No such command 'nonsense'" in err
     code, _, err = cli("input", "t", "@/nonexistent/answer.json")
     assert code == 2 and "cannot read /nonexistent/answer.json" in err
     monkeypatch.delenv("SQLEASE_URL", raising=False)
     assert main(["status"]) == 2
+
+
+def test_maintain_gives_its_lock_back_and_waits_for_a_workers_pass(cli) -> None:
+    """Twice in a row, both run: the pass's lock is given up when it ends, not held for its
+    five minutes. While a worker's pass holds it, the command says so and runs nothing."""
+    from sqlease._core.maintenance import acquire, release
+
+    for _ in range(2):
+        code, out, err = cli("maintain")
+        assert code == 0, err
+        assert "steps_outcome_unknown: 0" in out
+    store = cli.store  # type: ignore[attr-defined]
+    assert acquire(store, "worker-1", 300_000, store.now_ms())
+    code, _, err = cli("maintain")
+    assert code == 1 and "a worker is running the maintenance pass now" in err
+    assert release(store, "worker-1")  # the command did not take or drop the worker's lock
 
 
 def test_options_after_the_verb_win(cli, db_url: str, capsys) -> None:

@@ -67,3 +67,14 @@ def test_a_transaction_left_idle_ends_with_about_a_lease() -> None:
     assert idle(600_000) == "60000"
     assert session_options(DEFAULT_LEASE_MS) == SESSION_OPTIONS
     assert "-c jit=off" in session_options(3_000)
+
+
+def test_a_lease_past_the_kernels_largest_keepalive_gets_the_largest() -> None:
+    """Linux refuses TCP_KEEPIDLE past 32,767 s (a third of a lease over 27 hours), and every
+    connection failed: the kernel's largest is given instead; a URL's own value past it is
+    named."""
+    args = keepalive_args(make_url(BASE), 30 * 86_400_000)  # a 30-day lease
+    assert args["keepalives_idle"] == 32_767 and args["keepalives_interval"] == 32_767
+    assert args["tcp_user_timeout"] == 2**31 - 1
+    with pytest.raises(ConfigurationError, match="'keepalives_idle' must be at most 32767"):
+        connect_args(make_url(f"{BASE}?keepalives_idle=40000"))

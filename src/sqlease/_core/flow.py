@@ -10,6 +10,7 @@ from sqlalchemy import delete, select
 
 from sqlease._core.base import Aggregate
 from sqlease._core.leases import promote_gates
+from sqlease._core.names import MAX_INT, utf8_size
 from sqlease._db.retry import transient
 from sqlease.errors import ConfigurationError
 
@@ -28,6 +29,8 @@ MAX_KEY_LENGTH = 200
 def check_limit(limit: Any, what: str) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ConfigurationError(f"{what} must be an integer >= 1, not {limit!r}")
+    if limit > MAX_INT:
+        raise ConfigurationError(f"{what} must be at most {MAX_INT}, not {limit!r}")
     return limit
 
 
@@ -44,6 +47,7 @@ def check_concurrency(key: Any, limit: Any) -> tuple[str | None, int | None]:
             f"concurrency_key must be a non-empty string of at most {MAX_KEY_LENGTH} "
             f"characters, not {key!r}"
         )
+    utf8_size("concurrency_key", key)
     if limit is None:
         raise ConfigurationError(
             f"concurrency_key {key!r} was given without a concurrency_limit: give both"

@@ -11,8 +11,8 @@ from sqlalchemy import Connection
 from sqlease._core.base import Aggregate, StoreParts
 from sqlease._core.flow import check_concurrency
 from sqlease._core.leases import promote_runs
+from sqlease._core.names import MAX_INT, check_id, check_name
 from sqlease._core.timeline import Timeline
-from sqlease._core.topology import check_name
 from sqlease._core.uniques import Uniques, check_unique
 from sqlease._db.driver import Op
 from sqlease._db.retry import retry_transient, transient
@@ -24,20 +24,6 @@ from sqlease.types import Message, NewMessage
 #: publish's first try and its check (another server after a failover), in milliseconds.
 #: Small: the window is also where another publish of the task id could be taken for it.
 PUBLISH_CLOCK_SLACK_MS = 1000
-#: Longest task id, run id, group id and task name, in bytes of UTF-8: each is a key of an
-#: index (PostgreSQL's entries hold at most 2704 bytes, a result's key the task id and more).
-MAX_ID_BYTES = 1000
-
-
-def check_id(what: str, value: str | None) -> None:
-    """A clear error for an identifier too long to be stored (``what``: ``"task id"``...)."""
-    if value is None:
-        return
-    size = len(value.encode("utf-8"))
-    if size > MAX_ID_BYTES:
-        raise ConfigurationError(
-            f"{what} {value[:40]!r}... is {size} bytes of UTF-8, over {MAX_ID_BYTES}"
-        )
 
 
 def describe_member(msg: NewMessage, index: int, count: int | None) -> str:
@@ -109,9 +95,13 @@ class Messages(Aggregate):
         if not -32768 <= priority <= 32767:
             raise ConfigurationError(f"priority must be a small integer, not {priority!r}")
         max_attempts = self.parts.max_attempts if msg.max_attempts is None else msg.max_attempts
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        if (
+            isinstance(max_attempts, bool)
+            or not isinstance(max_attempts, int)
+            or not 1 <= max_attempts <= MAX_INT
+        ):
             raise ConfigurationError(
-                f"'max_attempts' must be an integer >= 1, not {max_attempts!r}"
+                f"'max_attempts' must be an integer from 1 to {MAX_INT}, not {max_attempts!r}"
             )
         key, limit = check_concurrency(msg.concurrency_key, msg.concurrency_limit)
         if msg.task_name is not None and not isinstance(msg.task_name, str):
@@ -311,8 +301,11 @@ class Messages(Aggregate):
         """Make a parked or dead message claimable again with a fresh attempt budget. The
         attempt counter keeps growing (it is the fence), the budget is counted from it."""
         budget = self.parts.max_attempts if max_attempts is None else max_attempts
-        if not isinstance(budget, int) or budget < 1:
-            raise ConfigurationError(f"max_attempts must be an integer >= 1, not {budget!r}")
+        most = MAX_INT // 2  # counted on from the attempts made
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= most:
+            raise ConfigurationError(
+                f"max_attempts must be an integer from 1 to {most}, not {budget!r}"
+            )
         now = self._now(now)
         with self.driver.writing() as conn:
             row = conn.execute(

@@ -18,6 +18,7 @@ from sqlease._core.base import Clock, StoreParts, delegate
 from sqlease._core.flow import FlowLimits
 from sqlease._core.leases import Leases
 from sqlease._core.messages import Messages
+from sqlease._core.names import MAX_INT
 from sqlease._core.offers import Offers
 from sqlease._core.tasks import Tasks
 from sqlease._core.timeline import Timeline
@@ -53,8 +54,10 @@ class Store:
         connect_retry_seconds: float = RETRY_SECONDS,
         lease_ms: int = 60_000,
     ) -> None:
-        if not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ConfigurationError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
+        if not isinstance(max_attempts, int) or not 1 <= max_attempts <= MAX_INT:
+            raise ConfigurationError(
+                f"max_attempts must be an integer from 1 to {MAX_INT}, not {max_attempts!r}"
+            )
         if not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
             raise ConfigurationError(
                 f"max_payload_bytes must be a positive integer, not {max_payload_bytes!r}"

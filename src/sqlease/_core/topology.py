@@ -9,24 +9,8 @@ from sqlalchemy import Connection, update
 
 from sqlease._core.base import Aggregate
 from sqlease._core.leases import promote_runs
+from sqlease._core.names import check_name
 from sqlease._db.retry import transient
-from sqlease.errors import ConfigurationError
-
-#: Longest queue name, exchange name and routing key, in bytes of UTF-8: AMQP's (they are
-#: short strings there), so a name that works with RabbitMQ works here. A binding's row holds
-#: three of them in one index entry (PostgreSQL's hold at most 2704 bytes), and a publish's
-#: wake-up carries its queue's name in a NOTIFY (fewer than 8000 bytes).
-MAX_NAME_BYTES = 255
-
-
-def check_name(what: str, name: str) -> None:
-    """A clear error for a ``what`` (``"queue name"``...) too long to be stored."""
-    size = len(name.encode("utf-8"))
-    if size > MAX_NAME_BYTES:
-        raise ConfigurationError(
-            f"{what} {name[:40]!r}... is {size} bytes of UTF-8, over {MAX_NAME_BYTES} "
-            "(AMQP's limit)"
-        )
 
 
 class Topology(Aggregate):

@@ -32,6 +32,7 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from sqlease._core.base import Aggregate, StoreParts
+from sqlease._core.names import utf8_size
 from sqlease._core.timeline import Timeline
 from sqlease._db.retry import transient
 from sqlease._db.unique_sql import UniqueStatements
@@ -58,6 +59,7 @@ def check_unique(key: Any, scope: Any, for_ms: Any) -> tuple[str | None, str | N
             f"unique_key must be a non-empty string of at most {MAX_UNIQUE_KEY_LENGTH} "
             f"characters, not {key!r}"
         )
+    utf8_size("unique_key", key)
     if scope is None:
         scope = "active" if for_ms is None else "period"
     if scope not in SCOPES:

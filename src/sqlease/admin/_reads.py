@@ -265,6 +265,8 @@ class TaskReads:
         successful results, with their task's name, queue and attempt."""
         if state is not None and state not in TASK_STATES:
             raise ValueError(f"unknown state {state!r}; one of {', '.join(TASK_STATES)}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a whole number of tasks >= 1, not {limit!r}")
         if state is None and queue is None and run_id is None:
             return self.recent(limit, before)
         if before is not None:

@@ -10,6 +10,9 @@ import click
 
 from sqlease.cli._base import Failure, admin_of, common, out, prefix_of, url_of, verb
 
+#: A century: longer keeps events forever in all but name (and overflows milliseconds).
+MAX_RETENTION_DAYS = 36_500
+
 
 @verb(help="kill a worker mid-task on SQLite and watch the task resume on another")
 @click.option("--dir", "folder", help="folder for the demo database (default: a temp folder)")
@@ -66,12 +69,21 @@ def grant(ctx: click.Context, role: str, schema: str, apply_them: bool) -> None:
 @common
 @click.pass_context
 def maintain(ctx: click.Context, retention_days: float) -> None:
-    from sqlease._core.maintenance import acquire, run_pass
+    from sqlease._core.maintenance import acquire, release, run_pass
 
+    if not 0 <= retention_days <= MAX_RETENTION_DAYS:  # (NaN too)
+        raise click.BadParameter(
+            f"must be from 0 to {MAX_RETENTION_DAYS} days, not {retention_days}",
+            param_hint="--retention-days",
+        )
     store = admin_of(ctx).store
-    if not acquire(store, f"cli:{os.getpid()}", 300_000, store.now_ms()):
+    owner = f"cli:{os.getpid()}"
+    if not acquire(store, owner, 300_000, store.now_ms()):
         raise Failure("a worker is running the maintenance pass now; try later")
-    summary = run_pass(store, event_retention_ms=int(retention_days * 86_400_000))
+    try:
+        summary = run_pass(store, event_retention_ms=int(retention_days * 86_400_000))
+    finally:
+        release(store, owner)  # the workers' next pass need not wait out this lock
     out(ctx, summary, "\n".join(f"{k}: {v}" for k, v in sorted(summary.items())))
 
 

@@ -132,7 +132,7 @@ def _tasks_text(found: list[dict[str, Any]], now: int) -> str:
 @click.option("--state", help="one of the task states (queued … cancelled)")
 @click.option("--queue")
 @click.option("--run", "run_id", help="the tasks of one run")
-@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option(
     "--before", help="with no filter: the page after this cursor (the last page printed it)"
 )

@@ -317,8 +317,10 @@ def entry_spec(name: Any, entry: Mapping[str, Any]) -> EntrySpec:
     if catch_up not in CATCH_UP:
         raise _bad(name, "catch_up", f"expected one of {', '.join(CATCH_UP)}, not {catch_up!r}")
     limit = entry.get("catch_up_limit", 100)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise _bad(name, "catch_up_limit", f"expected a positive integer, not {limit!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 2**31 - 1:
+        raise _bad(
+            name, "catch_up_limit", f"expected a positive integer up to 2**31 - 1, not {limit!r}"
+        )
     enabled = entry.get("enabled", True)
     if not isinstance(enabled, bool):
         raise _bad(name, "enabled", f"expected True or False, not {enabled!r}")

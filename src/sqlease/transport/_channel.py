@@ -13,8 +13,8 @@ from amqp.exceptions import RecoverableConnectionError
 from kombu.transport import virtual
 
 from sqlease._core.heartbeat import heartbeat
+from sqlease._core.names import check_name
 from sqlease._core.results import ResultStore
-from sqlease._core.topology import check_name
 from sqlease.delivery import fence_of
 from sqlease.errors import ConfigurationError
 from sqlease.store import Fence, Store

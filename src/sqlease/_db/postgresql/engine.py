@@ -100,6 +100,15 @@ def application_name(url: URL) -> str:
     return value or APPLICATION_NAME
 
 
+#: Linux's largest values of the TCP socket options libpq sets from these parameters.
+KERNEL_MOST = {
+    "keepalives_idle": 32_767,
+    "keepalives_interval": 32_767,
+    "keepalives_count": 127,
+    "tcp_user_timeout": 2**31 - 1,
+}
+
+
 def keepalive_args(url: URL, lease_ms: int = DEFAULT_LEASE_MS) -> dict[str, Any]:
     """libpq's TCP settings for a connection of a store whose leases last ``lease_ms``: the
     kernel gives up on a connection whose peer stopped answering within about a lease, rather
@@ -118,6 +127,10 @@ def keepalive_args(url: URL, lease_ms: int = DEFAULT_LEASE_MS) -> dict[str, Any]
         # also caps the probes above). Milliseconds.
         "tcp_user_timeout": max(1, int(lease_ms)),
     }
+    # Past the kernel's largest, the socket option fails and so does every connection (a
+    # lease over 27 hours): the largest is used then, and a URL's own value is checked.
+    for name, most in KERNEL_MOST.items():
+        wanted[name] = min(wanted[name], most)
     for name in KEEPALIVE_PARAMS:
         given = url.query.get(name)
         if given is None:
@@ -126,6 +139,11 @@ def keepalive_args(url: URL, lease_ms: int = DEFAULT_LEASE_MS) -> dict[str, Any]
         if not str(value).strip().isdigit():
             raise ConfigurationError(
                 f"URL parameter {name!r} must be a whole number of at least 0, not {value!r}"
+            )
+        if name in KERNEL_MOST and int(str(value).strip()) > KERNEL_MOST[name]:
+            raise ConfigurationError(
+                f"URL parameter {name!r} must be at most {KERNEL_MOST[name]} (the kernel's "
+                f"largest), not {value!r}"
             )
         del wanted[name]
     return wanted
