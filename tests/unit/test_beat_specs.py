@@ -158,6 +158,7 @@ def test_a_very_long_downtime_is_bounded() -> None:
         ({"task": "t", "schedule": 10, "kwargs": [1]}, "kwargs"),
         ({"task": "t", "schedule": 10, "catch_up": "sometimes"}, "catch_up"),
         ({"task": "t", "schedule": 10, "catch_up_limit": 0}, "catch_up_limit"),
+        ({"task": "t", "schedule": 10, "catch_up_limit": 2**31}, "catch_up_limit"),
         ({"task": "t", "schedule": 10, "enabled": "yes"}, "enabled"),
         ({"task": "t", "schedule": 10, "options": {"priority": 300}}, "options.priority"),
         ({"task": "t", "schedule": 10, "options": {"queue": 5}}, "options.queue"),
@@ -171,6 +172,18 @@ def test_a_bad_entry_names_its_field(entry: dict, field: str) -> None:
         entry_spec("nightly", entry)
     assert raised.value.field == field
     assert "nightly" in str(raised.value) and field in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [("é" * 501, "1002 bytes of UTF-8, over 1000"), ("night\x00ly", "a NUL character")],
+)
+def test_an_entry_name_the_database_cannot_store_is_refused(name: str, problem: str) -> None:
+    """An entry's name is the key of its row and of its timeline: PostgreSQL's index entries
+    hold at most 2704 bytes and its text no NUL (SQLite took both)."""
+    with pytest.raises(InvalidSchedule) as raised:
+        entry_spec(name, {"task": "t", "schedule": 10})
+    assert raised.value.field == "name" and problem in str(raised.value)
 
 
 @pytest.mark.parametrize(

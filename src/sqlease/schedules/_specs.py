@@ -23,7 +23,8 @@ from kombu.entity import Queue
 from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
 
-from sqlease.errors import InvalidSchedule
+from sqlease._core.names import check_id
+from sqlease.errors import ConfigurationError, InvalidSchedule
 
 CATCH_UP = ("skip", "once", "all")
 #: Keys an entry of ``beat_schedule`` (or an Admin add) may have. ``catch_up``,
@@ -292,6 +293,10 @@ def entry_spec(name: Any, entry: Mapping[str, Any]) -> EntrySpec:
     """Check one entry (``beat_schedule``'s form) field by field."""
     if not isinstance(name, str) or not name.strip():
         raise _bad(str(name), "name", "expected a non-empty string")
+    try:
+        check_id("entry name", name)  # the entries' key, and its timeline's ("schedule:<name>")
+    except ConfigurationError as error:
+        raise _bad(name[:40] + "...", "name", str(error)) from None
     if not isinstance(entry, Mapping):
         raise _bad(name, "entry", f"expected a dict, not {type(entry).__name__}")
     unknown = set(entry) - ENTRY_KEYS
