@@ -29,6 +29,7 @@ from typing import Any
 
 from sqlease._core.delivery_lease import DeliveryLease
 from sqlease._core.lease_clock import DeliveryClock
+from sqlease._core.names import check_id
 from sqlease._core.steps import StepStore
 from sqlease.errors import ContextUnavailable, LeaseLost, OutcomeUnknown
 from sqlease.store import Fence, Outcome, Store
@@ -248,6 +249,7 @@ class TaskContext:
         """Append an event to the task's timeline, under the lease."""
         if not isinstance(kind, str) or not kind:
             raise ValueError("an event kind is a non-empty string")
+        check_id("event kind", kind)  # what PostgreSQL cannot store, refused by name
         self._lease.check("event")
         with self._lease.within("event"):
             written = self.store.append_event(self.fence, kind, data, task_id=self.task_id)
@@ -271,6 +273,7 @@ class TaskContext:
         idempotent = bool(kwargs.pop("idempotent", False))
         if not isinstance(name, str) or not name:
             raise ValueError("a step name is a non-empty string")
+        check_id("step name", name)  # the key of its record
         self._lease.check(f"step {name!r}")
         with self._lease.within(f"step {name!r}"):
             record = self._steps.get(self.task_id, name)

@@ -13,6 +13,7 @@ import pytest
 
 from sqlease import (
     Admin,
+    ConfigurationError,
     InvalidAnswer,
     InvalidTransition,
     LeaseLost,
@@ -176,6 +177,25 @@ def test_wait_for_input_parks_then_the_answer_resumes(store: Store, admin: Admin
     again = deliver(store)
     assert again.task_id == "t" and again.attempt == 2
     assert again.wait_for_input("Which size?", schema=schema) == {"size": 3}
+
+
+def test_names_postgresql_cannot_store_are_refused_in_the_task(store: Store, admin: Admin) -> None:
+    """A step name, an event kind and a wait's key (its prompt unless key= is given) are keys
+    of their rows: a NUL character or more than 1000 bytes is refused by name on both
+    databases, in the task, and the delivery goes on; a long prompt with a short key waits."""
+    store.enqueue("q", "{}", task_id="t")
+    ctx = deliver(store)
+    with pytest.raises(ConfigurationError, match=r"step name 's\\x00' contains a NUL"):
+        ctx.step("s\x00", lambda: 1)
+    with pytest.raises(ConfigurationError, match=r"event kind .* over 1000"):
+        ctx.event("k" * 1001)
+    long_prompt = "Approve the refund? " * 100  # 2,000 bytes
+    with pytest.raises(ConfigurationError, match=r"wait key .* over 1000 .* unless key= is given"):
+        ctx.wait_for_input(long_prompt)
+    assert ctx.step("s", lambda: 2) == 2
+    with pytest.raises(WaitingForPerson):
+        ctx.wait_for_input(long_prompt, key="refund")
+    assert admin.task("t").state == "waiting_input"
 
 
 def test_wait_for_approval_approve_and_reject(store: Store, admin: Admin) -> None:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, select
 
-from sqlease.errors import InvalidAnswer, LeaseLost, WaitingForPerson
+from sqlease._core.names import check_id
+from sqlease.errors import ConfigurationError, InvalidAnswer, LeaseLost, WaitingForPerson
 
 if TYPE_CHECKING:
     from sqlease._core.store import Store
@@ -83,6 +84,10 @@ def _answer(store: Store, task_id: str, key: str) -> tuple[str, Any] | None:
 def _wait(
     store: Store, fence: Fence, task_id: str, kind: str, key: str, request: dict[str, Any]
 ) -> Any:
+    try:
+        check_id("wait key", key)  # the key of its row: PostgreSQL's index entries are bounded
+    except ConfigurationError as error:
+        raise ConfigurationError(f"{error} (the prompt or summary, unless key= is given)") from None
     found = _answer(store, task_id, key)
     if found is not None and found[0] == "answered":
         return found[1]
