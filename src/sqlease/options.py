@@ -41,6 +41,12 @@ _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 Parser = Callable[[str, Any], Any]
 
 
+#: The largest number an option takes (31 years of seconds: times are counted in milliseconds
+#: in 64 bits), and the largest integer (PostgreSQL's ``integer``).
+MAX_NUMBER = 1e9
+MAX_INT = 2**31 - 1
+
+
 def _number(minimum: float, unit: str = "seconds") -> Parser:
     """A float of at least ``minimum`` (a string of one is fine, a bool is not)."""
 
@@ -58,6 +64,10 @@ def _number(minimum: float, unit: str = "seconds") -> Parser:
         if math.isnan(number) or math.isinf(number) or number < minimum:
             raise ConfigurationError(
                 f"transport option {name!r} must be at least {minimum} {unit}, not {value!r}"
+            )
+        if number > MAX_NUMBER:
+            raise ConfigurationError(
+                f"transport option {name!r} must be at most {MAX_NUMBER:.0f} {unit}, not {value!r}"
             )
         return number
 
@@ -79,6 +89,10 @@ def _integer(minimum: int) -> Parser:
         if number < minimum:
             raise ConfigurationError(
                 f"transport option {name!r} must be >= {minimum}, not {value!r}"
+            )
+        if number > MAX_INT:
+            raise ConfigurationError(
+                f"transport option {name!r} must be at most {MAX_INT}, not {value!r}"
             )
         return number
 

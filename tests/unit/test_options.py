@@ -41,6 +41,13 @@ BAD: list[tuple[str, Any, str]] = [
     ("max_attempts", None, _message("max_attempts", "an integer, not None")),
     ("polling_interval", "x", _message("polling_interval", "a number of seconds, not 'x'")),
     ("polling_interval", 0, _message("polling_interval", "at least 0.001 seconds, not 0")),
+    # Times are counted in milliseconds in 64 bits, counts in PostgreSQL's integer.
+    (
+        "polling_interval",
+        1e300,
+        _message("polling_interval", "at most 1000000000 seconds, not 1e+300"),
+    ),
+    ("max_attempts", 2**31, _message("max_attempts", "at most 2147483647, not 2147483648")),
     (
         "table_prefix",
         "bad prefix;",
