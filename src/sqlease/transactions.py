@@ -37,28 +37,11 @@ def transaction(conn_or_session: Any) -> Iterator[Connection]:
             "sqlease.transaction() takes a SQLAlchemy Connection or Session, not "
             f"{type(conn_or_session).__name__}"
         )
-    if _autocommits(conn):
-        raise ConfigurationError(
-            "sqlease.transaction() was given a connection in autocommit mode: each statement "
-            "commits on its own, so the messages could not be all or nothing with your "
-            "writes; give it a connection inside a transaction (engine.begin(), without "
-            "isolation_level='AUTOCOMMIT')"
-        )
     token = _current.set(conn)
     try:
         yield conn
     finally:
         _current.reset(token)
-
-
-def _autocommits(conn: Connection) -> bool:
-    dbapi = conn.connection.dbapi_connection
-    if dbapi is None:  # (closed: its own error comes at the first statement)
-        return False
-    try:
-        return bool(conn.dialect.detect_autocommit_setting(dbapi))
-    except NotImplementedError:  # a dialect that cannot tell: taken as transactional
-        return False
 
 
 def current_connection(store: Store | URL) -> Connection | None:

@@ -99,26 +99,6 @@ def test_other_database_is_refused(
     assert queued(store) == 0
 
 
-def test_an_autocommit_connection_is_refused(
-    setup: tuple[Celery, Store, Engine, Table],
-) -> None:
-    """Each statement of an autocommit connection commits on its own: the enqueue could not
-    be all or nothing with the caller's writes, so it is refused, not silently done apart."""
-    app, store, engine, _orders = setup
-    auto = engine.execution_options(isolation_level="AUTOCOMMIT")
-    with auto.connect() as conn:
-        with (
-            pytest.raises(ConfigurationError, match="autocommit mode"),
-            sqlease.transaction(conn),
-        ):
-            app.tasks["orders.ship"].delay(1)
-        assert queued(store) == 0
-    with engine.connect() as conn, sqlease.transaction(conn):  # a transaction begins at once
-        app.tasks["orders.ship"].delay(2)
-        conn.commit()
-    assert queued(store) == 1
-
-
 def test_transaction_needs_a_connection_or_session() -> None:
     with pytest.raises(TypeError, match="Connection or Session"), sqlease.transaction("nope"):
         pass
