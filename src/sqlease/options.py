@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlease._core.flow import check_limits, check_rates
 from sqlease._core.lease_clock import margin_seconds
+from sqlease._core.names import MAX_INT
 from sqlease._db.tables import validate_prefix
 from sqlease.errors import ConfigurationError
 
@@ -42,9 +43,8 @@ Parser = Callable[[str, Any], Any]
 
 
 #: The largest number an option takes (31 years of seconds: times are counted in milliseconds
-#: in 64 bits), and the largest integer (PostgreSQL's ``integer``).
+#: in 64 bits); the largest integer is PostgreSQL's (``MAX_INT``).
 MAX_NUMBER = 1e9
-MAX_INT = 2**31 - 1
 
 
 def _number(minimum: float, unit: str = "seconds") -> Parser:

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, or_, select, update
 
 from sqlease._core.chord_counters import ChordCounters, FenceRefused
+from sqlease._core.names import MAX_ID_BYTES
 from sqlease._core.store import Store
 from sqlease._db.driver import ResultWrite
 from sqlease._db.retry import transient
@@ -27,7 +28,7 @@ from sqlease.types import Fence, Outcome
 __all__ = ["TERMINAL_STATES", "FenceRefused", "ResultStore", "exception_meta"]
 
 TERMINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
-#: Longest result key, in bytes of UTF-8: a task id's (sqlease._core.messages.MAX_ID_BYTES)
+#: Longest result key, in bytes of UTF-8: a task id's (sqlease._core.names.MAX_ID_BYTES)
 #: with Celery's longest prefix, and room to spare. A key is an index key (PostgreSQL's
 #: entries hold at most 2704 bytes) and its notification's payload (fewer than 8000).
 MAX_KEY_BYTES = 1100
@@ -39,7 +40,7 @@ def check_key(key: str) -> None:
     if size > MAX_KEY_BYTES:
         raise ConfigurationError(
             f"result key {key[:60]!r}... is {size} bytes of UTF-8, over {MAX_KEY_BYTES} "
-            "(a task id holds at most 1000); it was not stored"
+            f"(a task id holds at most {MAX_ID_BYTES}); it was not stored"
         )
 
 
