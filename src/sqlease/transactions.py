@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 from sqlalchemy.engine import URL
 
-from sqlease._db.dialects import same_database
+from sqlease._db.dialects import commits_each_statement, same_database
 from sqlease.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -55,6 +55,13 @@ def current_connection(store: Store | URL) -> Connection | None:
         raise ConfigurationError(
             "sqlease.transaction() was given a connection to a different database than the "
             "broker's; the enqueue cannot join that transaction"
+        )
+    if commits_each_statement(conn):
+        raise ConfigurationError(
+            "sqlease.transaction() was given a connection in autocommit mode with no "
+            "transaction begun: the publish would commit on its own, whatever became of your "
+            "writes. Begin a transaction on it (conn.begin(), or an engine without "
+            "isolation_level='AUTOCOMMIT')"
         )
     return conn
 

@@ -238,3 +238,54 @@ def test_a_requeue_budget_past_postgresqls_integer_is_refused(store: Store) -> N
     with pytest.raises(ConfigurationError, match="max_attempts must be an integer from 1 to"):
         store.requeue(message.id, max_attempts=2**31)
     assert store.requeue(message.id, max_attempts=2)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda a: a.task(5), "task_id must be a string, not int 5"),
+        (lambda a: a.pause(5), "task_id must be a string, not int 5"),
+        (lambda a: a.cancel(run_id=7), "run_id must be a string, not int 7"),
+        (lambda a: a.requeue(b"t"), "task_id must be a string, not bytes b't'"),
+        (lambda a: a.approve(1), "task_id must be a string, not int 1"),
+        (lambda a: a.group(3), "group_id must be a string, not int 3"),
+        (lambda a: a.original_of(None), "task_id must be a string, not NoneType None"),
+        (lambda a: a.unique(2.5), "key must be a string, not float 2.5"),
+    ],
+)
+def test_an_admin_id_that_is_not_a_string_is_named(store: Store, call: Any, match: str) -> None:
+    """On PostgreSQL a number compared with a text column is the database's own error, and on
+    SQLite it silently matches nothing: both get the same ``TypeError`` naming the argument,
+    and the task it might have meant is untouched."""
+    store.enqueue("q", "{}", task_id="5", run_id="7")
+    admin = sqlease.Admin("unused", store=store)
+    with pytest.raises(TypeError, match=match):
+        call(admin)
+    assert admin.task("5").state == "queued"
+
+
+@pytest.mark.parametrize(
+    ("task_id", "stored"),
+    [("t-1", "t-1"), (uuid.UUID(int=1), str(uuid.UUID(int=1))), (42, "42"), (None, None)],
+)
+def test_a_task_id_header_is_stored_as_text(task_id: Any, stored: str | None) -> None:
+    from sqlease.transport._codec import new_message
+
+    message = new_message("q", {"headers": {"id": task_id}, "properties": {}, "body": ""})
+    assert message.task_id == stored
+
+
+@pytest.mark.parametrize("task_id", [b"t-1", 1.5, True, ["t"]])
+def test_a_task_id_of_another_type_is_refused_at_publish(db_url: str, task_id: Any) -> None:
+    """Bytes would be stored as their repr (``"b't-1'"``), and the result kept under an id
+    the caller never gave: refused by name instead, and nothing is enqueued."""
+    prefix = unique_prefix()
+    app = Celery("ids", broker=f"sqlease+{db_url}", set_as_current=False)
+    app.conf.broker_transport_options = {"table_prefix": prefix}
+    refused = f"task id must be a string.*not {type(task_id).__name__}"
+    with pytest.raises(ConfigurationError, match=refused):
+        app.send_task("t", task_id=task_id)
+    app.send_task("t", task_id="fine")
+    store = Store(db_url, table_prefix=prefix)
+    assert store.size("celery") == 1
+    app.close()

@@ -99,6 +99,41 @@ def test_other_database_is_refused(
     assert queued(store) == 0
 
 
+def test_an_autocommit_connection_outside_a_transaction_is_refused(
+    setup: tuple[Celery, Store, Engine, Table],
+) -> None:
+    """Each statement of an autocommit connection commits on its own: the enqueue could not
+    be all or nothing with the caller's writes, so it is refused, not silently done apart.
+    The same connection with a transaction begun by hand is taken."""
+    app, store, engine, orders = setup
+    ship = app.tasks["orders.ship"]
+    auto = engine.execution_options(isolation_level="AUTOCOMMIT")
+    with auto.connect() as conn:
+        with (
+            pytest.raises(ConfigurationError, match="autocommit mode") as refused,
+            sqlease.transaction(conn),
+        ):
+            conn.execute(insert(orders).values(id=1, item="apart"))
+            ship.delay(1)
+        assert "conn.begin()" in str(refused.value)
+        assert queued(store) == 0
+        conn.exec_driver_sql("BEGIN")  # by hand: now inside a transaction
+        with sqlease.transaction(conn):
+            conn.execute(insert(orders).values(id=2, item="rolled back"))
+            ship.delay(2)
+        conn.exec_driver_sql("ROLLBACK")
+        assert queued(store) == 0
+        conn.exec_driver_sql("BEGIN")
+        with sqlease.transaction(conn):
+            ship.delay(3)
+        conn.exec_driver_sql("COMMIT")
+    assert queued(store) == 1
+    with engine.connect() as conn, sqlease.transaction(conn):  # a transaction begins at once
+        ship.delay(4)
+        conn.commit()
+    assert queued(store) == 2
+
+
 def test_transaction_needs_a_connection_or_session() -> None:
     with pytest.raises(TypeError, match="Connection or Session"), sqlease.transaction("nope"):
         pass

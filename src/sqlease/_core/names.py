@@ -55,3 +55,12 @@ def check_id(what: str, value: str | None) -> None:
         raise ConfigurationError(
             f"{what} {value[:40]!r}... is {size} bytes of UTF-8, over {MAX_ID_BYTES}"
         )
+
+
+def require_text(what: str, value: object) -> str:
+    """``value`` if it is a string: an id looked up or steered by (``Admin``), where another
+    type would get the database's own error (PostgreSQL compares no text with an integer) or
+    silently match nothing."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a string, not {type(value).__name__} {value!r:.60}")
+    return value

@@ -42,6 +42,10 @@ class Dialect(Protocol):
     def database_key(self, url: URL) -> tuple[object, ...]:
         """What names one database: two URLs with one key reach the same one."""
 
+    def commits_each_statement(self, dbapi_connection: Any) -> bool:
+        """Would a write on this DBAPI connection (the caller's, whatever its driver) commit
+        at once: autocommit mode with no transaction begun? False when it cannot tell."""
+
     def capabilities(self, url: URL) -> Capabilities:
         """What the database behind ``url`` can do (known before connecting)."""
 
@@ -95,6 +99,15 @@ def same_database(mine: URL, theirs: URL) -> bool:
     """Do two URLs name one database (SQLite: one file, whatever the relative path)?"""
     first, second = dialect_for(mine.get_backend_name()), dialect_for(theirs.get_backend_name())
     return first.database_key(mine) == second.database_key(theirs)
+
+
+def commits_each_statement(conn: Connection) -> bool:
+    """Would a write on ``conn`` (a caller's connection) commit on its own, apart from the
+    caller's other writes?"""
+    dbapi_connection = conn.connection.dbapi_connection
+    if dbapi_connection is None:  # closed: its own error comes with its first statement
+        return False
+    return dialect_for(conn.engine.url.get_backend_name()).commits_each_statement(dbapi_connection)
 
 
 #: Errors of the dialects' own drivers that mean the connection was lost or refused (Kombu's

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, func, or_, select
 
+from sqlease._core.names import require_text
 from sqlease._core.uniques import UniqueState
 
 if TYPE_CHECKING:
@@ -66,16 +67,19 @@ class FlowAdmin:
     def unique(self, key: str) -> UniqueState | None:
         """A uniqueness key: the task that holds it, whether a publish of it now would be
         turned away, and how many were. None if no task has taken it."""
+        require_text("key", key)
         return self.store.unique(key, now=self._now())
 
     def original_of(self, task_id: str) -> str | None:
         """The task a duplicate publish of a unique task was turned away for (its result is
         that task's), or None if ``task_id`` was not a duplicate."""
+        require_text("task_id", task_id)
         return self.store.originals_of([task_id]).get(task_id)
 
     def group(self, group_id: str) -> list[str]:
         """The task ids published in a Celery group (their ``group`` header), in publish
         order, as long as their task records are kept."""
+        require_text("group_id", group_id)
         k = self.store.tables.tasks
         with self.store.driver.reading() as conn:
             rows = conn.execute(

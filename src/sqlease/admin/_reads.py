@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, or_, select
 
+from sqlease._core.names import require_text
 from sqlease._db.rows import row_to_message
 from sqlease.admin._recent import read_page
 from sqlease.errors import UnknownTask
@@ -145,6 +146,7 @@ class TaskReads:
         return self.store.now_ms()
 
     def current_message(self, conn: Connection, task_id: str) -> Message | None:
+        require_text("task_id", task_id)
         m = self.t.messages
         row = conn.execute(
             select(m).where(m.c.task_id == task_id).order_by(m.c.id.desc()).limit(1)
@@ -172,6 +174,7 @@ class TaskReads:
 
     def task(self, task_id: str) -> TaskSnapshot:
         """Everything known about a task: state, lease, checkpoint, steps, timeline."""
+        require_text("task_id", task_id)
         now = self._now()
         with self.store.driver.reading() as conn:
             message = self.current_message(conn, task_id)

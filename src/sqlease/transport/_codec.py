@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast
@@ -112,7 +113,7 @@ def new_message(queue: str, message: dict[str, Any]) -> NewMessage:
         priority=_priority(properties),
         delay_ms=eta_delay_ms(headers),
         run_id=None if run_id is None else str(run_id),
-        task_id=None if task_id is None else str(task_id),
+        task_id=_task_id(task_id),
         max_attempts=max_attempts,
         record=task_id is not None,
         task_name=task_name if isinstance(task_name, str) else None,
@@ -122,6 +123,22 @@ def new_message(queue: str, message: dict[str, Any]) -> NewMessage:
         unique_scope=scope,
         unique_for_ms=for_ms,
         group_id=group if isinstance(group, str) else None,
+    )
+
+
+def _task_id(task_id: Any) -> str | None:
+    """The ``id`` header as text: a string, a UUID or an integer as its string. Anything else
+    (bytes: its repr would be stored, and the result kept under an id the caller never
+    gave) is refused."""
+    if task_id is None or isinstance(task_id, str):
+        return task_id
+    if isinstance(task_id, uuid.UUID) or (
+        isinstance(task_id, int) and not isinstance(task_id, bool)
+    ):
+        return str(task_id)
+    raise ConfigurationError(
+        f"task id must be a string, a uuid.UUID or an integer, not {type(task_id).__name__} "
+        f"{task_id!r:.60}"
     )
 
 

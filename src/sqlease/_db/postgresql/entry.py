@@ -44,6 +44,14 @@ class _PostgreSQL:
     def capabilities(self, url: URL) -> Capabilities:
         return capabilities(pooler.split(url)[1])
 
+    def commits_each_statement(self, dbapi_connection: Any) -> bool:
+        # psycopg 3 and psycopg2 both: autocommit on, and no BEGIN sent (IDLE is 0 in both).
+        # A driver without these attributes cannot tell, and is taken as transactional.
+        if getattr(dbapi_connection, "autocommit", False) is not True:
+            return False
+        status = getattr(getattr(dbapi_connection, "info", None), "transaction_status", None)
+        return status is not None and int(status) == 0
+
     def driver(
         self,
         url: str | URL | Engine,

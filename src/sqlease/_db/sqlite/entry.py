@@ -47,6 +47,17 @@ class _SQLite:
     def capabilities(self, url: URL) -> Capabilities:
         return CAPABILITIES
 
+    def commits_each_statement(self, dbapi_connection: Any) -> bool:
+        # sqlite3 begins a transaction before a write by itself unless it is in autocommit
+        # mode: ``autocommit=True`` (Python 3.12), or ``isolation_level=None`` under the legacy
+        # control (sqlease's own connections: they send BEGIN themselves, so ``in_transaction``
+        # is what tells).
+        autocommit = getattr(dbapi_connection, "autocommit", None)
+        if autocommit is False:  # PEP 249 mode: always inside a transaction
+            return False
+        manual = autocommit is True or (getattr(dbapi_connection, "isolation_level", "") is None)
+        return manual and getattr(dbapi_connection, "in_transaction", True) is False
+
     def driver(
         self,
         url: str | URL | Engine,
