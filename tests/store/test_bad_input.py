@@ -243,20 +243,22 @@ def test_a_requeue_budget_past_postgresqls_integer_is_refused(store: Store) -> N
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda a: a.task(5), "task_id must be a string, not int 5"),
-        (lambda a: a.pause(5), "task_id must be a string, not int 5"),
-        (lambda a: a.cancel(run_id=7), "run_id must be a string, not int 7"),
-        (lambda a: a.requeue(b"t"), "task_id must be a string, not bytes b't'"),
-        (lambda a: a.approve(1), "task_id must be a string, not int 1"),
+        (lambda a: a.task(b"5"), "task_id must be a string, a uuid.UUID or an integer, not bytes"),
+        (lambda a: a.pause(5.0), "task_id must be .* not float 5.0"),
+        (lambda a: a.cancel(run_id=[7]), "run_id must be .* not list"),
+        (lambda a: a.requeue(b"t"), "task_id must be .* not bytes b't'"),
+        (lambda a: a.approve(None), "task_id must be .* not NoneType None"),
+        (lambda a: a.tasks(run_id=b"7"), "run_id must be .* not bytes"),
+        (lambda a: a.tasks(queue=5), "queue must be a string, not int 5"),
         (lambda a: a.group(3), "group_id must be a string, not int 3"),
-        (lambda a: a.original_of(None), "task_id must be a string, not NoneType None"),
+        (lambda a: a.original_of(True), "task_id must be .* not bool True"),
         (lambda a: a.unique(2.5), "key must be a string, not float 2.5"),
     ],
 )
-def test_an_admin_id_that_is_not_a_string_is_named(store: Store, call: Any, match: str) -> None:
-    """On PostgreSQL a number compared with a text column is the database's own error, and on
-    SQLite it silently matches nothing: both get the same ``TypeError`` naming the argument,
-    and the task it might have meant is untouched."""
+def test_an_admin_id_of_another_type_is_named(store: Store, call: Any, match: str) -> None:
+    """On PostgreSQL a value of another type compared with a text column is the database's own
+    error, and on SQLite it silently matches nothing: both get the same ``TypeError`` naming
+    the argument, and the task it might have meant is untouched."""
     store.enqueue("q", "{}", task_id="5", run_id="7")
     admin = sqlease.Admin("unused", store=store)
     with pytest.raises(TypeError, match=match):
@@ -264,28 +266,40 @@ def test_an_admin_id_that_is_not_a_string_is_named(store: Store, call: Any, matc
     assert admin.task("5").state == "queued"
 
 
-@pytest.mark.parametrize(
-    ("task_id", "stored"),
-    [("t-1", "t-1"), (uuid.UUID(int=1), str(uuid.UUID(int=1))), (42, "42"), (None, None)],
-)
-def test_a_task_id_header_is_stored_as_text(task_id: Any, stored: str | None) -> None:
+def test_ids_given_as_integers_or_uuids_find_what_a_publish_stored(store: Store) -> None:
+    """A publish stores an integer or UUID task id or run id as its string; ``Admin`` takes
+    them the same way, so the value the caller has finds its task on both databases."""
     from sqlease.transport._codec import new_message
 
-    message = new_message("q", {"headers": {"id": task_id}, "properties": {}, "body": ""})
-    assert message.task_id == stored
+    tid = uuid.UUID(int=9)
+    for task_id, run_id in ((5, 7), (tid, None)):
+        headers = {"id": task_id, "run_id": run_id}
+        message = new_message("q", {"headers": headers, "properties": {}, "body": ""})
+        store.enqueue_many([message])
+    admin = sqlease.Admin("unused", store=store)
+    assert admin.task(5).task_id == "5"
+    assert admin.task(tid).task_id == str(tid)
+    assert [t.task_id for t in admin.tasks(run_id=7)] == ["5"]
+    assert admin.pause(run_id=7) == 1
+    assert admin.resume(5) == 1
+    assert admin.cancel(tid) == 1
 
 
-@pytest.mark.parametrize("task_id", [b"t-1", 1.5, True, ["t"]])
-def test_a_task_id_of_another_type_is_refused_at_publish(db_url: str, task_id: Any) -> None:
-    """Bytes would be stored as their repr (``"b't-1'"``), and the result kept under an id
-    the caller never gave: refused by name instead, and nothing is enqueued."""
+@pytest.mark.parametrize("field", ["task_id", "run_id"])
+@pytest.mark.parametrize("value", [b"t-1", 1.5, True, ["t"]])
+def test_an_id_of_another_type_is_refused_at_publish(db_url: str, field: str, value: Any) -> None:
+    """Bytes would be stored as their repr (``"b't-1'"``), and the task kept under an id the
+    caller never gave: refused by name instead, and nothing is enqueued."""
     prefix = unique_prefix()
     app = Celery("ids", broker=f"sqlease+{db_url}", set_as_current=False)
     app.conf.broker_transport_options = {"table_prefix": prefix}
-    refused = f"task id must be a string.*not {type(task_id).__name__}"
+    name = field.replace("_", " ")
+    refused = f"{name} must be a string, a uuid.UUID or an integer, not {type(value).__name__}"
+    options: dict[str, Any] = (
+        {"task_id": value} if field == "task_id" else {"headers": {"run_id": value}}
+    )
     with pytest.raises(ConfigurationError, match=refused):
-        app.send_task("t", task_id=task_id)
+        app.send_task("t", **options)
     app.send_task("t", task_id="fine")
-    store = Store(db_url, table_prefix=prefix)
-    assert store.size("celery") == 1
+    assert Store(db_url, table_prefix=prefix).size("celery") == 1
     app.close()

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, case, delete, func, or_, select, update
 
-from sqlease._core.names import require_text
+from sqlease._core.names import as_id
 from sqlease._core.results import ResultStore, exception_meta
 from sqlease._core.store import Store
 from sqlease._core.waits import validate
@@ -44,10 +44,8 @@ class Control:
         if (task_id is None) == (run_id is None):
             raise ValueError("give exactly one of task_id or run_id")
         if task_id is not None:
-            require_text("task_id", task_id)
-        if run_id is not None:
-            require_text("run_id", run_id)
-        return m.c.task_id == task_id if task_id is not None else m.c.run_id == run_id
+            return m.c.task_id == as_id("task_id", task_id)
+        return m.c.run_id == as_id("run_id", run_id)
 
     def change(
         self,
@@ -164,7 +162,7 @@ class Control:
         """Store a person's answer to the task's open wait and make it claimable again.
         False if the task has no wait at all; InvalidTransition / InvalidAnswer when the
         answer does not fit the wait."""
-        require_text("task_id", task_id)
+        task_id = as_id("task_id", task_id)
         try:
             answer_text = json.dumps(data)
         except (TypeError, ValueError) as exc:

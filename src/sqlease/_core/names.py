@@ -5,6 +5,8 @@ columns: a clear error that names the field, on both databases, rather than the 
 
 from __future__ import annotations
 
+import uuid
+
 from sqlease.errors import ConfigurationError
 
 #: Longest queue name, exchange name and routing key, in bytes of UTF-8: AMQP's (they are
@@ -57,10 +59,25 @@ def check_id(what: str, value: str | None) -> None:
         )
 
 
+def as_id(what: str, value: object, error: type[Exception] = TypeError) -> str:
+    """An identifier (task id, run id...) as the text it is stored as: a string as it is, a
+    UUID or an integer as its string (as a publish stores them, so a lookup by the same value
+    finds it). Anything else raises ``error`` naming ``what``: bytes would be stored as their
+    repr, and a number compared with a text column is PostgreSQL's own error where SQLite
+    matches nothing."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, uuid.UUID) or (isinstance(value, int) and not isinstance(value, bool)):
+        return str(value)
+    raise error(
+        f"{what} must be a string, a uuid.UUID or an integer, not {type(value).__name__} "
+        f"{value!r:.60}"
+    )
+
+
 def require_text(what: str, value: object) -> str:
-    """``value`` if it is a string: an id looked up or steered by (``Admin``), where another
-    type would get the database's own error (PostgreSQL compares no text with an integer) or
-    silently match nothing."""
+    """``value`` if it is a string (a key looked up by, which a publish took as a string
+    only), else a ``TypeError`` naming ``what``."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a string, not {type(value).__name__} {value!r:.60}")
     return value

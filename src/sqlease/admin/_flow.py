@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, func, or_, select
 
-from sqlease._core.names import require_text
+from sqlease._core.names import as_id, require_text
 from sqlease._core.uniques import UniqueState
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class FlowAdmin:
     def original_of(self, task_id: str) -> str | None:
         """The task a duplicate publish of a unique task was turned away for (its result is
         that task's), or None if ``task_id`` was not a duplicate."""
-        require_text("task_id", task_id)
+        task_id = as_id("task_id", task_id)
         return self.store.originals_of([task_id]).get(task_id)
 
     def group(self, group_id: str) -> list[str]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, or_, select
 
-from sqlease._core.names import require_text
+from sqlease._core.names import as_id, require_text
 from sqlease._db.rows import row_to_message
 from sqlease.admin._recent import read_page
 from sqlease.errors import UnknownTask
@@ -146,7 +146,7 @@ class TaskReads:
         return self.store.now_ms()
 
     def current_message(self, conn: Connection, task_id: str) -> Message | None:
-        require_text("task_id", task_id)
+        task_id = as_id("task_id", task_id)
         m = self.t.messages
         row = conn.execute(
             select(m).where(m.c.task_id == task_id).order_by(m.c.id.desc()).limit(1)
@@ -174,7 +174,7 @@ class TaskReads:
 
     def task(self, task_id: str) -> TaskSnapshot:
         """Everything known about a task: state, lease, checkpoint, steps, timeline."""
-        require_text("task_id", task_id)
+        task_id = as_id("task_id", task_id)
         now = self._now()
         with self.store.driver.reading() as conn:
             message = self.current_message(conn, task_id)
@@ -284,9 +284,9 @@ class TaskReads:
             .order_by(m.c.id.desc())
         )
         if queue is not None:
-            query = query.where(m.c.queue == queue)
+            query = query.where(m.c.queue == require_text("queue", queue))
         if run_id is not None:
-            query = query.where(m.c.run_id == run_id)
+            query = query.where(m.c.run_id == as_id("run_id", run_id))
         if state in ("failed", "cancelled"):
             query = query.where(m.c.state == "dead")
         elif state == "queued":  # ready, or parked behind its run or at its gate

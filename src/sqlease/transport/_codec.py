@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast
 
 from kombu.utils import json as kombu_json
 
+from sqlease._core.names import as_id
 from sqlease.delivery import ATTEMPT_KEY, CLOCK_KEY, ID_KEY, LEASE_KEY, OFFER_KEY, OWNER_KEY
 from sqlease.errors import ConfigurationError
 from sqlease.store import Message, NewMessage
@@ -112,8 +112,8 @@ def new_message(queue: str, message: dict[str, Any]) -> NewMessage:
         payload=payload,
         priority=_priority(properties),
         delay_ms=eta_delay_ms(headers),
-        run_id=None if run_id is None else str(run_id),
-        task_id=_task_id(task_id),
+        run_id=None if run_id is None else as_id("run id", run_id, ConfigurationError),
+        task_id=None if task_id is None else as_id("task id", task_id, ConfigurationError),
         max_attempts=max_attempts,
         record=task_id is not None,
         task_name=task_name if isinstance(task_name, str) else None,
@@ -123,22 +123,6 @@ def new_message(queue: str, message: dict[str, Any]) -> NewMessage:
         unique_scope=scope,
         unique_for_ms=for_ms,
         group_id=group if isinstance(group, str) else None,
-    )
-
-
-def _task_id(task_id: Any) -> str | None:
-    """The ``id`` header as text: a string, a UUID or an integer as its string. Anything else
-    (bytes: its repr would be stored, and the result kept under an id the caller never
-    gave) is refused."""
-    if task_id is None or isinstance(task_id, str):
-        return task_id
-    if isinstance(task_id, uuid.UUID) or (
-        isinstance(task_id, int) and not isinstance(task_id, bool)
-    ):
-        return str(task_id)
-    raise ConfigurationError(
-        f"task id must be a string, a uuid.UUID or an integer, not {type(task_id).__name__} "
-        f"{task_id!r:.60}"
     )
 
 
