@@ -182,7 +182,9 @@ class ResultStore(ChordCounters):
     def expire(self, key: str, seconds: float | None) -> None:
         expires = None if not seconds else self._now() + int(seconds * 1000)
         with self.store.driver.writing() as conn:
-            for table in (self.results, self.counters):
+            # Counters first: every transaction that writes a key in both tables takes them in
+            # this order (reset_counter), so two of them on one key cannot deadlock.
+            for table in (self.counters, self.results):
                 conn.execute(update(table).where(table.c.key == key).values(expires_at_ms=expires))
 
     @transient
@@ -196,7 +198,7 @@ class ResultStore(ChordCounters):
             for expires, keys in by_time.items():
                 for at in range(0, len(keys), 1000):
                     chunk = keys[at : at + 1000]
-                    for table in (self.results, self.counters):
+                    for table in (self.counters, self.results):  # as ``expire``
                         conn.execute(
                             update(table)
                             .where(table.c.key.in_(chunk))
