@@ -77,6 +77,18 @@ def timed() -> int:
     return 4
 
 
+@app.task(name="bench.stored")
+def stored(x: int) -> int:
+    """``benchmarks/celery_bench.py``'s drain with a result backend: counted once its result is
+    stored (``task_success`` fires after the backend's write returned)."""
+    return x
+
+
+@task_success.connect(sender=stored)
+def _stored(**_: object) -> None:
+    _report(b"s")
+
+
 @task_success.connect(sender=timed)
 def _timed_stored(**_: object) -> None:
     _report(f"g{_timed.pop('start'):.6f},{_timed.pop('end'):.6f},{time.time():.6f}".encode())

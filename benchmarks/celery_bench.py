@@ -20,8 +20,9 @@ For each broker:
   ``processes`` or both) splitting N tasks, total publishes/s (then the queue is purged);
 - with ``--group G``: the wall time of ``group(noop.s() for _ in range(G)).apply_async()``
   after a warm-up group (benchmarks/group_publish.py measures groups in more detail);
-and, for result backends, the round trip ``add.delay(2, 2).get()`` p50/p99 back to back with
-the worker hot, with sqlease's backend beside Redis's and RabbitMQ's ``rpc://``, then the idle
+and, for result backends (sqlease's beside Redis's and RabbitMQ's ``rpc://``): a backlog of
+N/3 tasks drained with each result stored (tasks/s, counted after each result's write), the
+round trip ``add.delay(2, 2).get()`` p50/p99 back to back with the worker hot, then the idle
 latency again with the result backend configured in the worker and the client.
 
 Per round, the ratios the targets are stated in (``GOALS``) and their medians, printed as a
@@ -437,8 +438,21 @@ def run_broker(
     if broker.backend:
         env_rt = dict(env, BENCH_BACKEND=broker.backend)
         mod = app_for(broker, broker.backend, env_rt)
+        # 4a. a backlog drained with each result stored (counted after each result's write)
+        backlog = max(1, tasks // 3)
+        for n in range(backlog):
+            mod.stored.delay(n)
+        counter.drain()
         worker = start_worker(env_rt, log)
         try:
+            first = counter.wait(1, 60)
+            if first:
+                t0 = time.perf_counter()
+                rest = counter.wait(backlog - 1, 600)
+                elapsed = time.perf_counter() - t0
+                out["drain_backend_tasks"] = len(rest) + 1
+                if rest and elapsed > 0:
+                    out["drain_backend_per_s"] = round(len(rest) / elapsed, 1)
             mod.add.delay(1, 1).get(timeout=60)
             rtts = []
             for _ in range(20 if quick else 200):
@@ -522,6 +536,10 @@ RATIOS = [
     ("sqlite_drain_vs_kombu_sqla_pg", "sqlease-sqlite", "kombu-sqla-pg", "drain_per_s"),
     ("sqlite_drain_vs_kombu_sqla_sqlite", "sqlease-sqlite", "kombu-sqla-sqlite", "drain_per_s"),
     ("pg_get_p50_vs_redis", "sqlease-pg", "redis", "get_p50_ms"),
+    # Draining a backlog with each result stored, each with its own backend (RabbitMQ's rpc://).
+    ("pg_drain_backend_vs_redis", "sqlease-pg", "redis", "drain_backend_per_s"),
+    ("pg_drain_backend_vs_rabbitmq", "sqlease-pg", "rabbitmq", "drain_backend_per_s"),
+    ("pg_drain_backend_vs_redis_fsync", "sqlease-pg", "redis-fsync", "drain_backend_per_s"),
     ("pg_start_p50_vs_rabbitmq", "sqlease-pg", "rabbitmq", "start_p50_ms"),
     ("pg_start_backend_p50_vs_rabbitmq", "sqlease-pg", "rabbitmq", "start_backend_p50_ms"),
     ("pg_get_p50_vs_rabbitmq", "sqlease-pg", "rabbitmq", "get_p50_ms"),
@@ -769,6 +787,7 @@ def main() -> int:
             "delay_processes_per_s",
             "group_ms",
             "drain_per_s",
+            "drain_backend_per_s",
             "start_p50_ms",
             "start_p99_ms",
             "b2b_start_p50_ms",
