@@ -11,7 +11,7 @@ from sqlalchemy import Connection
 from sqlease._core.base import Aggregate, StoreParts
 from sqlease._core.flow import check_concurrency
 from sqlease._core.leases import promote_runs
-from sqlease._core.names import MAX_INT, check_id, check_name
+from sqlease._core.names import MAX_INT, check_id, check_name, is_count
 from sqlease._core.timeline import Timeline
 from sqlease._core.uniques import Uniques, check_unique
 from sqlease._db.driver import Op
@@ -95,11 +95,7 @@ class Messages(Aggregate):
         if not -32768 <= priority <= 32767:
             raise ConfigurationError(f"priority must be a small integer, not {priority!r}")
         max_attempts = self.parts.max_attempts if msg.max_attempts is None else msg.max_attempts
-        if (
-            isinstance(max_attempts, bool)
-            or not isinstance(max_attempts, int)
-            or not 1 <= max_attempts <= MAX_INT
-        ):
+        if not is_count(max_attempts):
             raise ConfigurationError(
                 f"'max_attempts' must be an integer from 1 to {MAX_INT}, not {max_attempts!r}"
             )
@@ -302,7 +298,7 @@ class Messages(Aggregate):
         attempt counter keeps growing (it is the fence), the budget is counted from it."""
         budget = self.parts.max_attempts if max_attempts is None else max_attempts
         most = MAX_INT // 2  # counted on from the attempts made
-        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= most:
+        if not is_count(budget, most):
             raise ConfigurationError(
                 f"max_attempts must be an integer from 1 to {most}, not {budget!r}"
             )

@@ -21,6 +21,12 @@ MAX_ID_BYTES = 1000
 MAX_INT = 2**31 - 1
 
 
+def is_count(value: object, most: int = MAX_INT) -> bool:
+    """Is ``value`` an integer (not a bool) from 1 to ``most`` (a count PostgreSQL's
+    ``integer`` holds)?"""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
+
+
 def utf8_size(what: str, value: str) -> int:
     """``value``'s length in bytes of UTF-8, after refusing what no database here stores: a
     NUL character (PostgreSQL's text cannot hold one) or a lone surrogate (not UTF-8: a

@@ -23,7 +23,7 @@ from kombu.entity import Queue
 from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
 
-from sqlease._core.names import MAX_INT, check_id
+from sqlease._core.names import MAX_INT, check_id, is_count
 from sqlease.errors import ConfigurationError, InvalidSchedule
 
 CATCH_UP = ("skip", "once", "all")
@@ -322,7 +322,7 @@ def entry_spec(name: Any, entry: Mapping[str, Any]) -> EntrySpec:
     if catch_up not in CATCH_UP:
         raise _bad(name, "catch_up", f"expected one of {', '.join(CATCH_UP)}, not {catch_up!r}")
     limit = entry.get("catch_up_limit", 100)
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_INT:
+    if not is_count(limit):
         raise _bad(
             name, "catch_up_limit", f"expected a positive integer up to {MAX_INT}, not {limit!r}"
         )
