@@ -92,3 +92,15 @@ def _stored(**_: object) -> None:
 @task_success.connect(sender=timed)
 def _timed_stored(**_: object) -> None:
     _report(f"g{_timed.pop('start'):.6f},{_timed.pop('end'):.6f},{time.time():.6f}".encode())
+
+
+@app.task(name="bench.ident")
+def ident(x: int) -> int:
+    """``benchmarks/chord_bench.py``: a chord's header part (Celery's ``identity``)."""
+    return x
+
+
+@app.task(name="bench.tsum")
+def tsum(values: list[int]) -> int:
+    """``benchmarks/chord_bench.py``: a chord's body (Celery's ``tsum``)."""
+    return sum(values)

@@ -6,10 +6,11 @@ and a fresh start when a chord is applied again. A mixin of ``ResultStore``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Table, delete, select, update
+from sqlalchemy import Connection, Table, case, delete, select, update
 
 from sqlease._core.store import Store
 from sqlease._db.retry import transient
@@ -18,6 +19,22 @@ from sqlease.types import Fence
 
 class FenceRefused(Exception):
     """Internal: a fenced write found its lease gone (nothing was written)."""
+
+
+@dataclass(frozen=True)
+class PartCount:
+    """What ``ChordCounters.count_part`` found and did for one chord part."""
+
+    #: What the count reached, as ``incr(part=…)`` returns it (0: nothing counted now).
+    value: int
+    #: Counted before, with nothing more to do (``parts_settled``): nothing was counted.
+    settled: bool
+    #: The chord's size as stored, with the parts added since (None: none stored).
+    size: int | None
+    #: Whether the chord's header is saved (when it is not, nothing was counted).
+    header: bool
+    #: Whether the expiries asked for were written (the count did not complete the chord).
+    expired: bool
 
 
 class ChordCounters:
@@ -53,32 +70,123 @@ class ChordCounters:
         callback, so a counter still standing at the part's own count means that the worker
         died after the count and before the callback; returning the chord's size lets the
         part's redelivery send it."""
-        insert = self._insert(self.counters).values(key=key, value=1)
-        stmt = insert.on_conflict_do_update(
-            index_elements=[self.counters.c.key],
-            set_={"value": self.counters.c.value + 1},
-        ).returning(self.counters.c.value)
         with self.store.driver.writing() as conn:
             if fence is not None and not self._held(conn, fence, task_id):
                 raise FenceRefused(fence)
             if part is None:
-                return int(conn.execute(stmt).scalar_one())
-            marker_key = part_marker(key, part)
-            expires = None if part_expires_ms is None else self._now() + part_expires_ms
-            marker = (
-                self._insert(self.counters)
-                .values(key=marker_key, value=0, expires_at_ms=expires)
-                .on_conflict_do_nothing(index_elements=[self.counters.c.key])
-                .returning(self.counters.c.key)
-            )
-            if conn.execute(marker).first() is None:
-                counted, current = self._marker_and_counter(conn, key, part)
-                return counted if counted and counted == current else 0
-            value = int(conn.execute(stmt).scalar_one())
-            conn.execute(
-                update(self.counters).where(self.counters.c.key == marker_key).values(value=value)
-            )
-            return value
+                return int(conn.execute(self._increment(key)).scalar_one())
+            return self._count_once(conn, key, part, part_expires_ms)
+
+    def _increment(self, key: str, expires_at_ms: int | None = None) -> Any:
+        """Add one to counter ``key``; a counter it starts expires at ``expires_at_ms``."""
+        insert = self._insert(self.counters).values(key=key, value=1, expires_at_ms=expires_at_ms)
+        return insert.on_conflict_do_update(
+            index_elements=[self.counters.c.key],
+            set_={"value": self.counters.c.value + 1},
+        ).returning(self.counters.c.value)
+
+    def _count_once(
+        self,
+        conn: Connection,
+        key: str,
+        part: str,
+        part_expires_ms: int | None,
+        expires_at_ms: int | None = None,
+    ) -> int:
+        """``incr(part=…)`` inside the caller's transaction (``expires_at_ms``: the expiry of
+        a counter it starts)."""
+        marker_key = part_marker(key, part)
+        expires = None if part_expires_ms is None else self._now() + part_expires_ms
+        marker = (
+            self._insert(self.counters)
+            .values(key=marker_key, value=0, expires_at_ms=expires)
+            .on_conflict_do_nothing(index_elements=[self.counters.c.key])
+            .returning(self.counters.c.key)
+        )
+        if conn.execute(marker).first() is None:
+            counted, current = self._marker_and_counter(conn, key, part)
+            return counted if counted and counted == current else 0
+        value = int(conn.execute(self._increment(key, expires_at_ms)).scalar_one())
+        conn.execute(
+            update(self.counters).where(self.counters.c.key == marker_key).values(value=value)
+        )
+        return value
+
+    @transient
+    def count_part(
+        self,
+        key: str,
+        part: str,
+        *,
+        group_key: str,
+        size: int | None = None,
+        fence: Fence | None = None,
+        task_id: str | None = None,
+        part_expires_ms: int | None = None,
+        expiries: Sequence[tuple[str, float | None]] = (),
+    ) -> PartCount:
+        """A chord part's whole count in one transaction: ``part_state``, whether the chord's
+        header is still saved under ``group_key``, ``incr(part=…)`` and, when the count is not
+        to complete the chord, ``expiries`` (what Celery's base expires after such a count;
+        ``size``: the chord's size as the part's request gives it, else the stored one).
+
+        Nothing is counted for a part that is settled, or whose chord's header is gone
+        (Celery's base then fails the chord's body). Raises FenceRefused if the fence's
+        lease is gone."""
+        with self.store.driver.writing() as conn:
+            if fence is not None and not self._held(conn, fence, task_id):
+                raise FenceRefused(fence)
+            counted, current, stored, header = self._part_rows(conn, key, part, group_key)
+            if _settled(counted, current, stored):
+                return PartCount(0, True, stored, header, False)
+            if not header:
+                return PartCount(0, False, stored, False, False)
+            # Expired before the count, which locks the chord's one counter row until the
+            # commit: the fewer statements after it, the less the chord's parts wait for
+            # each other (the counter's own expiry is set by the count that starts it). A
+            # part that another's count made the last after all has expired keys Celery's
+            # base then deletes, or expires again (its own result).
+            total = stored if size is None else size
+            expire = bool(expiries) and total is not None and (current or 0) + 1 < total
+            starts = None
+            if expire:
+                starts = self._refresh_expiries(conn, expiries).get(key)
+            value = self._count_once(conn, key, part, part_expires_ms, starts)
+            return PartCount(value, False, stored, True, expire)
+
+    def _refresh_expiries(
+        self, conn: Connection, expiries: Sequence[tuple[str, float | None]]
+    ) -> dict[str, int | None]:
+        """Celery's ``expire`` of each ``(key, seconds)`` in the caller's transaction, both
+        tables, counters first (the order every transaction writing a key in both takes, so
+        two of them on one key cannot deadlock). Every part of a chord sets the same keys'
+        expiry to its own "now + seconds": a row whose expiry is already within a hundredth
+        of ``seconds`` (at most a minute) below the new one is left as it is, so a chord's
+        parts do not rewrite its few shared rows once each. Returns each key's new expiry."""
+        now = self._now()
+        by_time: dict[tuple[int | None, int], list[str]] = {}
+        new: dict[str, int | None] = {}
+        for key, seconds in expiries:
+            ms = int(seconds * 1000) if seconds else 0
+            when: tuple[int | None, int] = (now + ms, min(ms // 100, 60_000)) if ms else (None, 0)
+            by_time.setdefault(when, []).append(key)
+            new[key] = when[0]
+        for (expires, slack), keys in by_time.items():
+            for at in range(0, len(keys), _KEYS_PER_STATEMENT):
+                chunk = keys[at : at + _KEYS_PER_STATEMENT]
+                for table in (self.counters, self.results):
+                    column = table.c.expires_at_ms
+                    stale = (
+                        column.isnot(None)
+                        if expires is None
+                        else column.is_(None) | (column < expires - slack) | (column > expires)
+                    )
+                    conn.execute(
+                        update(table)
+                        .where(table.c.key.in_(chunk), stale)
+                        .values(expires_at_ms=expires)
+                    )
+        return new
 
     def _marker_and_counter(
         self, conn: Connection, key: str, part: str
@@ -104,7 +212,7 @@ class ChordCounters:
         (``parts_settled``), and the chord's size: the size stored under ``key`` with the
         parts added since (``add_part``), None if no size is stored."""
         with self.store.driver.reading() as conn:
-            counted, current, size = self._part_rows(conn, key, part)
+            counted, current, size, _ = self._part_rows(conn, key, part)
         return _settled(counted, current, size), size
 
     def parts_settled(self, keys_and_parts: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
@@ -114,32 +222,40 @@ class ChordCounters:
             return {
                 (key, part)
                 for key, part in keys_and_parts
-                if _settled(*self._part_rows(conn, key, part))
+                if _settled(*self._part_rows(conn, key, part)[:3])
             }
 
     def _part_rows(
-        self, conn: Connection, key: str, part: str
-    ) -> tuple[int | None, int | None, int | None]:
-        """The value ``part``'s count reached in counter ``key``, the counter's value now, and
-        the chord's size (stored under ``key``, with the parts added since), in two reads;
-        None for what is not there (a size that is not an integer is None too)."""
+        self, conn: Connection, key: str, part: str, header_key: str | None = None
+    ) -> tuple[int | None, int | None, int | None, bool]:
+        """The value ``part``'s count reached in counter ``key``, the counter's value now, the
+        chord's size (stored under ``key``, with the parts added since), in two reads; None
+        for what is not there (a size that is not an integer is None too); and whether a
+        live value is stored under ``header_key`` (read with the size, its value left)."""
         marker_key, added_key = part_marker(key, part), _added_key(key)
         found = conn.execute(
             select(self.counters.c.key, self.counters.c.value).where(
                 self.counters.c.key.in_([key, marker_key, added_key])
             )
         ).all()
-        stored = conn.execute(
-            select(self.results.c.value).where(
-                self.results.c.key == key,
-                self.results.c.expires_at_ms.is_(None)
-                | (self.results.c.expires_at_ms > self._now()),
-            )
-        ).scalar()
+        keys = [key] if header_key is None else [key, header_key]
+        stored = dict(
+            conn.execute(
+                select(
+                    self.results.c.key,
+                    case((self.results.c.key == key, self.results.c.value), else_=None),
+                ).where(
+                    self.results.c.key.in_(keys),
+                    self.results.c.expires_at_ms.is_(None)
+                    | (self.results.c.expires_at_ms > self._now()),
+                )
+            ).all()
+        )
         rows = {row_key: int(value) for row_key, value in found}
-        size = None if stored is None else _int_or_none(stored)
+        value = stored.get(key)
+        size = None if value is None else _int_or_none(value)
         total = None if size is None else size + rows.get(added_key, 0)
-        return rows.get(marker_key), rows.get(key), total
+        return rows.get(marker_key), rows.get(key), total, header_key in stored
 
     @transient
     def reset_counter(self, key: str, parts: Iterable[str]) -> None:

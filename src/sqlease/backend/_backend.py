@@ -15,7 +15,13 @@ from sqlease._celery.registry import store_for
 from sqlease._core.delivery_lease import DeliveryLease
 from sqlease._core.results import ResultStore
 from sqlease.backend._chords import NativeChords
-from sqlease.backend._fencing import REFUSED, counting_part, pending_expiries, writing_under
+from sqlease.backend._fencing import (
+    REFUSED,
+    counted_part,
+    counting_part,
+    pending_expiries,
+    writing_under,
+)
 from sqlease.backend._waits import PushedWaits
 from sqlease.delivery import CLOCK_KEY, LEASE_KEY, OFFER_KEY, fence_of
 from sqlease.errors import ConfigurationError, DatabaseUnavailable, LeaseLost
@@ -265,6 +271,9 @@ class SqleaseBackend(PushedWaits, NativeChords):  # type: ignore[misc]
         self.results.delete(self._key(key))
 
     def incr(self, key: Any) -> int:
+        counted = counted_part.get()
+        if counted is not None and counted[0] == self._key(key):
+            return counted[1].value  # counted already, with the part's whole count (_chords)
         writing = writing_under.get()
         part = counting_part.get()
         expires = getattr(self, "expires", None)
@@ -277,6 +286,9 @@ class SqleaseBackend(PushedWaits, NativeChords):  # type: ignore[misc]
         return self.results.incr(self._key(key), **terms)
 
     def expire(self, key: Any, value: Any) -> Any:
+        counted = counted_part.get()
+        if counted is not None and (self._key(key), value) in counted[2]:
+            return  # written with the part's count
         pending = pending_expiries.get()
         if pending is not None:  # counting a chord part: written with the others at its end
             pending.append((self._key(key), value))

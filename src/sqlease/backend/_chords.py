@@ -11,7 +11,15 @@ from celery.backends.base import KeyValueStoreBackend
 from celery.exceptions import ChordError
 
 from sqlease._core.results import FenceRefused
-from sqlease.backend._fencing import REFUSED, counting_part, pending_expiries, writing_under
+from sqlease.backend._fencing import (
+    REFUSED,
+    Counted,
+    counted_part,
+    counting_part,
+    pending_expiries,
+    writing_under,
+)
+from sqlease.types import Fence
 
 logger = logging.getLogger(__name__)
 
@@ -24,30 +32,40 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
         if fence is not None and getattr(request, REFUSED, False):
             return None  # its result was refused: it must not count towards the chord
         chord = getattr(request, "chord", None)
-        settled, size = self._part_state(request)
-        if settled:
-            # A duplicate of a part already counted (the same task delivered twice, e.g. a
-            # publish repeated by the app): Celery's base would restore the group first, which
-            # is deleted once the chord fired, and fail the chord's body with "GroupResult …
-            # no longer exists". The count it would add is refused anyway (``incr``).
-            logger.info(
-                "sqlease: chord part %s of group %s was counted already; not counted again",
-                request.id,
-                request.group,
-            )
-            return None
-        if size is not None and isinstance(chord, dict):
-            request.chord = dict(chord, chord_size=size)  # Celery's base reads it from here
         token = writing_under.set((fence, str(request.id)) if fence else None)
         part = counting_part.set(str(request.id))
         expiries: list[tuple[str, float | None]] = []
         later = pending_expiries.set(expiries)
+        counted = counted_part.set(None)
+        size: int | None = None
         try:
+            count = self._count_part(request, fence)
+            if count is not None and count[1].settled:
+                # A duplicate of a part already counted (the same task delivered twice, e.g.
+                # a publish repeated by the app): Celery's base would restore the group
+                # first, which is deleted once the chord fired, and fail the chord's body
+                # with "GroupResult … no longer exists".
+                logger.info(
+                    "sqlease: chord part %s of group %s was counted already; not counted again",
+                    request.id,
+                    request.group,
+                )
+                return None
+            if count is not None:
+                counted_part.set(count)
+                if (
+                    count[1].size is not None
+                    and isinstance(chord, dict)
+                    and _size_of(chord) is None
+                ):
+                    size = count[1].size
+                    request.chord = dict(chord, chord_size=size)  # Celery's base reads it here
             return super().on_chord_part_return(request, state, result, **kwargs)
         except FenceRefused:
             logger.warning("sqlease: chord part of task %s refused: its lease is gone", request.id)
             return None
         finally:
+            counted_part.reset(counted)
             pending_expiries.reset(later)
             counting_part.reset(part)
             writing_under.reset(token)
@@ -55,6 +73,43 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
                 request.chord = chord
             if expiries:
                 self.results.expire_many(expiries)
+
+    def _count_part(self, request: Any, fence: Fence | None) -> Counted | None:
+        """This part's count, in one transaction before Celery's base runs (which then reads
+        it: ``incr``, ``expire``, ``_restore_group``), with what that transaction expired.
+        None for a request that is no chord part (Celery's base returns at once)."""
+        group, part = getattr(request, "group", None), getattr(request, "id", None)
+        chord = getattr(request, "chord", None)
+        if not group or not part or not chord:
+            return None
+        expiries = self._part_expiries(group, str(part))
+        expires = getattr(self, "expires", None)
+        key = self._key(self.get_key_for_chord(group))
+        count = self.results.count_part(
+            key,
+            str(part),
+            group_key=self._key(self.get_key_for_group(group)),
+            size=_size_of(chord),
+            fence=fence,
+            task_id=str(part) if fence is not None else None,
+            part_expires_ms=int(expires * 1000) if expires else None,
+            expiries=expiries,
+        )
+        return key, count, frozenset(expiries) if count.expired else frozenset()
+
+    def _part_expiries(self, group: Any, part: str) -> list[tuple[str, float | None]]:
+        """What Celery's base expires after a count that did not complete the chord: since
+        Celery 5.7 the counter, the saved header and the part's own result, each for as long
+        as a chord's results are kept; before, the counter alone."""
+        chord_key = self._key(self.get_key_for_chord(group))
+        if not hasattr(type(self), "_chord_result_expires"):
+            return [(chord_key, self.expires)]
+        keep = self._chord_result_expires
+        return [
+            (chord_key, self.chord_expires),
+            (self._key(self.get_key_for_group(group)), keep),
+            (self._key(self.get_key_for_task(part)), keep),
+        ]
 
     def _apply_chord_incr(self, header_result_args: Any, body: Any, **kwargs: Any) -> Any:
         """A chord is applied: its counter starts afresh. A frozen chord applied again keeps
@@ -86,7 +141,12 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
         grow with the square of its size."""
         if counting_part.get() is None:
             return super()._restore_group(group_id)
-        if not self.results.exists(self._key(self.get_key_for_group(group_id))):
+        counted = counted_part.get()
+        if counted is not None:  # its count read whether the header is saved
+            found = counted[1].header
+        else:
+            found = self.results.exists(self._key(self.get_key_for_group(group_id)))
+        if not found:
             return None  # Celery's base fails the chord: the group no longer exists
         return {"result": _LazyHeader(lambda: self._header(group_id))}
 
@@ -100,21 +160,6 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
             results = list(group.results) + [self.app.AsyncResult(i) for i in added]
             group = self.app.GroupResult(group.id, results, app=self.app)
         return group
-
-    def _part_state(self, request: Any) -> tuple[bool, int | None]:
-        """Whether this chord part was counted already, with nothing more to do for it (a
-        part whose count may have been the chord's last, with the callback never sent, is
-        not: its redelivery must go on and send the callback); and the chord's size as
-        stored by :meth:`set_chord_size`, with the parts added since (None when the request
-        carries one, or none is stored: Celery then counts the restored header)."""
-        group, part = getattr(request, "group", None), getattr(request, "id", None)
-        chord = getattr(request, "chord", None)
-        if not group or not part or not chord:
-            return False, None
-        settled, size = self.results.part_state(self._key(self.get_key_for_chord(group)), str(part))
-        if not isinstance(chord, dict) or chord.get("chord_size") is not None:
-            size = None
-        return settled, size
 
     def set_chord_size(self, group_id: Any, chord_size: int) -> None:
         """Celery calls this while publishing a chord's header, with the number of parts that
@@ -150,6 +195,13 @@ class _LazyHeader:
 
     def __iter__(self) -> Any:
         return iter(self._loaded())
+
+
+def _size_of(chord: Any) -> int | None:
+    """The chord size a part's request carries (Celery sets it when it publishes the
+    header), None if none."""
+    size = chord.get("chord_size") if isinstance(chord, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def _part_ids(results: Any) -> set[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 
+from sqlease._core.chord_counters import PartCount
 from sqlease.types import Fence
 
 #: The fence of the delivery whose result is being written, and its task id.
@@ -18,5 +19,11 @@ counting_part: ContextVar[str | None] = ContextVar("sqlease_counting_part", defa
 pending_expiries: ContextVar[list[tuple[str, float | None]] | None] = ContextVar(
     "sqlease_pending_expiries", default=None
 )
+#: While a chord part is counted: its count, made before Celery's base runs
+#: (``ChordCounters.count_part``), which its calls of ``incr``, ``expire`` and
+#: ``_restore_group`` then answer from: its counter's key, the count, and the expiries that
+#: count wrote.
+Counted = tuple[str, PartCount, frozenset[tuple[str, float | None]]]
+counted_part: ContextVar[Counted | None] = ContextVar("sqlease_counted_part", default=None)
 #: Set on a request whose result was refused (its lease was gone).
 REFUSED = "sqlease_refused"

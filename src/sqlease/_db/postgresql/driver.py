@@ -131,6 +131,14 @@ class PostgresDriver(PostgresLeaseOps):
         with self.engine.begin() as conn:
             yield conn
 
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        # Under READ COMMITTED (sqlease's transactions) each statement takes its own snapshot
+        # inside a transaction too: in autocommit a read sees the same, without the BEGIN and
+        # ROLLBACK round trips (they halved a one-row read's time).
+        with self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT", sqlease_read_only=True)
+
     def fork_section(self) -> AbstractContextManager[None]:
         return nullcontext()
 
