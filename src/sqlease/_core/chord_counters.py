@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Table, case, delete, select, update
+from sqlalchemy import Connection, Table, delete, select
 
+from sqlease._core.chord_sql import ChordStatements
 from sqlease._core.store import Store
 from sqlease._db.retry import transient
 from sqlease.types import Fence
@@ -42,6 +43,7 @@ class ChordCounters:
     results: Table
     counters: Table
     _insert: Callable[[Table], Any]
+    _sql: ChordStatements
 
     def _now(self) -> int:
         raise NotImplementedError
@@ -74,16 +76,10 @@ class ChordCounters:
             if fence is not None and not self._held(conn, fence, task_id):
                 raise FenceRefused(fence)
             if part is None:
-                return int(conn.execute(self._increment(key)).scalar_one())
+                return int(
+                    conn.execute(self._sql.increment, {"k": key, "expiry": None}).scalar_one()
+                )
             return self._count_once(conn, key, part, part_expires_ms)
-
-    def _increment(self, key: str, expires_at_ms: int | None = None) -> Any:
-        """Add one to counter ``key``; a counter it starts expires at ``expires_at_ms``."""
-        insert = self._insert(self.counters).values(key=key, value=1, expires_at_ms=expires_at_ms)
-        return insert.on_conflict_do_update(
-            index_elements=[self.counters.c.key],
-            set_={"value": self.counters.c.value + 1},
-        ).returning(self.counters.c.value)
 
     def _count_once(
         self,
@@ -97,19 +93,12 @@ class ChordCounters:
         a counter it starts)."""
         marker_key = part_marker(key, part)
         expires = None if part_expires_ms is None else self._now() + part_expires_ms
-        marker = (
-            self._insert(self.counters)
-            .values(key=marker_key, value=0, expires_at_ms=expires)
-            .on_conflict_do_nothing(index_elements=[self.counters.c.key])
-            .returning(self.counters.c.key)
-        )
-        if conn.execute(marker).first() is None:
+        sql = self._sql
+        if conn.execute(sql.marker, {"k": marker_key, "expiry": expires}).first() is None:
             counted, current = self._marker_and_counter(conn, key, part)
             return counted if counted and counted == current else 0
-        value = int(conn.execute(self._increment(key, expires_at_ms)).scalar_one())
-        conn.execute(
-            update(self.counters).where(self.counters.c.key == marker_key).values(value=value)
-        )
+        value = int(conn.execute(sql.increment, {"k": key, "expiry": expires_at_ms}).scalar_one())
+        conn.execute(sql.marker_value, {"k": marker_key, "reached": value})
         return value
 
     @transient
@@ -175,17 +164,11 @@ class ChordCounters:
             for at in range(0, len(keys), _KEYS_PER_STATEMENT):
                 chunk = keys[at : at + _KEYS_PER_STATEMENT]
                 for table in (self.counters, self.results):
-                    column = table.c.expires_at_ms
-                    stale = (
-                        column.isnot(None)
-                        if expires is None
-                        else column.is_(None) | (column < expires - slack) | (column > expires)
-                    )
-                    conn.execute(
-                        update(table)
-                        .where(table.c.key.in_(chunk), stale)
-                        .values(expires_at_ms=expires)
-                    )
+                    if expires is None:
+                        conn.execute(self._sql.keep[table.name], {"keys": chunk})
+                    else:
+                        terms = {"keys": chunk, "expiry": expires, "floor": expires - slack}
+                        conn.execute(self._sql.expire[table.name], terms)
         return new
 
     def _marker_and_counter(
@@ -194,11 +177,7 @@ class ChordCounters:
         """The value ``part``'s count reached in counter ``key``, and the counter's value now
         (None for a row that is not there)."""
         marker_key = part_marker(key, part)
-        found = conn.execute(
-            select(self.counters.c.key, self.counters.c.value).where(
-                self.counters.c.key.in_([key, marker_key])
-            )
-        ).all()
+        found = conn.execute(self._sql.counter_rows, {"keys": [key, marker_key]}).all()
         rows = {row_key: value for row_key, value in found}
         counted, current = rows.get(marker_key), rows.get(key)
         return (
@@ -233,23 +212,11 @@ class ChordCounters:
         for what is not there (a size that is not an integer is None too); and whether a
         live value is stored under ``header_key`` (read with the size, its value left)."""
         marker_key, added_key = part_marker(key, part), _added_key(key)
-        found = conn.execute(
-            select(self.counters.c.key, self.counters.c.value).where(
-                self.counters.c.key.in_([key, marker_key, added_key])
-            )
-        ).all()
+        sql = self._sql
+        found = conn.execute(sql.counter_rows, {"keys": [key, marker_key, added_key]}).all()
         keys = [key] if header_key is None else [key, header_key]
         stored = dict(
-            conn.execute(
-                select(
-                    self.results.c.key,
-                    case((self.results.c.key == key, self.results.c.value), else_=None),
-                ).where(
-                    self.results.c.key.in_(keys),
-                    self.results.c.expires_at_ms.is_(None)
-                    | (self.results.c.expires_at_ms > self._now()),
-                )
-            ).all()
+            conn.execute(sql.result_rows, {"keys": keys, "now": self._now(), "sized": key}).all()
         )
         rows = {row_key: int(value) for row_key, value in found}
         value = stored.get(key)

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, or_, select, update
 
 from sqlease._core.chord_counters import ChordCounters, FenceRefused
+from sqlease._core.chord_sql import ChordStatements
 from sqlease._core.names import MAX_ID_BYTES
 from sqlease._core.store import Store
 from sqlease._db.driver import ResultWrite
@@ -67,6 +68,7 @@ class ResultStore(ChordCounters):
         self.counters = store.tables.counters
         self.notify_channel = f"{store.tables.prefix}results"
         self._insert = store.driver.insert
+        self._sql = ChordStatements(self.counters, self.results, self._insert)
 
     def _now(self) -> int:
         return int(self.store.clock()) if self.store.clock else int(time.time() * 1000)
