@@ -212,3 +212,27 @@ def test_the_unique_verb(make_store, db_url: str, capsys: pytest.CaptureFixture[
     assert main([*base, "--json", "limits", "unique", "k"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["task_id"] == "a" and shown["holding"] and shown["duplicates"] == 1
+
+
+def test_a_duplicates_result_reads_as_its_originals_in_one_statement(
+    store: Store, clock: FakeClock
+) -> None:
+    """The result backend's reads (``mget_or_originals``): a duplicate publish never runs, so
+    its task id reads as the original's result; a result of its own stands over it, and an
+    expired original reads as nothing."""
+    from sqlease._core.results import ResultStore
+
+    results = ResultStore(store)
+    prefix = "celery-task-meta-"
+    _put(store, "a")
+    _put(store, "b")  # a duplicate of a
+    _put(store, "c")  # another, with a value of its own (written by hand)
+    results.put(prefix + "a", b"A", expires_ms=1_000)
+    results.put(prefix + "c", b"C")
+    results.put("other", b"O")
+    keys = [prefix + "a", prefix + "b", prefix + "c", prefix + "zzz", "other", prefix]
+    assert results.mget_or_originals(keys, prefix) == [b"A", b"A", b"C", None, b"O", None]
+    assert results.get_or_original(prefix + "b", prefix) == b"A"
+    clock.advance(1_000)
+    assert results.mget_or_originals(keys[:2], prefix) == [None, None]
+    assert results.mget_or_originals([], prefix) == []

@@ -126,16 +126,16 @@ def test_states_before_success_are_overwritten_and_success_is_kept_atomically(
 
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The keys of every result read (ResultStore.get, in any thread: app.backend is per
-    thread)."""
+    """The keys of every result read (the backend's ``get``: ResultStore.get_or_original, in
+    any thread: app.backend is per thread)."""
     keys: list[str] = []
-    real_get = ResultStore.get
+    real_get = ResultStore.get_or_original
 
-    def counting_get(self: ResultStore, key: str) -> Any:
+    def counting_get(self: ResultStore, key: str, prefix: str) -> Any:
         keys.append(key)
-        return real_get(self, key)
+        return real_get(self, key, prefix)
 
-    monkeypatch.setattr(ResultStore, "get", counting_get)
+    monkeypatch.setattr(ResultStore, "get_or_original", counting_get)
     return keys
 
 

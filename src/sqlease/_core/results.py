@@ -15,7 +15,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, or_, select, update
+from sqlalchemy import (
+    Connection,
+    String,
+    Table,
+    bindparam,
+    delete,
+    func,
+    literal_column,
+    or_,
+    select,
+    union_all,
+    update,
+)
 
 from sqlease._core.chord_counters import ChordCounters, FenceRefused
 from sqlease._core.chord_sql import ChordStatements
@@ -69,6 +81,7 @@ class ResultStore(ChordCounters):
         self.notify_channel = f"{store.tables.prefix}results"
         self._insert = store.driver.insert
         self._sql = ChordStatements(self.counters, self.results, self._insert)
+        self._read_through = _read_through(self.results, store.tables.duplicates)
 
     def _now(self) -> int:
         return int(self.store.clock()) if self.store.clock else int(time.time() * 1000)
@@ -174,6 +187,26 @@ class ResultStore(ChordCounters):
         found = {r.key: bytes(r.value) for r in rows}
         return [found.get(k) for k in keys]
 
+    def get_or_original(self, key: str, prefix: str) -> bytes | None:
+        """``mget_or_originals`` of one key."""
+        return self.mget_or_originals([key], prefix)[0]
+
+    @transient
+    def mget_or_originals(self, keys: Sequence[str], prefix: str) -> list[bytes | None]:
+        """``mget``, where a key ``prefix + task_id`` with no value reads as the original's
+        (``prefix + original_id``) when that task id was a unique task's duplicate publish,
+        which never runs (sqlease._core.uniques). One statement: a pending result is read
+        as often as its client polls it."""
+        if not keys:
+            return []
+        ids = [k[len(prefix) :] for k in keys if k.startswith(prefix)]
+        params = {"keys": list(keys), "ids": ids, "prefix": prefix, "now": self._now()}
+        with self.store.driver.reading() as conn:
+            rows = conn.execute(self._read_through, params).all()
+        direct = {r.asked: bytes(r.value) for r in rows if not r.via}
+        original = {r.asked: bytes(r.value) for r in rows if r.via}
+        return [direct.get(k, original.get(k)) for k in keys]
+
     @transient
     def delete(self, key: str) -> None:
         with self.store.driver.writing() as conn:
@@ -270,6 +303,34 @@ class ResultStore(ChordCounters):
     def count(self) -> int:
         with self.store.driver.reading() as conn:
             return int(conn.execute(select(func.count()).select_from(self.results)).scalar_one())
+
+
+def _read_through(results: Table, duplicates: Table) -> Any:
+    """``mget_or_originals``' statement (keys, ids, prefix, now): the live values stored
+    under ``keys`` (``via`` 0), and those of the originals of ``ids`` that were duplicate
+    publishes, under ``prefix`` + the duplicate's id (``via`` 1)."""
+    now: Any = bindparam("now")
+    prefix: Any = bindparam("prefix", type_=String())
+    original = results.alias("original")
+    direct = select(
+        results.c.key.label("asked"), results.c.value, literal_column("0").label("via")
+    ).where(
+        results.c.key.in_(bindparam("keys", expanding=True)),
+        results.c.expires_at_ms.is_(None) | (results.c.expires_at_ms > now),
+    )
+    through = (
+        select(
+            (prefix + duplicates.c.task_id).label("asked"),
+            original.c.value,
+            literal_column("1").label("via"),
+        )
+        .select_from(duplicates.join(original, original.c.key == prefix + duplicates.c.original_id))
+        .where(
+            duplicates.c.task_id.in_(bindparam("ids", expanding=True)),
+            original.c.expires_at_ms.is_(None) | (original.c.expires_at_ms > now),
+        )
+    )
+    return union_all(direct, through)
 
 
 def _offer_params(offer: Mapping[str, Any] | None, fence: Fence | None) -> dict[str, Any] | None:

@@ -209,29 +209,13 @@ class SqleaseBackend(PushedWaits, NativeChords):  # type: ignore[misc]
         return key[len(prefix) :] if key.startswith(prefix) else None
 
     def get(self, key: Any) -> Any:
-        text = self._key(key)
-        value = self.results.get(text)
-        return self._originals([text], [value])[0] if value is None else value
+        return self.results.get_or_original(self._key(key), bytes_to_str(self.task_keyprefix))
 
     def mget(self, keys: Any) -> Any:
+        """The values under ``keys``; a unique task's duplicate publish never runs: the result
+        of its task id is the original's (sqlease._core.uniques)."""
         texts = [self._key(k) for k in keys]
-        return self._originals(texts, self.results.mget(texts))
-
-    def _originals(self, keys: list[str], values: list[Any]) -> list[Any]:
-        """A unique task's duplicate publish never runs: the result of its task id is the
-        original's (sqlease._core.uniques). Asked only for the results not found."""
-        missing = {
-            task_id: i
-            for i, (k, v) in enumerate(zip(keys, values, strict=True))
-            if v is None and (task_id := self._task_id_of(k)) is not None
-        }
-        originals = self.results.store.originals_of(list(missing)) if missing else {}
-        if originals:
-            keys_of = [self._key(self.get_key_for_task(o)) for o in originals.values()]
-            found = self.results.mget(keys_of)
-            for (duplicate, _), value in zip(originals.items(), found, strict=True):
-                values[missing[duplicate]] = value
-        return values
+        return self.results.mget_or_originals(texts, bytes_to_str(self.task_keyprefix))
 
     def set(self, key: Any, value: Any) -> Any:
         return self._set_with_state(key, value, None)
