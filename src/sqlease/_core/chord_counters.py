@@ -79,7 +79,7 @@ class ChordCounters:
                 return int(
                     conn.execute(self._sql.increment, {"k": key, "expiry": None}).scalar_one()
                 )
-            return self._count_once(conn, key, part, part_expires_ms)
+            return self._count_once(conn, key, part, part_expires_ms)[0]
 
     def _count_once(
         self,
@@ -87,19 +87,22 @@ class ChordCounters:
         key: str,
         part: str,
         part_expires_ms: int | None,
-        expires_at_ms: int | None = None,
-    ) -> int:
-        """``incr(part=…)`` inside the caller's transaction (``expires_at_ms``: the expiry of
-        a counter it starts)."""
+        expiring: tuple[int | None] | None = None,
+    ) -> tuple[int, bool]:
+        """``incr(part=…)`` inside the caller's transaction, and whether it added one (the
+        part's marker was not there). ``expiring``: the counter's new expiry (None inside:
+        never), written by the count itself."""
         marker_key = part_marker(key, part)
         expires = None if part_expires_ms is None else self._now() + part_expires_ms
         sql = self._sql
         if conn.execute(sql.marker, {"k": marker_key, "expiry": expires}).first() is None:
             counted, current = self._marker_and_counter(conn, key, part)
-            return counted if counted and counted == current else 0
-        value = int(conn.execute(sql.increment, {"k": key, "expiry": expires_at_ms}).scalar_one())
+            return (counted if counted and counted == current else 0), False
+        stmt = sql.increment if expiring is None else sql.increment_expiring
+        params = {"k": key, "expiry": None if expiring is None else expiring[0]}
+        value = int(conn.execute(stmt, params).scalar_one())
         conn.execute(sql.marker_value, {"k": marker_key, "reached": value})
-        return value
+        return value, True
 
     @transient
     def count_part(
@@ -130,46 +133,54 @@ class ChordCounters:
                 return PartCount(0, True, stored, header, False)
             if not header:
                 return PartCount(0, False, stored, False, False)
-            # Expired before the count, which locks the chord's one counter row until the
-            # commit: the fewer statements after it, the less the chord's parts wait for
-            # each other (the counter's own expiry is set by the count that starts it). A
-            # part that another's count made the last after all has expired keys Celery's
+            # The count locks the chord's one counter row until the commit, so it comes first
+            # (a transaction that writes a key in both tables takes the counters row first:
+            # two of them on one key cannot deadlock), and writes the counter's own expiry:
+            # the fewer statements after it, the less the chord's parts wait for each other.
+            # A part that another's count made the last after all has expired keys Celery's
             # base then deletes, or expires again (its own result).
             total = stored if size is None else size
             expire = bool(expiries) and total is not None and (current or 0) + 1 < total
-            starts = None
+            asked = dict(expiries)
+            expiring = None
+            if expire and key in asked:
+                expiring = (self._expiry_of(asked[key]),)
+            value, added = self._count_once(conn, key, part, part_expires_ms, expiring)
             if expire:
-                starts = self._refresh_expiries(conn, expiries).get(key)
-            value = self._count_once(conn, key, part, part_expires_ms, starts)
+                self._refresh_expiries(conn, expiries, counted=key if added else None)
             return PartCount(value, False, stored, True, expire)
 
+    def _expiry_of(self, seconds: float | None) -> int | None:
+        """Celery's ``expire(key, seconds)`` as an ``expires_at_ms`` (None: never)."""
+        return self._now() + int(seconds * 1000) if seconds else None
+
     def _refresh_expiries(
-        self, conn: Connection, expiries: Sequence[tuple[str, float | None]]
-    ) -> dict[str, int | None]:
+        self,
+        conn: Connection,
+        expiries: Sequence[tuple[str, float | None]],
+        counted: str | None = None,
+    ) -> None:
         """Celery's ``expire`` of each ``(key, seconds)`` in the caller's transaction, both
-        tables, counters first (the order every transaction writing a key in both takes, so
-        two of them on one key cannot deadlock). Every part of a chord sets the same keys'
-        expiry to its own "now + seconds": a row whose expiry is already within a hundredth
-        of ``seconds`` (at most a minute) below the new one is left as it is, so a chord's
-        parts do not rewrite its few shared rows once each. Returns each key's new expiry."""
-        now = self._now()
+        tables, counters first (``counted``: a counter whose count just wrote its expiry).
+        Every part of a chord sets the same keys' expiry to its own "now + seconds": a row
+        whose expiry is already within a hundredth of ``seconds`` (at most a minute) below
+        the new one is left as it is, so a chord's parts do not rewrite its few shared rows
+        once each."""
         by_time: dict[tuple[int | None, int], list[str]] = {}
-        new: dict[str, int | None] = {}
         for key, seconds in expiries:
-            ms = int(seconds * 1000) if seconds else 0
-            when: tuple[int | None, int] = (now + ms, min(ms // 100, 60_000)) if ms else (None, 0)
-            by_time.setdefault(when, []).append(key)
-            new[key] = when[0]
-        for (expires, slack), keys in by_time.items():
-            for at in range(0, len(keys), _KEYS_PER_STATEMENT):
-                chunk = keys[at : at + _KEYS_PER_STATEMENT]
-                for table in (self.counters, self.results):
+            slack = min(int(seconds * 1000) // 100, 60_000) if seconds else 0
+            by_time.setdefault((self._expiry_of(seconds), slack), []).append(key)
+        for table in (self.counters, self.results):
+            for (expires, slack), keys in by_time.items():
+                if table is self.counters:
+                    keys = [k for k in keys if k != counted]
+                for at in range(0, len(keys), _KEYS_PER_STATEMENT):
+                    chunk = keys[at : at + _KEYS_PER_STATEMENT]
                     if expires is None:
                         conn.execute(self._sql.keep[table.name], {"keys": chunk})
                     else:
                         terms = {"keys": chunk, "expiry": expires, "floor": expires - slack}
                         conn.execute(self._sql.expire[table.name], terms)
-        return new
 
     def _marker_and_counter(
         self, conn: Connection, key: str, part: str

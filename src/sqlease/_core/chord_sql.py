@@ -42,6 +42,16 @@ class ChordStatements:
             .on_conflict_do_update(index_elements=[c.key], set_={"value": c.value + 1})
             .returning(c.value)
         )
+        # k, expiry: the same, and the counter expires at ``expiry`` (None: never) from now
+        self.increment_expiring = (
+            insert(counters)
+            .values(key=bindparam("k"), value=1, expires_at_ms=bindparam("expiry"))
+            .on_conflict_do_update(
+                index_elements=[c.key],
+                set_={"value": c.value + 1, "expires_at_ms": bindparam("expiry")},
+            )
+            .returning(c.value)
+        )
         # k, reached: the value a part's count reached, on its marker
         self.marker_value = (
             update(counters).where(c.key == bindparam("k")).values(value=bindparam("reached"))

@@ -56,7 +56,7 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
                 if (
                     count[1].size is not None
                     and isinstance(chord, dict)
-                    and _size_of(chord) is None
+                    and chord.get("chord_size") is None
                 ):
                     size = count[1].size
                     request.chord = dict(chord, chord_size=size)  # Celery's base reads it here
@@ -142,8 +142,8 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
         if counting_part.get() is None:
             return super()._restore_group(group_id)
         counted = counted_part.get()
-        if counted is not None:  # its count read whether the header is saved
-            found = counted[1].header
+        if counted is not None and counted[0] == self._key(self.get_key_for_chord(group_id)):
+            found = counted[1].header  # the part's count read whether the header is saved
         else:
             found = self.results.exists(self._key(self.get_key_for_group(group_id)))
         if not found:
