@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection, Table, literal, update
+from sqlalchemy import Connection, Table, bindparam, literal, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.sql.dml import Delete, Update
@@ -53,6 +53,7 @@ class SqliteDriver(SqliteLeaseOps):
     def __init__(self, url: str | URL | Engine, engine: Engine, tables: Tables) -> None:
         super().__init__(engine, tables)
         self.sql = statements(tables)
+        self._upserts: dict[tuple[tuple[str, ...], bool], Any] = {}
         #: sqlease's own engines: the per-task transactions through sqlite3.
         self.direct: DirectTransactions | None = (
             None if isinstance(url, Engine) else DirectTransactions(engine)
@@ -224,14 +225,27 @@ class SqliteDriver(SqliteLeaseOps):
 
     # ---- operations: results ---------------------------------------------------------
 
+    def _result_upsert(self, columns: tuple[str, ...], keep_success: bool) -> Any:
+        """The result write's upsert of ``columns`` (bound as ``v_<column>``), built once:
+        built for each write, it cost more than running it."""
+        cached = self._upserts.get((columns, keep_success))
+        if cached is None:
+            results = self.tables.results
+            insert = sqlite_insert(results).values(
+                {c: bindparam(f"v_{c}", type_=results.c[c].type) for c in columns}
+            )
+            cached = insert.on_conflict_do_update(
+                index_elements=[results.c.key],
+                set_={c: insert.excluded[c] for c in columns if c != "key"},
+                where=results.c.state.is_distinct_from("SUCCESS") if keep_success else None,
+            ).returning(results.c.key)
+            self._upserts[(columns, keep_success)] = cached
+        return cached
+
     def result_put(self, write: ResultWrite) -> Op[Outcome]:
-        results, row, fence = self.tables.results, write.row, write.fence
-        insert = sqlite_insert(results).values(**row)
-        upsert = insert.on_conflict_do_update(
-            index_elements=[results.c.key],
-            set_={k: insert.excluded[k] for k in row if k != "key"},
-            where=results.c.state.is_distinct_from("SUCCESS") if write.keep_success else None,
-        ).returning(results.c.key)
+        row, fence = write.row, write.fence
+        upsert = self._result_upsert(tuple(row), write.keep_success)
+        values = {f"v_{c}": v for c, v in row.items()}
 
         def body(conn: Connection) -> Outcome:
             if fence is not None:
@@ -245,7 +259,7 @@ class SqliteDriver(SqliteLeaseOps):
                 }
                 if conn.execute(self.sql.lease_check, held).first() is None:
                     return Outcome.LEASE_LOST
-            if conn.execute(upsert).first() is None:
+            if conn.execute(upsert, values).first() is None:
                 return Outcome.KEPT_SUCCESS
             return Outcome.UPDATED
 
