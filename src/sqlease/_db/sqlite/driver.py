@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection, Table, bindparam, literal, update
+from sqlalchemy import Connection, Table, bindparam, literal, literal_column, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.sql.dml import Delete, Update
@@ -227,7 +227,8 @@ class SqliteDriver(SqliteLeaseOps):
 
     def _result_upsert(self, columns: tuple[str, ...], keep_success: bool) -> Any:
         """The result write's upsert of ``columns`` (bound as ``v_<column>``), built once:
-        built for each write, it cost more than running it."""
+        built for each write, it cost more than running it. Its one constant is literal SQL:
+        the kept sqlite3 connection binds only the op's own parameters."""
         cached = self._upserts.get((columns, keep_success))
         if cached is None:
             results = self.tables.results
@@ -237,7 +238,11 @@ class SqliteDriver(SqliteLeaseOps):
             cached = insert.on_conflict_do_update(
                 index_elements=[results.c.key],
                 set_={c: insert.excluded[c] for c in columns if c != "key"},
-                where=results.c.state.is_distinct_from("SUCCESS") if keep_success else None,
+                where=(
+                    results.c.state.is_distinct_from(literal_column("'SUCCESS'"))
+                    if keep_success
+                    else None
+                ),
             ).returning(results.c.key)
             self._upserts[(columns, keep_success)] = cached
         return cached
@@ -263,7 +268,10 @@ class SqliteDriver(SqliteLeaseOps):
                 return Outcome.KEPT_SUCCESS
             return Outcome.UPDATED
 
-        return Op(Lane.DEFAULT, body=body)
+        # A lane other than DEFAULT: the transaction runs on the kept sqlite3 connection, as
+        # a claim's or an ack's does (SQLAlchemy's execution layer cost more than the write;
+        # on SQLite a lane sets no commit level).
+        return Op(Lane.LEASES, body=body)
 
     # ---- operations: offers (none: no LISTEN to hand a message over) -------------------
 
