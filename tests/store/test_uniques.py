@@ -236,3 +236,20 @@ def test_a_duplicates_result_reads_as_its_originals_in_one_statement(
     clock.advance(1_000)
     assert results.mget_or_originals(keys[:2], prefix) == [None, None]
     assert results.mget_or_originals([], prefix) == []
+
+
+def test_a_join_of_any_size_reads_in_statements_sqlite_allows(store: Store) -> None:
+    """Each key of ``mget_or_originals`` is up to two parameters: 20,000 keys are read in
+    statements of 1,000 (SQLite takes at most 32,766 parameters in one), in order."""
+    from sqlease._core.results import ResultStore
+
+    results = ResultStore(store)
+    prefix = "celery-task-meta-"
+    _put(store, "a")
+    _put(store, "b")  # a duplicate of a
+    results.put(prefix + "a", b"A")
+    results.put(prefix + "k19999", b"last")
+    keys = [prefix + f"k{i}" for i in range(20_000)] + [prefix + "b"]
+    got = results.mget_or_originals(keys, prefix)
+    assert len(got) == 20_001
+    assert got[-2:] == [b"last", b"A"] and got[:-2] == [None] * 19_999

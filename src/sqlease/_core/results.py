@@ -197,14 +197,18 @@ class ResultStore(ChordCounters):
         (``prefix + original_id``) when that task id was a unique task's duplicate publish,
         which never runs (sqlease._core.uniques). One statement: a pending result is read
         as often as its client polls it."""
-        if not keys:
-            return []
-        ids = [k[len(prefix) :] for k in keys if k.startswith(prefix)]
-        params = {"keys": list(keys), "ids": ids, "prefix": prefix, "now": self._now()}
+        direct: dict[str, bytes] = {}
+        original: dict[str, bytes] = {}
+        now = self._now()
         with self.store.driver.reading() as conn:
-            rows = conn.execute(self._read_through, params).all()
-        direct = {r.asked: bytes(r.value) for r in rows if not r.via}
-        original = {r.asked: bytes(r.value) for r in rows if r.via}
+            # A statement per 1,000 keys: each key is up to two parameters (SQLite allows
+            # 32,766 in a statement), and a join may ask for a group of any size.
+            for at in range(0, len(keys), _READ_CHUNK):
+                chunk = list(keys[at : at + _READ_CHUNK])
+                ids = [k[len(prefix) :] for k in chunk if k.startswith(prefix)]
+                params = {"keys": chunk, "ids": ids, "prefix": prefix, "now": now}
+                for r in conn.execute(self._read_through, params):
+                    (original if r.via else direct)[r.asked] = bytes(r.value)
         return [direct.get(k, original.get(k)) for k in keys]
 
     @transient
@@ -303,6 +307,10 @@ class ResultStore(ChordCounters):
     def count(self) -> int:
         with self.store.driver.reading() as conn:
             return int(conn.execute(select(func.count()).select_from(self.results)).scalar_one())
+
+
+#: Keys per statement of ``mget_or_originals``.
+_READ_CHUNK = 1000
 
 
 def _read_through(results: Table, duplicates: Table) -> Any:
