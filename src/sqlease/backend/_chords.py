@@ -82,9 +82,9 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
         chord = getattr(request, "chord", None)
         if not group or not part or not chord:
             return None
-        expiries = self._part_expiries(group, str(part))
-        expires = getattr(self, "expires", None)
         key = self._key(self.get_key_for_chord(group))
+        expiries = self._part_expiries(key, group, str(part))
+        expires = getattr(self, "expires", None)
         count = self.results.count_part(
             key,
             str(part),
@@ -97,11 +97,12 @@ class NativeChords(KeyValueStoreBackend):  # type: ignore[misc]
         )
         return key, count, frozenset(expiries) if count.expired else frozenset()
 
-    def _part_expiries(self, group: Any, part: str) -> list[tuple[str, float | None]]:
+    def _part_expiries(
+        self, chord_key: str, group: Any, part: str
+    ) -> list[tuple[str, float | None]]:
         """What Celery's base expires after a count that did not complete the chord: since
         Celery 5.7 the counter, the saved header and the part's own result, each for as long
-        as a chord's results are kept; before, the counter alone."""
-        chord_key = self._key(self.get_key_for_chord(group))
+        as a chord's results are kept; before, the counter (``chord_key``) alone."""
         if not hasattr(type(self), "_chord_result_expires"):
             return [(chord_key, self.expires)]
         keep = self._chord_result_expires

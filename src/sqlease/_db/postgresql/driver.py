@@ -133,11 +133,10 @@ class PostgresDriver(PostgresLeaseOps):
 
     @contextmanager
     def reading(self) -> Iterator[Connection]:
-        # Under READ COMMITTED (sqlease's transactions) each statement takes its own snapshot
-        # inside a transaction too: in autocommit a read sees the same, without the BEGIN and
-        # ROLLBACK round trips (they halved a one-row read's time).
-        with self.engine.connect() as conn:
-            yield conn.execution_options(isolation_level="AUTOCOMMIT", sqlease_read_only=True)
+        # Under READ COMMITTED each statement has its own snapshot in a transaction too: in
+        # autocommit a read sees the same, without BEGIN and ROLLBACK (half a one-row read).
+        with self.writing(1) as conn:
+            yield conn
 
     def fork_section(self) -> AbstractContextManager[None]:
         return nullcontext()
@@ -193,8 +192,7 @@ class PostgresDriver(PostgresLeaseOps):
         return KeptLine(runner)
 
     def line_key(self, lane: Lane) -> object:
-        # Lanes on one engine (one pool, one session setup) share a connection.
-        return self._lanes[lane].engine
+        return self._lanes[lane].engine  # lanes on one engine share a connection
 
     def pin_thread(self, lane: Lane) -> None:
         runner = self._lanes[lane]
@@ -240,17 +238,12 @@ class PostgresDriver(PostgresLeaseOps):
         conn.execute(NOTIFY, {"channel": channel, "key": payload})
 
     def waker(self, channel: str, *, lock_key: int | None = None) -> Waker:
-        if not self.pooling.transaction:
-            return PostgresListener(
-                self.engine.url, channel, lock_key=lock_key, lease_ms=self.lease_ms
-            )
-        if self.pooling.listen_url is not None:
-            # Past the pooler: LISTEN and the handoff's session lock on a connection of
-            # their own, as without a pooler (NOTIFY from pooled sessions reaches it).
-            return PostgresListener(
-                self.pooling.listen_url, channel, lock_key=lock_key, lease_ms=self.lease_ms
-            )
-        return PollingWaker()
+        # Past a transaction pooler: LISTEN and the handoff's session lock on a connection of
+        # their own (listen_url), as without a pooler (NOTIFY from pooled sessions reaches it).
+        url = self.pooling.listen_url if self.pooling.transaction else self.engine.url
+        if url is None:
+            return PollingWaker()
+        return PostgresListener(url, channel, lock_key=lock_key, lease_ms=self.lease_ms)
 
     def queues_param(self, queues: Sequence[str]) -> Any:
         return list(queues)  # text[]
