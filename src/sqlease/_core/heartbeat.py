@@ -259,10 +259,12 @@ class Heartbeat:
             [(f, h, "its lease clock ran out before a renewal was confirmed") for f, h in run_out],
             until,
         )
-        for entries in groups.values():
-            self._renew(entries)
+        # Given back before the renewals: a renewal on a slow or unreachable database may wait
+        # as long as its leases last, and these messages are to be delivered again now.
         if abandoned:
             self._give_back(abandoned)
+        for entries in groups.values():
+            self._renew(entries)
 
     def _give_back(self, abandoned: list[tuple[Fence, _Held]]) -> None:
         """Give back the leases of holders collected unclosed (their messages delivered
