@@ -21,11 +21,12 @@ its ``src/`` and ``benchmarks/`` first. Each version's ``sqlease.__file__`` is p
     .venv/bin/python benchmarks/paired.py --before main --after ../other-tree --rounds 5
     nice -n 10 .venv/bin/python benchmarks/paired.py --quick --before HEAD   # validation, 1 round
 
-Report: per metric (celery_bench's delay()/s, drain/s, start and get() p50 per broker; store.py's
-tasks/s per backend, loop, processes P and batch B) each round's ``before -> after``, their
-medians, and the median of the rounds' speed ratios after/before (latencies: before/after, so
-below 1 always means slower), flagged ``<<`` below 0.95; then each version's ratios to Redis and
-RabbitMQ (celery_bench's, median of the rounds). Raw numbers, per round and version:
+Report: per metric (celery_bench's delay()/s, drain/s without and with results stored, start
+and get() p50 per broker; store.py's tasks/s per backend, loop, processes P and batch B) each
+round's ``before -> after``, their medians, and the median of the rounds' speed ratios
+after/before (latencies: before/after, so below 1 always means slower), flagged ``<<`` below
+0.95; then each version's ratios to Redis and RabbitMQ (celery_bench's, median of the rounds).
+Raw numbers, per round and version:
 ``benchmarks/results/paired-<date>-<before>-<after>[-quick].json``.
 """
 
@@ -57,6 +58,7 @@ BASELINES = ["redis", "rabbitmq"]
 CELERY_KEYS = {
     "delay_per_s": ("delay()/s", True),
     "drain_per_s": ("drain/s", True),
+    "drain_backend_per_s": ("drain/s, results stored", True),
     "start_p50_ms": ("start p50 ms", False),
     "get_p50_ms": ("get() p50 ms", False),
 }

@@ -222,23 +222,26 @@ def test_no_session_lock_is_left_on_pooled_connections(bouncer: Bouncer, workers
     # Every advisory lock of this session's database, by session (the tests run beside this
     # one have databases of their own; this one's other listeners may hold some).
     query = text(
-        "SELECT l.pid, l.classid, l.objid, a.application_name FROM pg_locks l "
+        "SELECT l.pid, l.classid, l.objid, l.mode, a.application_name FROM pg_locks l "
         "JOIN pg_stat_activity a ON a.pid = l.pid "
         "WHERE l.locktype = 'advisory' AND a.datname = current_database()"
     )
 
-    def locks() -> dict[tuple[int, int, int], str]:
+    def locks() -> dict[tuple[int, int, int, str], str]:
         with engine.connect() as conn:
-            return {(r[0], r[1], r[2]): r[3] for r in conn.execute(query)}
+            return {(r[0], r[1], r[2], r[3]): r[4] for r in conn.execute(query)}
 
     before = locks()
     url = bouncer.url(listen_port=str(bouncer.direct_port))
     worker = workers["start"](url, "w1")
     app = make_app(url, workers["prefix"])
     assert app.tasks["pooler.add"].delay(1, 1).get(timeout=60) == 2
-    held = {k: v for k, v in locks().items() if k not in before}
-    # The worker's handoff lock is held by its direct listen connection, never a pooled one.
-    assert held and set(held.values()) == {"sqlease-listen"}, held
+    new = {k: v for k, v in locks().items() if k not in before}
+    # The worker's handoff lock, and the waiting client's shared ones (sqlease._core.waiters),
+    # are held by direct listen connections, never a pooled one.
+    assert new and set(new.values()) == {"sqlease-listen"}, new
+    held = {k: v for k, v in new.items() if k[3] == "ExclusiveLock"}  # the worker's
+    assert held and len({k[0] for k in new if k[3] == "ShareLock"}) == 1, new  # the client's
     os.killpg(worker.pid, signal.SIGKILL)
     worker.wait(timeout=10)
     deadline = time.monotonic() + 20

@@ -139,11 +139,11 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return keys
 
 
-def _until_napping(reads: list[str]) -> None:
-    """Until a waiter in another thread has made its first read and is waiting for its
-    notification."""
+def _until_napping(reads: list[str], count: int = 1) -> None:
+    """Until a waiter in another thread has made its first ``count`` reads and is waiting for
+    its notification (a thread's first get() reads, listens, and reads once more)."""
     deadline = time.monotonic() + 5
-    while not reads and time.monotonic() < deadline:
+    while len(reads) < count and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.05)
 
@@ -247,15 +247,17 @@ def test_on_message_sees_states_written_faster_than_it_reads(
 def test_waiting_get_takes_the_result_from_its_notification(
     app: Celery, db_url: str, size: int, reads: list[str]
 ) -> None:
-    """A result small enough to travel with its NOTIFY is not read back; a larger one is."""
+    """A result small enough to travel with its NOTIFY is not read back; a larger one is.
+    (The waiting thread's first get() reads twice before it naps: before and after it starts
+    listening.)"""
     thread, box = _wait_in_thread(app, "tid-n")
-    _until_napping(reads)
+    _until_napping(reads, 2)
     writer = _writer(app)
     value = "x" * size
     writer.backend.store_result("tid-n", value, states.SUCCESS)
     thread.join(10)
     assert box.get("value") == value, box
-    assert len(reads) == (1 if size < 7000 else 2)
+    assert len(reads) == (2 if size < 7000 else 3)
     writer.close()
 
 
@@ -348,12 +350,12 @@ def test_a_failure_carried_by_its_notification_raises_as_usual(
     app: Celery, db_url: str, reads: list[str]
 ) -> None:
     thread, box = _wait_in_thread(app, "tid-f")
-    _until_napping(reads)
+    _until_napping(reads, 2)
     writer = _writer(app)
     writer.backend.mark_as_failure("tid-f", KeyError("no such order"))
     thread.join(10)
     assert isinstance(box.get("error"), KeyError) and "no such order" in str(box["error"])
-    assert len(reads) == 1  # the failure came with its notification
+    assert len(reads) == 2  # before and after listening; the failure came with its notification
     writer.close()
 
 

@@ -4,7 +4,8 @@ fenced by delivery leases.
 A write made from inside a task delivered by sqlease carries the delivery's fence: it is
 applied only if that delivery still holds its lease, in the same transaction that checks it,
 so a worker that lost its lease can neither overwrite the new holder's result nor advance a
-chord. PostgreSQL writers NOTIFY ``<prefix>results`` so waiting clients wake at once.
+chord. PostgreSQL writers NOTIFY ``<prefix>results`` so waiting clients wake at once (a task's
+result only while a client waits: sqlease._core.waiters).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from sqlease._core.chord_counters import ChordCounters, FenceRefused
 from sqlease._core.chord_sql import ChordStatements
 from sqlease._core.names import MAX_ID_BYTES
 from sqlease._core.store import Store
+from sqlease._core.waiters import waiter_key, waiter_keys
 from sqlease._db.driver import ResultWrite
 from sqlease._db.retry import transient
 from sqlease.errors import ConfigurationError
@@ -79,6 +81,8 @@ class ResultStore(ChordCounters):
         self.results = store.tables.results
         self.counters = store.tables.counters
         self.notify_channel = f"{store.tables.prefix}results"
+        #: The advisory locks a waiting client's LISTEN connection holds (shared).
+        self.waiter_keys = waiter_keys(self.notify_channel)
         self._insert = store.driver.insert
         self._sql = ChordStatements(self.counters, self.results, self._insert)
         self._read_through = _read_through(self.results, store.tables.duplicates)
@@ -149,6 +153,7 @@ class ResultStore(ChordCounters):
             offer=_offer_params(offer, fence),
             now=None if self.store.clock is None else now,
             channel=self.notify_channel,
+            waiters_key=waiter_key(self.waiter_keys, key),
         )
         return self.store.driver.execute(self.store.driver.result_put(write))
 

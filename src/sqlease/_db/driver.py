@@ -184,9 +184,12 @@ class Driver(ABC):
         """Inside ``conn``'s transaction: wake the listeners of ``channel`` at commit."""
 
     @abstractmethod
-    def waker(self, channel: str, *, lock_key: int | None = None) -> Waker:
+    def waker(
+        self, channel: str, *, lock_key: int | None = None, shared_keys: Sequence[int] = ()
+    ) -> Waker:
         """What an idle client waits on: a LISTEN connection on ``channel`` (holding the
-        advisory lock ``lock_key``, if given), or a watch of the database file."""
+        advisory lock ``lock_key``, if given, and ``shared_keys`` shared, taken once it
+        listens), or a watch of the database file."""
 
     @abstractmethod
     def queues_param(self, queues: Sequence[str]) -> Any:

@@ -246,7 +246,8 @@ class ResultWrite:
     """One result row and how it may be written: ``fence`` (only while its lease is held),
     ``keep_success`` (never over a stored SUCCESS), ``offer`` (PostgreSQL: the holder's next
     handoff offer, written if the lease held), ``now`` (the clock the lease check reads; None:
-    the database's)."""
+    the database's); ``channel`` is notified only while a waiting client holds the advisory
+    lock ``waiters_key`` (PostgreSQL; None: always)."""
 
     row: Mapping[str, Any]
     fence: Fence | None
@@ -254,6 +255,7 @@ class ResultWrite:
     offer: Mapping[str, Any] | None
     now: int | None
     channel: str
+    waiters_key: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

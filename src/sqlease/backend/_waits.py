@@ -26,7 +26,11 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
     def _waker(self) -> Waker:
         waker = getattr(self._local, "waker", None)
         if waker is None:
-            waker = self.results.store.driver.waker(self.results.notify_channel)
+            results = self.results
+            # Results are notified only while a waiting client holds these keys.
+            waker = results.store.driver.waker(
+                results.notify_channel, shared_keys=results.waiter_keys
+            )
             self._local.waker = waker
         return waker
 
@@ -161,14 +165,16 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
         waker = self._waker()
         # Skip the first read when it cannot find the result (see on_task_call).
         look = not self._heard_since_publish(waker, task_id)
-        waker.fileno()  # listen before the first look, so no notification is missed
         start = time.monotonic()
         while True:
+            listening = waker.connected
             if look:
                 meta = self.get_task_meta(task_id)
                 if meta["status"] in states.READY_STATES:
                     return _final(meta, on_interval)
             look = True
+            if not listening and _listen(waker):
+                continue  # read once more, listening: a write before that was not notified
             payloads = self._wake(waker, start, interval, timeout, on_interval)
             # The result usually arrives with its notification: no read back needed.
             meta = self._ready_meta_from(payloads, task_id)
@@ -292,10 +298,10 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
                 ids.discard(task_id)
                 yield bytes_to_str(task_id), cached
         waker = self._waker()
-        waker.fileno()
         start = time.monotonic()
         iterations = 0
         while ids:
+            listening = waker.connected
             keys = list(ids)
             found = self._mget_to_results(
                 self.mget([self.get_key_for_task(k) for k in keys]), keys, READY_STATES
@@ -310,6 +316,8 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
                 yield bytes_to_str(key), value
             if not ids:
                 break
+            if not listening and _listen(waker):
+                continue  # read once more, listening: a write before that was not notified
             elapsed = time.monotonic() - start
             if timeout is not None and elapsed >= timeout:
                 raise CeleryTimeoutError(f"Operation timed out ({timeout})")
@@ -319,6 +327,14 @@ class PushedWaits(KeyValueStoreBackend):  # type: ignore[misc]
             iterations += 1
             if max_iterations and iterations >= max_iterations:
                 break
+
+
+def _listen(waker: Waker) -> bool:
+    """Listen now (on PostgreSQL holding the waiters' keys, so that result writes notify:
+    sqlease._core.waiters); True if the waker now pushes notifications. Only a wait whose
+    first read found nothing listens, so a join of results already stored turns no
+    notifications on."""
+    return waker.pushes and waker.fileno() is not None
 
 
 def _pending_parents(result: Any) -> list[str]:

@@ -237,13 +237,15 @@ class PostgresDriver(PostgresLeaseOps):
     def notify(self, conn: Connection, channel: str, payload: str) -> None:
         conn.execute(NOTIFY, {"channel": channel, "key": payload})
 
-    def waker(self, channel: str, *, lock_key: int | None = None) -> Waker:
-        # Past a transaction pooler: LISTEN and the handoff's session lock on a connection of
-        # their own (listen_url), as without a pooler (NOTIFY from pooled sessions reaches it).
+    def waker(
+        self, channel: str, *, lock_key: int | None = None, shared_keys: Sequence[int] = ()
+    ) -> Waker:
+        # Past a transaction pooler: LISTEN and the session locks on a connection of their
+        # own (listen_url), as without a pooler (NOTIFY from pooled sessions reaches it).
         url = self.pooling.listen_url if self.pooling.transaction else self.engine.url
         if url is None:
             return PollingWaker()
-        return PostgresListener(url, channel, lock_key=lock_key, lease_ms=self.lease_ms)
+        return PostgresListener(url, channel, lock_key, shared_keys, lease_ms=self.lease_ms)
 
     def queues_param(self, queues: Sequence[str]) -> Any:
         return list(queues)  # text[]

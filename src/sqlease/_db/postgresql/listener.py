@@ -9,6 +9,7 @@ import select
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -70,7 +71,13 @@ class PostgresListener:
     watches = False
 
     def __init__(
-        self, url: URL, channel: str, *, lock_key: int | None = None, lease_ms: int = 60_000
+        self,
+        url: URL,
+        channel: str,
+        lock_key: int | None = None,
+        shared_keys: Sequence[int] = (),
+        *,
+        lease_ms: int = 60_000,
     ) -> None:
         self._dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._connect_args: dict[str, Any] = {}
@@ -86,6 +93,9 @@ class PostgresListener:
         # Held by this connection while it lives: the worker's handoff offers count only
         # while it is (see sqlease._core.handoff).
         self._lock_key = lock_key
+        # Held shared while it lives, taken once it listens: result writes notify only while
+        # a waiting client holds them (see sqlease._core.waiters).
+        self._shared_keys = list(shared_keys)
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         #: Counts the connections made: while it is unchanged, no notification was missed.
         self.generation = 0
@@ -135,6 +145,15 @@ class PostgresListener:
             conn.execute(f'LISTEN "{self._channel}"')
             if self._lock_key is not None:
                 conn.execute("SELECT pg_advisory_lock(%s)", (self._lock_key,))
+            if self._shared_keys:
+                # Each waits at most for a result write's commit (its one statement holds the
+                # key until then); a far longer wait is a fault: listen again later, and poll
+                # meanwhile (logged below as LockNotAvailable).
+                conn.execute("SET lock_timeout = '10s'")
+                conn.execute(
+                    "SELECT count(pg_advisory_lock_shared(k)) FROM unnest(%s::bigint[]) AS k",
+                    (self._shared_keys,),
+                )
         except psycopg.Error as exc:
             _close_quietly(conn)
             if self._failing_since is None:
@@ -188,10 +207,13 @@ class PostgresListener:
 
     def wait(self, timeout: float) -> bool:
         with self._lock:
+            generation = self.generation
             conn = self._connect()
             if conn is None:
                 time.sleep(timeout)
                 return False
+            if self.generation != generation:
+                return True  # listening anew: what came meanwhile went unheard, look now
             try:
                 for _ in conn.notifies(timeout=timeout, stop_after=1):
                     return True
@@ -204,11 +226,16 @@ class PostgresListener:
 
     def wait_payloads(self, timeout: float) -> list[str] | None:
         """Block up to ``timeout`` seconds for a notification; the payloads that came (empty
-        if none did), or None when the connection could not tell (broken, not listening)."""
+        if none did), or None when the connection could not tell (broken, not listening, or
+        opened anew just now: returned at once, so the caller reads what came meanwhile
+        while listening, and holding the shared keys, before it waits)."""
         with self._lock:
+            generation = self.generation
             conn = self._connect()
             if conn is None:
                 time.sleep(timeout)
+                return None
+            if self.generation != generation:
                 return None
             try:
                 payloads = [n.payload for n in conn.notifies(timeout=timeout, stop_after=1)]

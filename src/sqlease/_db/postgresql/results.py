@@ -37,7 +37,8 @@ def result_put(t: Tables, *, offer: bool) -> TextClause:
     """The lease check (``lease_check``) as a row-locking UPDATE (only when ``:fenced``), the upsert
     only if it held (and, with ``:keep_success``, never over a stored SUCCESS), and the
     waiters' notification: with the value when it was stored, by key alone when a stored
-    SUCCESS was kept.
+    SUCCESS was kept; only if a client waits (the try of ``:waiters_key`` fails, see
+    sqlease._core.waiters; NULL: always).
 
     ``offer``: the final result of a delivery its worker took while idle carries that
     worker's next handoff offer, so it stands before the client even wakes and the client's
@@ -63,7 +64,9 @@ def result_put(t: Tables, *, offer: bool) -> TextClause:
         f"{_holder_offer(t) if offer else ''}"
         "n AS (SELECT pg_notify(CAST(:channel AS TEXT), CASE WHEN EXISTS "
         "(SELECT 1 FROM up) THEN CAST(:payload AS TEXT) ELSE CAST(:key AS TEXT) END) "
-        "WHERE NOT CAST(:fenced AS BOOLEAN) OR EXISTS (SELECT 1 FROM h)) "
+        "WHERE (NOT CAST(:fenced AS BOOLEAN) OR EXISTS (SELECT 1 FROM h)) "
+        "AND (CAST(:waiters_key AS BIGINT) IS NULL "
+        "OR NOT pg_try_advisory_xact_lock(CAST(:waiters_key AS BIGINT)))) "
         "SELECT EXISTS (SELECT 1 FROM h) AS held, "
         "(SELECT count(*) FROM up) + 0 * (SELECT count(*) FROM n) AS stored"
     )
@@ -90,6 +93,7 @@ def result_params(write: ResultWrite) -> dict[str, Any]:
     params = dict(
         row,
         channel=write.channel,
+        waiters_key=write.waiters_key,
         payload=payload,
         fenced=fence is not None,
         owner=None if fence is None else fence.owner,

@@ -123,7 +123,9 @@ class SqliteDriver(SqliteLeaseOps):
     def notify(self, conn: Connection, channel: str, payload: str) -> None:
         pass  # watchers see the commit change the file's data_version
 
-    def waker(self, channel: str, *, lock_key: int | None = None) -> Waker:
+    def waker(
+        self, channel: str, *, lock_key: int | None = None, shared_keys: Sequence[int] = ()
+    ) -> Waker:
         return SqliteWatcher(str(self.engine.url.database))
 
     def queues_param(self, queues: Sequence[str]) -> Any:
