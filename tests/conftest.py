@@ -143,6 +143,20 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+def record_naps(monkeypatch: pytest.MonkeyPatch, backend: Any) -> list[Any]:
+    """What each of the result backend's naps returned (its class's ``_nap`` patched): an
+    empty list is a nap that waited out its safety interval without a notification."""
+    naps: list[Any] = []
+    real_nap = type(backend)._nap
+
+    def nap(self: Any, *args: Any) -> Any:
+        naps.append(real_nap(self, *args))
+        return naps[-1]
+
+    monkeypatch.setattr(type(backend), "_nap", nap)
+    return naps
+
+
 def unique_prefix() -> str:
     return f"t{os.getpid()}_{next(_prefixes)}_"
 

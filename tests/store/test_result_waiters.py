@@ -14,7 +14,7 @@ import pytest
 from celery import Celery, states
 from celery.result import AsyncResult
 
-from conftest import unique_prefix
+from conftest import record_naps, unique_prefix
 from sqlease import Store
 from sqlease._core.results import ResultStore
 from sqlease._core.waiters import WAITER_KEYS, waiter_key, waiter_keys
@@ -217,14 +217,7 @@ def test_gets_that_start_as_their_results_are_written_miss_none(
     writer.conf.broker_transport_options = app.conf.broker_transport_options
     writes = writer.backend  # made here once: the timers' threads write through it
     backend = app.backend
-    naps: list[Any] = []
-    real_nap = type(backend)._nap
-
-    def nap(self: Any, *args: Any) -> Any:
-        naps.append(real_nap(self, *args))
-        return naps[-1]
-
-    monkeypatch.setattr(type(backend), "_nap", nap)
+    naps = record_naps(monkeypatch, backend)
     rng = random.Random(7)
     try:
         for n in range(60):

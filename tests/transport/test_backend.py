@@ -14,7 +14,7 @@ from celery import exceptions as celery_exceptions
 from celery.result import AsyncResult, GroupResult
 from sqlalchemy import select
 
-from conftest import unique_prefix
+from conftest import record_naps, unique_prefix
 from sqlease import ConfigurationError, Store
 from sqlease._core.clock_slots import ClockSlots
 from sqlease._core.lease_clock import LOST
@@ -331,14 +331,7 @@ def test_results_heard_while_waiting_for_another_are_not_waited_for_again(
         backend.on_task_call(None, task_id)
     for i, task_id in enumerate(ids):
         writer.backend.store_result(task_id, i, states.SUCCESS)
-    naps: list[Any] = []
-    real_nap = type(backend)._nap
-
-    def nap(self: Any, *args: Any) -> Any:
-        naps.append(real_nap(self, *args))
-        return naps[-1]
-
-    monkeypatch.setattr(type(backend), "_nap", nap)
+    naps = record_naps(monkeypatch, backend)
     assert [AsyncResult(task_id, app=app).get(timeout=5) for task_id in ids] == list(range(5))
     assert all(naps), naps  # none waited out its safety interval for a consumed notification
     writer.close()

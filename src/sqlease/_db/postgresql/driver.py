@@ -4,9 +4,8 @@ Data-modifying CTEs write a claim's run locks, gate slots, rate limits, task att
 events inside the claim itself, and likewise for publish, ack, ack + claim, renew, transition
 and the result write, so each op is one autocommit statement: one round trip, one commit,
 and the event loop can send it without blocking (``line``). Only a batch that names several
-owners, or a publish of several rows, is a transaction of several statements.
-
-The lease operations (claim, ack, renew, transition) are in ``lease_ops.py``, its base.
+owners, or a publish of several rows, is a transaction of several statements. The lease
+operations (claim, ack, renew, transition) are in ``lease_ops.py``, its base.
 
 Lanes: the per-task statements bypass SQLAlchemy's execution layer (direct.py) on an engine
 of their own whose sessions use generic plans; the idle worker's offers, takes and renewals
@@ -240,8 +239,7 @@ class PostgresDriver(PostgresLeaseOps):
     def waker(
         self, channel: str, *, lock_key: int | None = None, shared_keys: Sequence[int] = ()
     ) -> Waker:
-        # Past a transaction pooler: LISTEN and the session locks on a connection of their
-        # own (listen_url), as without a pooler (NOTIFY from pooled sessions reaches it).
+        # Past a transaction pooler, LISTEN and session locks go direct (listen_url).
         url = self.pooling.listen_url if self.pooling.transaction else self.engine.url
         if url is None:
             return PollingWaker()
