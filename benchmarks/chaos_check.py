@@ -202,6 +202,15 @@ def check_records(
     return figures, problems
 
 
+def _timeline(events: list[Any]) -> str:
+    """A task's events, for a problem's message: what happened, when (the database's clock)."""
+    return "; ".join(
+        f"{e.at_ms} {e.kind} attempt {e.attempt} message {e.message_id}"
+        + (f" {e.data}" if e.kind in ("claimed", "released", "lease_lost") and e.data else "")
+        for e in events
+    )
+
+
 def check_database(
     store: Any, steps: int, task_ids: dict[str, tuple[str | None, int, bool]]
 ) -> tuple[
@@ -222,10 +231,11 @@ def check_database(
     exhausted_results.write_missing(store)
     t = store.tables
     problems: list[str] = []
-    finished = exhausted = reexecuted = 0
+    finished = exhausted = reexecuted = from_stored = 0
     with store.driver.reading() as conn:
         results: dict[str, list[Any]] = defaultdict(list)
-        for r in conn.execute(select(t.results.c.task_id, t.results.c.state, t.results.c.value)):
+        result_cols = (t.results.c.task_id, t.results.c.state, t.results.c.value)
+        for r in conn.execute(select(*result_cols, t.results.c.updated_at_ms)):
             results[r.task_id].append(r)
         leftovers = conn.execute(
             select(t.messages.c.task_id, t.messages.c.state, t.messages.c.reason)
@@ -276,8 +286,12 @@ def check_database(
         if value["attempt"] not in ends:
             problems.append(f"task {task_id}: its result's delivery recorded no completion")
         if any(a > value["attempt"] for a in ends):
-            problems.append(f"task {task_id}: a delivery completed after the result was stored")
+            problems.append(
+                f"task {task_id}: a delivery completed after the result was stored "
+                f"(at {row.updated_at_ms}): {_timeline(by_task[task_id])}"
+            )
         reexecuted += len(ends) - 1
+        from_stored += [e.kind for e in by_task[task_id]].count("completed_from_stored_outcome")
     # No two live holders, on the database's clock: every fenced write of a delivery comes
     # before any later delivery of its task was claimed, and the fenced activity intervals
     # (first fenced write .. last) of different tasks of one run never overlap.
@@ -321,6 +335,8 @@ def check_database(
         "finished_once": finished,
         "duplicate_results": duplicates,
         "reexecuted_after_crash_before_result": reexecuted,
+        # Stored, then the worker died before its ack: acked by the next holder, not run.
+        "completed_from_the_stored_result": from_stored,
         "poisoned_exhausted": exhausted,
         "task_holder_overlaps": holders,
         "run_overlaps": overlaps,
