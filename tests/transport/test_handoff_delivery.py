@@ -189,6 +189,8 @@ def test_the_ack_that_leaves_a_consumer_idle_carries_its_next_offer(
     run_until(hub, lambda: offered_queues(db_store, transport.owner) == {"work"})
     assert [[f.message_id for f in fences] for _, fences in combined] == [[msg_id(got[0])]]
     assert statements == [transport.store.sql.ack_outside_runs_offer]
+    # The offer's answer answers its ack too: no longer on its way.
+    run_until(hub, lambda: not transport.fetcher.outage._leaving)
     for _ in range(3):  # what the loop's next iterations run: they look no further
         transport.wakeups.on_kick()
         transport.wakeups.on_tick()

@@ -40,6 +40,7 @@ def test_the_refill_claim_writes_the_waiting_acks_in_its_transaction(
     ]
     assert plain_acks == []
     assert worker.transport.fetcher.acks.pending == []
+    assert not worker.transport.fetcher.outage._leaving  # answered with the claim
     assert rows(db_store, "work") == 8
     assert sorted(m.id for m in leased_rows(db_store)) == sorted(msg_id(m) for m in got[4:])
     worker.release()

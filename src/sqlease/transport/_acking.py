@@ -98,7 +98,9 @@ class Acking:
     def report(self, fences: list[Fence], acked: set[int]) -> None:
         """Acks the store refused are reported (off the loop: it reads their state); acks
         that went through free prefetch credit and may free a run's next message: look for
-        work in the next iteration rather than at the next poll."""
+        work in the next iteration rather than at the next poll. Either way the acks are no
+        longer on their way (an outage no longer waits for them)."""
+        self._answered(fences)
         self.owed(acked)
         refused = [f for f in fences if f.message_id not in acked]
         if refused:
