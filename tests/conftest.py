@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -159,6 +160,15 @@ def record_naps(monkeypatch: pytest.MonkeyPatch, backend: Any) -> list[Any]:
 
 def unique_prefix() -> str:
     return f"t{os.getpid()}_{next(_prefixes)}_"
+
+
+def isolated_app(name: str, db_url: str) -> Celery:
+    """A Celery app with sqlease as its broker and backend on ``db_url``, in tables of its
+    own (a fresh prefix), not made the current app."""
+    url = f"sqlease+{db_url}"
+    app = Celery(name, broker=url, backend=url, set_as_current=False)
+    app.conf.broker_transport_options = {"table_prefix": unique_prefix()}
+    return app
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg)])

@@ -13,7 +13,7 @@ from celery import Celery, states
 from celery.result import AsyncResult, GroupResult
 from sqlalchemy import select
 
-from conftest import unique_prefix
+from conftest import isolated_app
 from sqlease._core.results import FenceRefused, ResultStore
 from sqlease.backend import SqleaseBackend
 from sqlease.testing import FakeClock
@@ -120,9 +120,7 @@ def test_the_count_that_completes_the_chord_leaves_the_expiries(
 
 @pytest.fixture
 def app(db_url: str) -> Iterator[Celery]:
-    url = f"sqlease+{db_url}"
-    app = Celery("chord_counts", broker=url, backend=url, set_as_current=False)
-    app.conf.broker_transport_options = {"table_prefix": unique_prefix()}
+    app = isolated_app("chord_counts", db_url)
     app.conf.result_expires = 3600
 
     @app.task(name="t.add", shared=False)

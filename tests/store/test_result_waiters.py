@@ -14,7 +14,7 @@ import pytest
 from celery import Celery, states
 from celery.result import AsyncResult
 
-from conftest import record_naps, unique_prefix
+from conftest import isolated_app, record_naps, unique_prefix
 from sqlease import Store
 from sqlease._core.results import ResultStore
 from sqlease._core.waiters import WAITER_KEYS, waiter_key, waiter_keys
@@ -198,9 +198,7 @@ def test_a_client_that_starts_waiting_during_a_write_finds_its_result(
 
 @pytest.fixture
 def app(pg_database_url: str) -> Iterator[Celery]:
-    url = f"sqlease+{pg_database_url}"
-    app = Celery("waiters", broker=url, backend=url, set_as_current=False)
-    app.conf.broker_transport_options = {"table_prefix": unique_prefix()}
+    app = isolated_app("waiters", pg_database_url)
     yield app
     app.close()
 

@@ -13,7 +13,7 @@ from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 
 import sqlease
-from conftest import unique_prefix
+from conftest import isolated_app
 from sqlease import Admin, ContextUnavailable, LeaseLost, OutcomeUnknown, Store
 from sqlease._celery.defaults import uses_sqlease
 from sqlease._core.results import ResultStore
@@ -24,9 +24,7 @@ from sqlease.transport._completion import record_exhausted
 
 @pytest.fixture
 def app(db_url: str) -> Iterator[Celery]:
-    url = f"sqlease+{db_url}"
-    app = Celery("outcomes", broker=url, backend=url, set_as_current=False)
-    app.conf.broker_transport_options = {"table_prefix": unique_prefix()}
+    app = isolated_app("outcomes", db_url)
     yield app
     app.close()
 
